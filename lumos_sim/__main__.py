@@ -1,0 +1,5 @@
+import sys
+
+from lumos_sim.cli import main
+
+sys.exit(main())

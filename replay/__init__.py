@@ -1,0 +1,1 @@
+"""SimPy replay of execution graphs, hardware models, results and timeline export."""
