@@ -1,0 +1,220 @@
+"""Accuracy-regression suites for `lumos-sim check`.
+
+A suite is a TOML file:
+
+    [suite]
+    name = "hta-a100"
+    description = "..."
+
+    [[case]]
+    name = "trace_diff_control"
+    inputs = ["{shared}/traces/hta/trace_diff_control_control.json.gz"]   # as `lumos-sim replay` takes them
+    timing = "trace"            # or "model"
+    hardware = "a100-sxm"       # optional (model timing, or translation of a trace)
+    tolerance = 0.05            # max |error| of any step
+    mean_tolerance = 0.02       # max mean |error| over the case's steps (optional)
+    measured_ms = {"ProfilerStep#5" = 219.7}   # optional: overrides the traces' ProfilerStep durations
+    steps = ["ProfilerStep#4"]  # optional: only these steps
+    ranks = [0]                 # optional: only these ranks
+
+`{shared}` is the shared data folder (LUMOS_SIM_SHARED, else a `shared/` folder beside an ancestor of
+the suite file); `{suite_dir}` is the suite's own folder; other relative paths are relative to it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from chakra_schema.errors import TraceInputError
+
+CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
+             "mean_tolerance", "measured_ms", "steps", "ranks", "description"}
+
+
+@dataclass
+class CaseSpec:
+    name: str
+    inputs: list[str]
+    et: str | None = None
+    kineto: str | None = None
+    timing: str = "trace"
+    hardware: str | None = None
+    source_hardware: str | None = None
+    tolerance: float = 0.05
+    mean_tolerance: float | None = None
+    measured_ms: dict[str, float] = field(default_factory=dict)
+    steps: list[str] | None = None
+    ranks: list[int] | None = None
+    description: str = ""
+
+
+@dataclass
+class StepCheck:
+    rank: int
+    step: str
+    measured_us: float
+    predicted_us: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_us - self.measured_us) / self.measured_us
+
+
+@dataclass
+class CaseResult:
+    suite: str
+    case: CaseSpec
+    steps: list[StepCheck]
+    error: str | None = None       # why the case could not run
+    seconds: float = 0.0
+
+    @property
+    def max_error(self) -> float | None:
+        return max((abs(s.error) for s in self.steps), default=None)
+
+    @property
+    def mean_error(self) -> float | None:
+        return sum(abs(s.error) for s in self.steps) / len(self.steps) if self.steps else None
+
+    @property
+    def passed(self) -> bool:
+        if self.error or not self.steps:
+            return False
+        if self.max_error > self.case.tolerance:
+            return False
+        return self.case.mean_tolerance is None or self.mean_error <= self.case.mean_tolerance
+
+
+def find_shared(start: Path) -> Path | None:
+    env = os.environ.get("LUMOS_SIM_SHARED")
+    if env:
+        return Path(env)
+    for parent in [start, *start.parents]:
+        cand = parent / "shared"
+        if cand.is_dir() and (cand / "traces").is_dir():
+            return cand
+    return None
+
+
+def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceInputError(path, "no such suite file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TraceInputError(path, f"invalid TOML: {e}") from None
+    unknown = set(doc) - {"suite", "case"}
+    if unknown:
+        raise TraceInputError(path, f"unknown table '{sorted(unknown)[0]}' (expected [suite] and [[case]])")
+    suite_name = str(doc.get("suite", {}).get("name", path.stem))
+    shared = find_shared(path.resolve().parent)
+    cases = []
+    for k, raw in enumerate(doc.get("case", [])):
+        bad = set(raw) - CASE_KEYS
+        if bad:
+            raise TraceInputError(path, f"unknown key '{sorted(bad)[0]}' in case #{k + 1}")
+        if "name" not in raw or ("inputs" not in raw and "et" not in raw and "kineto" not in raw):
+            raise TraceInputError(path, f"case #{k + 1} needs 'name' and 'inputs' (or 'et'/'kineto')")
+
+        def resolve(p: str) -> str:
+            if "{shared}" in p:
+                if shared is None:
+                    raise TraceInputError(path, f"case '{raw['name']}' needs the shared data folder: set LUMOS_SIM_SHARED")
+                p = p.replace("{shared}", str(shared))
+            p = p.replace("{suite_dir}", str(path.resolve().parent))
+            return p if os.path.isabs(p) else str(path.resolve().parent / p)
+
+        cases.append(CaseSpec(
+            name=str(raw["name"]), inputs=[resolve(p) for p in raw.get("inputs", [])],
+            et=resolve(raw["et"]) if raw.get("et") else None,
+            kineto=resolve(raw["kineto"]) if raw.get("kineto") else None,
+            timing=str(raw.get("timing", "trace")), hardware=raw.get("hardware"),
+            source_hardware=raw.get("source_hardware"), tolerance=float(raw.get("tolerance", 0.05)),
+            mean_tolerance=float(raw["mean_tolerance"]) if "mean_tolerance" in raw else None,
+            measured_ms={str(k): float(v) for k, v in raw.get("measured_ms", {}).items()},
+            steps=list(raw["steps"]) if "steps" in raw else None,
+            ranks=[int(r) for r in raw["ranks"]] if "ranks" in raw else None,
+            description=str(raw.get("description", ""))))
+    return suite_name, cases
+
+
+def run_case(suite: str, case: CaseSpec) -> CaseResult:
+    from lumos_sim.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    from replay.engine import ReplayError
+
+    t0 = time.perf_counter()
+    try:
+        graphs = load_graphs(case.inputs, et_pattern=case.et, kineto_pattern=case.kineto)
+        result = run_replay(graphs, case.timing, case.hardware, case.source_hardware)
+    except (TraceInputError, ReplayError) as e:
+        return CaseResult(suite, case, [], error=str(e), seconds=time.perf_counter() - t0)
+    checks = []
+    for s in result.steps:
+        if case.steps is not None and s.name not in case.steps:
+            continue
+        if case.ranks is not None and s.rank not in case.ranks:
+            continue
+        measured = case.measured_ms[s.name] * 1000 if s.name in case.measured_ms else s.measured_us
+        if not measured:
+            continue
+        checks.append(StepCheck(s.rank, s.name, measured, s.predicted_us))
+    err = None if checks else "no step with a measured duration to compare"
+    return CaseResult(suite, case, checks, error=err, seconds=time.perf_counter() - t0)
+
+
+def collect_suites(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            out.extend(sorted(path.glob("*.toml")))
+        else:
+            out.append(path)
+    return out
+
+
+def results_json(results: list[CaseResult]) -> dict[str, Any]:
+    return {
+        "cases": [{"suite": r.suite, "case": r.case.name, "timing": r.case.timing, "hardware": r.case.hardware,
+                   "passed": r.passed, "error": r.error, "tolerance": r.case.tolerance,
+                   "mean_tolerance": r.case.mean_tolerance, "max_error": r.max_error, "mean_error": r.mean_error,
+                   "seconds": r.seconds,
+                   "steps": [{"rank": s.rank, "step": s.step, "measured_us": s.measured_us,
+                              "predicted_us": s.predicted_us, "error": s.error} for s in r.steps]}
+                  for r in results],
+        "passed": sum(r.passed for r in results),
+        "failed": sum(not r.passed for r in results),
+    }
+
+
+def print_results(results: list[CaseResult], verbose: bool = False, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=160)
+    t = Table(title="Accuracy check")
+    for col in ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"):
+        t.add_column(col, justify="left" if col in ("suite", "case", "timing", "result") else "right")
+    for r in results:
+        tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
+                                                   if r.case.mean_tolerance is not None else "")
+        status = "[green]PASS[/green]" if r.passed else f"[red]FAIL[/red] {r.error or ''}"
+        t.add_row(r.suite, r.case.name, r.case.timing + (f" {r.case.hardware}" if r.case.hardware else ""),
+                  str(len(r.steps)), "-" if r.max_error is None else f"{100 * r.max_error:.2f}%",
+                  "-" if r.mean_error is None else f"{100 * r.mean_error:.2f}%", tol, status)
+        if verbose:
+            for s in r.steps:
+                t.add_row("", f"  rank {s.rank} {s.step}", "", "", f"{100 * s.error:+.2f}%", "",
+                          f"{s.measured_us / 1000:.3f} ms", f"pred {s.predicted_us / 1000:.3f} ms")
+    console.print(t)

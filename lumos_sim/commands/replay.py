@@ -1,0 +1,46 @@
+"""`lumos-sim replay`: replay the graphs of all ranks and report predicted vs measured step times."""
+from __future__ import annotations
+
+import sys
+
+import orjson
+
+from lumos_sim.inputs import load_graphs
+from lumos_sim.progress import progress_bar
+from lumos_sim.replay_run import TIMING_MODES, print_result, run_replay
+
+
+def register(sub) -> None:
+    p = sub.add_parser("replay", help="replay traces or .et graphs of all ranks and predict step times",
+                       description="Replay execution graphs of all ranks. INPUT is an .et file, an .et prefix "
+                                   "(PREFIX.<rank>.et), or raw Kineto / Execution Trace files ({rank} patterns and "
+                                   "wildcards allowed), converted on the fly.")
+    p.add_argument("inputs", nargs="*", metavar="INPUT")
+    p.add_argument("--et", help="Execution Trace pattern (raw input)")
+    p.add_argument("--kineto", help="Kineto trace pattern (raw input)")
+    p.add_argument("--timing", choices=TIMING_MODES, default="trace",
+                   help="trace: recorded durations (translated when --hardware is given); model: hardware models")
+    p.add_argument("--hardware", help="target hardware preset name or TOML path")
+    p.add_argument("--source-hardware", help="GPU the trace was recorded on (guessed from the trace when absent)")
+    p.add_argument("--steps", type=int, help="report only the first N steps")
+    p.add_argument("--timeline", metavar="OUT.json", help="write the simulated run as a Perfetto/chrome trace")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    if not args.inputs and not args.et and not args.kineto:
+        print("lumos-sim replay: error: give at least one INPUT (or --et/--kineto)", file=sys.stderr)
+        return 2
+    with progress_bar("converting") as cb:
+        graphs = load_graphs(args.inputs, et_pattern=args.et, kineto_pattern=args.kineto, progress=cb)
+    with progress_bar("replaying") as cb:
+        result = run_replay(graphs, args.timing, args.hardware, args.source_hardware, args.steps, progress=cb)
+    if args.timeline:
+        from replay.timeline import write_timeline
+        write_timeline(result.run, args.timeline)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    else:
+        print_result(result)
+    return 0

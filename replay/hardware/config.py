@@ -1,0 +1,427 @@
+"""Hardware presets as typed dataclasses, loaded from TOML data files.
+
+A preset is a TOML file with the tables [gpu], [compute], [node], [network] and a list of
+[[protocols]] (NCCL's LL / LL128 / Simple). Built-in presets live in `replay/hardware/presets/`; every
+number in them has a provenance line in their [sources] table (dotted key -> where it came from), which
+a test enforces. A preset may start from another with `extends = "name"` and override single keys.
+
+The loader is strict: an unknown key, a value of the wrong type or a missing required key raises
+`TraceInputError(path, "unknown key 'nvlink_bw_gbs' in [gpu]")`, one line naming the key, so a typo in a
+user's own `--hardware my.toml` never silently falls back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from chakra_schema.errors import TraceInputError
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+# --------------------------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU: peaks and the memory system (vendor figures)."""
+
+    model: str                              # marketing name, e.g. "H100 SXM5 80GB"
+    sm_count: int
+    memory_gb: float
+    hbm_bw_gbs: float                       # peak HBM bandwidth, GB/s
+    peak_tflops: dict[str, float]           # dense peak by dtype: bf16, fp16, fp8, tf32, fp32, fp64
+    pcie_bw_gbs: float                      # host link, GB/s per direction (peak)
+    kernel_start_after_call_us: float       # an idle GPU starts a kernel this long after the launch call starts
+    device_names: tuple[str, ...] = ()      # substrings of Kineto `deviceProperties[].name` that mean this GPU
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """Achievable fractions of the peaks and the GEMM tile model (see replay/hardware/compute.py)."""
+
+    gemm_efficiency: float                  # mainloop fraction of tensor peak reached by the best tile shape
+    gemm_tiles: tuple[tuple[int, int], ...]  # CTA tile shapes (tile_m, tile_n) the GEMM library picks among
+    gemm_tile_intensity_knee: float         # operand reuse tm*tn/(tm+tn) at which a tile saturates the SM
+    gemm_k_overhead: int                    # pipeline fill + epilogue per tile, in units of K
+    gemm_split_k: tuple[int, ...]           # split-K factors the library may use for small M*N
+    hbm_efficiency: float                   # achievable fraction of HBM bandwidth (streaming kernels)
+    pcie_efficiency: float                  # achievable fraction of PCIe bandwidth (pinned memcpy)
+    attention_fwd_efficiency: float         # flash-attention forward fraction of tensor peak
+    attention_bwd_efficiency: float         # flash-attention backward fraction of tensor peak
+    attention_block: int                    # query rows per attention CTA (flash tile)
+    min_kernel_us: float                    # shortest kernel duration (launch-to-retire of an empty grid)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Scale-up domain: GPUs of one node and their NVLink fabric."""
+
+    gpus_per_node: int
+    intra_topology: str                     # "nvswitch" (crossbar) | "hybrid_cube_mesh" (DGX-1)
+    nvlink_bw_gbs: float                    # per GPU per direction, GB/s (half the bidirectional figure)
+    nvlink_efficiency: float                # achievable fraction by NCCL copy kernels
+    nvls: bool                              # NVLink SHARP (in-switch reduction) available
+    nvls_efficiency: float                  # achievable fraction of NVLink bandwidth by NVLS multimem ops
+    nvlink_link_bw_gbs: float = 0.0         # one NVLink link per direction (mesh topologies)
+    nvlink_mesh: tuple[tuple[int, ...], ...] = ()  # (gpu_a, gpu_b, number of links) for mesh topologies
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Scale-out: NICs and the fabric between nodes."""
+
+    topology: str                           # "rail_fat_tree"
+    nics_per_node: int
+    nic_gbps: float                         # line rate per NIC, Gb/s
+    nic_efficiency: float                   # achieved fraction of line rate
+    oversubscription: float                 # leaf downlink : uplink capacity (1.0 = non-blocking)
+    nodes_per_leaf: int                     # nodes under one leaf switch per rail
+    switch_latency_us: float                # extra latency of a spine hop
+    pxn: bool = True                        # NCCL PXN: cross-rail traffic hops over NVLink to the right rail
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """An NCCL protocol: bandwidth fraction it can use and its latencies (per collective and per hop)."""
+
+    name: str
+    bw_fraction: float
+    base_latency_us: float
+    nvlink_hop_us: float
+    net_hop_us: float
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str
+    description: str
+    gpu: GPUSpec
+    compute: ComputeSpec
+    node: NodeSpec
+    network: NetworkSpec
+    protocols: tuple[ProtocolSpec, ...]
+    aliases: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+    # -------- derived figures used by the models (GB/s are 1e9 bytes/s)
+    @property
+    def hbm_bytes_per_us(self) -> float:
+        return self.gpu.hbm_bw_gbs * self.compute.hbm_efficiency * 1e3
+
+    @property
+    def nic_gbs(self) -> float:
+        """Achieved bytes/s of one NIC, in GB/s."""
+        return self.network.nic_gbps / 8.0 * self.network.nic_efficiency
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense tensor peak in FLOP/s for `dtype`, falling back to the nearest supported type
+        (no fp8 before Hopper -> fp16 rate; no bf16 on Volta -> fp32 rate)."""
+        p = self.gpu.peak_tflops
+        for d in _DTYPE_FALLBACK.get(dtype, (dtype, "fp32")):
+            if p.get(d, 0.0) > 0:
+                return p[d] * 1e12
+        return max(p.values()) * 1e12
+
+
+_DTYPE_FALLBACK = {
+    "fp8": ("fp8", "fp16", "bf16"),
+    "bf16": ("bf16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "tf32": ("tf32", "fp32"),
+    "fp32": ("fp32",),
+    "fp64": ("fp64", "fp32"),
+}
+
+# top-level TOML table -> spec class
+_SECTIONS: dict[str, type] = {"gpu": GPUSpec, "compute": ComputeSpec, "node": NodeSpec, "network": NetworkSpec}
+_TOP_KEYS = {"name", "description", "extends", "aliases", "sources", "protocols", *_SECTIONS}
+
+
+# ------------------------------------------------------------------------------------------- loading
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, where: str, path: str) -> Any:
+    """Check `value` against the annotation `tp` and convert lists to tuples; raise one-line errors."""
+    origin = typing.get_origin(tp)
+    bad = TraceInputError(path, f"wrong type for {where}: expected {_type_name(tp)}, got "
+                                f"{type(value).__name__} {value!r}"[:200])
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise bad
+        (elem, _) = typing.get_args(tp)
+        return tuple(_convert(v, elem, f"{where}[{i}]", path) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        _, vt = typing.get_args(tp)
+        return {str(k): _convert(v, vt, f"{where}.{k}", path) for k, v in value.items()}
+    raise bad  # pragma: no cover - every annotation used above is handled
+
+
+def _build(cls: type, table: Any, section: str, path: str) -> Any:
+    if not isinstance(table, dict):
+        raise TraceInputError(path, f"[{section}] must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            raise TraceInputError(path, f"unknown key '{key}' in [{section}]")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in table:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TraceInputError(path, f"missing required key '{name}' in [{section}]")
+            continue
+        kwargs[name] = _convert(table[name], hints[name], f"'{name}' in [{section}]", path)
+    return cls(**kwargs)
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise TraceInputError(path, "hardware file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TraceInputError(path, f"invalid TOML: {e}") from None
+    except OSError as e:
+        raise TraceInputError(path, f"cannot read: {e.strerror}") from None
+
+
+def _resolve(path: Path, seen: tuple[str, ...] = ()) -> dict:
+    data = _read_toml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise TraceInputError(path, f"wrong type for 'extends': expected str, got {type(parent).__name__}")
+    if parent in seen:
+        raise TraceInputError(path, f"'extends' cycle through '{parent}'")
+    base_path = _preset_path(parent)
+    if base_path is None:
+        raise TraceInputError(path, f"'extends' names unknown preset '{parent}'")
+    base = _resolve(base_path, seen + (parent,))
+    base = {k: v for k, v in base.items() if k not in ("aliases", "name", "description")}
+    merged = _merge(base, {k: v for k, v in data.items() if k != "extends"})
+    return merged
+
+
+def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
+    """Load one preset file (built-in or a user's own) into a `HardwareConfig`."""
+    path = Path(path)
+    data = _resolve(path)
+    spath = str(path)
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise TraceInputError(spath, f"unknown top-level key '{key}'")
+    for key in ("name", *_SECTIONS, "protocols"):
+        if key not in data:
+            what = f"[{key}]" if key in _SECTIONS else ("[[protocols]]" if key == "protocols" else f"'{key}'")
+            raise TraceInputError(spath, f"missing required {what}")
+    specs = {sec: _build(cls, data[sec], sec, spath) for sec, cls in _SECTIONS.items()}
+    protos = data["protocols"]
+    if not isinstance(protos, list) or not protos:
+        raise TraceInputError(spath, "[[protocols]] must be a non-empty array of tables")
+    protocols = tuple(_build(ProtocolSpec, p, f"protocols.{i}", spath) for i, p in enumerate(protos))
+    name = _convert(data["name"], str, "'name'", spath)
+    hw = HardwareConfig(
+        name=name,
+        description=_convert(data.get("description", ""), str, "'description'", spath),
+        protocols=protocols,
+        aliases=_convert(data.get("aliases", []), tuple[str, ...], "'aliases'", spath),
+        sources=_convert(data.get("sources", {}), dict[str, str], "'sources'", spath),
+        path=spath,
+        **specs,
+    )
+    _check_values(hw, spath)
+    return hw
+
+
+def _check_values(hw: HardwareConfig, path: str) -> None:
+    """Ranges the models rely on (a negative bandwidth would give negative times)."""
+    def positive(v: float, what: str) -> None:
+        if not v > 0:
+            raise TraceInputError(path, f"{what} must be > 0, got {v}")
+
+    for what, v in (("[gpu] sm_count", hw.gpu.sm_count), ("[gpu] hbm_bw_gbs", hw.gpu.hbm_bw_gbs),
+                    ("[node] gpus_per_node", hw.node.gpus_per_node), ("[node] nvlink_bw_gbs", hw.node.nvlink_bw_gbs),
+                    ("[network] nics_per_node", hw.network.nics_per_node), ("[network] nic_gbps", hw.network.nic_gbps),
+                    ("[network] nodes_per_leaf", hw.network.nodes_per_leaf),
+                    ("[network] oversubscription", hw.network.oversubscription),
+                    ("[compute] gemm_tile_intensity_knee", hw.compute.gemm_tile_intensity_knee),
+                    ("[compute] attention_block", hw.compute.attention_block)):
+        positive(v, what)
+    for what, v in (("[compute] gemm_efficiency", hw.compute.gemm_efficiency),
+                    ("[compute] hbm_efficiency", hw.compute.hbm_efficiency),
+                    ("[compute] pcie_efficiency", hw.compute.pcie_efficiency),
+                    ("[compute] attention_fwd_efficiency", hw.compute.attention_fwd_efficiency),
+                    ("[compute] attention_bwd_efficiency", hw.compute.attention_bwd_efficiency),
+                    ("[node] nvlink_efficiency", hw.node.nvlink_efficiency),
+                    ("[network] nic_efficiency", hw.network.nic_efficiency)):
+        if not 0 < v <= 1:
+            raise TraceInputError(path, f"{what} must be in (0, 1], got {v}")
+    if not hw.gpu.peak_tflops:
+        raise TraceInputError(path, "[gpu] peak_tflops is empty")
+    unknown = set(hw.gpu.peak_tflops) - set(_DTYPE_FALLBACK)
+    if unknown:
+        raise TraceInputError(path, f"unknown key '{sorted(unknown)[0]}' in [gpu.peak_tflops]")
+    if not hw.compute.gemm_tiles or any(len(t) != 2 or min(t) <= 0 for t in hw.compute.gemm_tiles):
+        raise TraceInputError(path, "[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs")
+    if hw.node.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
+        raise TraceInputError(path, f"unknown [node] intra_topology '{hw.node.intra_topology}' "
+                                    "(expected nvswitch or hybrid_cube_mesh)")
+    if hw.node.intra_topology == "hybrid_cube_mesh":
+        if not hw.node.nvlink_mesh or hw.node.nvlink_link_bw_gbs <= 0:
+            raise TraceInputError(path, "[node] hybrid_cube_mesh needs nvlink_mesh and nvlink_link_bw_gbs")
+        for e in hw.node.nvlink_mesh:
+            if len(e) != 3 or not all(0 <= g < hw.node.gpus_per_node for g in e[:2]):
+                raise TraceInputError(path, f"[node] nvlink_mesh entry {list(e)} is not [gpu_a, gpu_b, links]")
+    if hw.network.topology != "rail_fat_tree":
+        raise TraceInputError(path, f"unknown [network] topology '{hw.network.topology}' (expected rail_fat_tree)")
+
+
+# ------------------------------------------------------------------------------------------ registry
+def _preset_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PRESET_DIR.glob("*.toml"))}
+
+
+_ALIAS_CACHE: dict[str, str] | None = None
+
+
+def _aliases() -> dict[str, str]:
+    global _ALIAS_CACHE
+    if _ALIAS_CACHE is None:
+        out: dict[str, str] = {}
+        for stem, p in _preset_files().items():
+            for a in _read_toml(p).get("aliases", []) or []:
+                out[str(a)] = stem
+        _ALIAS_CACHE = out
+    return _ALIAS_CACHE
+
+
+def _preset_path(name: str) -> Path | None:
+    files = _preset_files()
+    key = name.lower()
+    if key in files:
+        return files[key]
+    target = _aliases().get(key)
+    return files.get(target) if target else None
+
+
+_CACHE: dict[str, HardwareConfig] = {}
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in presets (aliases not included)."""
+    return sorted(_preset_files())
+
+
+def get_hardware(name_or_path: str | os.PathLike | HardwareConfig) -> HardwareConfig:
+    """A preset by name or alias ('h100-sxm', 'a100-sxm'), or a user's TOML file by path."""
+    if isinstance(name_or_path, HardwareConfig):
+        return name_or_path
+    key = str(name_or_path)
+    if key in _CACHE:
+        return _CACHE[key]
+    p = _preset_path(key)
+    if p is None:
+        looks_like_file = key.endswith(".toml") or os.sep in key or Path(key).exists()
+        if not looks_like_file:
+            raise TraceInputError(None, f"unknown hardware '{key}' (presets: {', '.join(list_hardware())}; "
+                                        "or give a path to a .toml file)")
+        p = Path(key)
+    hw = load_hardware_file(p)
+    _CACHE[key] = hw
+    return hw
+
+
+def guess_hardware(device_name: str | None) -> HardwareConfig | None:
+    """The preset for a Kineto device name ('NVIDIA A100-SXM4-40GB', 'Tesla V100-SXM2-32GB'), or None.
+    The longest matching `device_names` entry wins (so '80GB' variants beat the generic name)."""
+    if not device_name:
+        return None
+    text = device_name.upper()
+    best: tuple[int, str] | None = None
+    for stem in list_hardware():
+        hw = get_hardware(stem)
+        for pat in hw.gpu.device_names:
+            if pat.upper() in text and (best is None or len(pat) > best[0]):
+                best = (len(pat), stem)
+    return get_hardware(best[1]) if best else None
+
+
+def trace_hardware(metadata: dict[str, Any] | None) -> HardwareConfig | None:
+    """Guess a trace's hardware from its graph metadata (Kineto `deviceProperties`, or a 'device_name' /
+    'gpu_name' / 'hardware' entry)."""
+    if not metadata:
+        return None
+    for key in ("hardware", "device_name", "gpu_name"):
+        v = metadata.get(key)
+        if isinstance(v, str):
+            if _preset_path(v) is not None:
+                return get_hardware(v)
+            hw = guess_hardware(v)
+            if hw:
+                return hw
+    props = metadata.get("deviceProperties") or metadata.get("device_properties")
+    if isinstance(props, list):
+        for d in props:
+            if isinstance(d, dict):
+                hw = guess_hardware(d.get("name"))
+                if hw:
+                    return hw
+    return None
+
+
+def numeric_keys(hw_data: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of every number in a raw preset table (used to check that each has a source)."""
+    out = []
+    for k, v in hw_data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += numeric_keys(v, key + ".")
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, (int, float)):
+            out.append(key)
+        elif isinstance(v, list) and v and all(isinstance(x, (int, float, list)) for x in v):
+            out.append(key)
+    return out
