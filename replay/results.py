@@ -126,24 +126,31 @@ def _breakdown(g: ExecutionGraph, run: SimulatedRun, r: int, lo: float, hi: floa
     b = Breakdown(window_us=window, compute_us=compute, comm_us=comm_t, exposed_comm_us=max(busy - compute, 0.0),
                   idle_us=max(window - busy, 0.0))
     if gpu.any():
-        # GPU idle before an op whose start was set by its launch call: the CPU was the bottleneck
-        code = run.bound_by[sl]
-        bound = np.where(code >= 0, code // 2 - run.offsets[r], -1)
-        idx = np.flatnonzero(gpu & (bound >= 0) & (bound < len(g)))
-        if len(idx):
-            launch_bound = kind[bound[idx]] == OpKind.LAUNCH
-            idx = idx[launch_bound]
-            res = g.resource[idx]
-            prev_end = np.full(len(idx), lo)
-            # idle = from the previous op on the stream (or window start) to this op's start
-            for k, rs in enumerate(np.unique(res)):
-                on = g.nodes_on(int(rs))
-                pos = np.searchsorted(on, idx[res == rs])
-                pe = np.where(pos > 0, end[on[np.maximum(pos - 1, 0)]], lo)
-                prev_end[res == rs] = pe
-            st = np.clip(start[idx], lo, hi)
-            b.launch_bound_us = float(np.sum(np.clip(st - np.clip(prev_end, lo, hi), 0, None)))
+        b.launch_bound_us = _launch_bound(g, run, r, start, end, gpu, lo, hi)
     return b
+
+
+def _launch_bound(g: ExecutionGraph, run: SimulatedRun, r: int, start: np.ndarray, end: np.ndarray,
+                  gpu: np.ndarray, lo: float, hi: float) -> float:
+    """GPU idle time (no stream busy) that ends with an op whose start was set by its launch call:
+    the GPU waited for the CPU to issue work."""
+    idx = np.flatnonzero(gpu & (end > lo) & (start < hi))
+    if len(idx) == 0:
+        return 0.0
+    idx = idx[np.argsort(start[idx], kind="stable")]
+    s, e = np.clip(start[idx], lo, hi), np.clip(end[idx], lo, hi)
+    run_end = np.maximum.accumulate(e)
+    prev_end = np.concatenate([[lo], run_end[:-1]])
+    gap = s - prev_end
+    starts_block = gap > 0
+    if not starts_block.any():
+        return 0.0
+    code = run.bound_by[run.offsets[r] + idx[starts_block]]
+    local = np.where(code >= 0, code // 2 - run.offsets[r], -1)
+    ok = (local >= 0) & (local < len(g))
+    by_launch = np.zeros(len(local), bool)
+    by_launch[ok] = g.kind[local[ok]] == OpKind.LAUNCH
+    return float(np.sum(gap[starts_block][by_launch]))
 
 
 def _category(kind: int, node_type: int) -> str:
@@ -158,45 +165,63 @@ def _category(kind: int, node_type: int) -> str:
     return "cpu"
 
 
-def critical_path(run: SimulatedRun, r: int, lo: float, hi: float, step_node: int = -1
-                  ) -> tuple[dict[str, float], list[str]]:
+@dataclass
+class _PathColumns:
+    """Global per-node columns as Python lists, built once per run for the critical-path walks."""
+
+    start: list[float]
+    end: list[float]
+    bound_by: list[int]
+    bound_end: list[int]
+    category: list[str]
+    on_gpu: list[bool]
+    name: list[str]
+
+    @classmethod
+    def of(cls, run: SimulatedRun) -> "_PathColumns":
+        cats: list[str] = []
+        gpu: list[bool] = []
+        names: list[str] = []
+        for g in run.graphs:
+            cats.extend(_category(int(k), int(t)) for k, t in zip(g.kind.tolist(), g.node_type.tolist()))
+            gpu.extend(g.is_gpu().tolist())
+            names.extend(g.name)
+        return cls(run.start.tolist(), run.end.tolist(), run.bound_by.tolist(), run.bound_end.tolist(), cats,
+                   gpu, names)
+
+
+def critical_path(run: SimulatedRun, r: int, lo: float, hi: float, step_node: int = -1,
+                  cols: _PathColumns | None = None) -> tuple[dict[str, float], list[str]]:
     """Walk back from the end of the window along the marks that set each start and end (see
-    SimulatedRun.bound_by). Each stretch of time is charged to the node whose start or end it led to.
+    SimulatedRun.bound_by). Each stretch of time is charged to the node whose start or end it led to;
+    the stretch before a start is the thread's own work (cpu) or a GPU op's launch latency (gpu_wait).
     Returns the share of the window per category and the names of the five nodes charged the most."""
+    cols = cols or _PathColumns.of(run)
     sl = run.rank_slice(r)
     if step_node >= 0:
         code = 2 * (sl.start + step_node) + 1
     else:
-        ends = run.end[sl]
-        if len(ends) == 0:
+        if sl.stop == sl.start:
             return {}, []
-        code = 2 * (sl.start + int(np.argmax(ends))) + 1
+        code = 2 * (sl.start + int(np.argmax(run.end[sl]))) + 1
+    start, end, bound_by, bound_end = cols.start, cols.end, cols.bound_by, cols.bound_end
     share: dict[str, float] = {}
     per_node: dict[str, float] = {}
-    graphs, offsets = run.graphs, run.offsets
-    guard = 0
-    while code >= 0 and guard < 50_000_000:
-        guard += 1
-        node, is_end = divmod(code, 2)
-        t = float(run.end[node] if is_end else run.start[node])
-        prev = int(run.bound_end[node] if is_end else run.bound_by[node])
-        if prev < 0:
-            t_prev = lo
+    for _ in range(4 * len(start) + 2):  # every mark is visited at most once per walk
+        node = code >> 1
+        if code & 1:
+            t, prev = end[node], bound_end[node]
+            cat = cols.category[node]
         else:
-            pn, pe = divmod(prev, 2)
-            t_prev = float(run.end[pn] if pe else run.start[pn])
+            t, prev = start[node], bound_by[node]
+            cat = "gpu_wait" if cols.on_gpu[node] else "cpu"
+        t_prev = lo if prev < 0 else (end[prev >> 1] if prev & 1 else start[prev >> 1])
         seg = min(t, hi) - max(t_prev, lo)
         if seg > 0:
-            rr = int(np.searchsorted(offsets, node, side="right") - 1)
-            g = graphs[rr]
-            li = node - int(offsets[rr])
-            cat = _category(int(g.kind[li]), int(g.node_type[li]))
-            # time before a start mark is the gap the thread or stream spent getting there
-            if not is_end:
-                cat = "cpu" if not g.resources[int(g.resource[li])].is_gpu else "gpu_wait"
             share[cat] = share.get(cat, 0.0) + seg
-            per_node[g.name[li]] = per_node.get(g.name[li], 0.0) + seg
-        if t_prev <= lo or prev == code:
+            nm = cols.name[node]
+            per_node[nm] = per_node.get(nm, 0.0) + seg
+        if t_prev <= lo or prev == code or prev < 0:
             break
         code = prev
     window = max(hi - lo, 1e-9)
@@ -207,6 +232,7 @@ def critical_path(run: SimulatedRun, r: int, lo: float, hi: float, step_node: in
 def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResult:
     steps: list[StepResult] = []
     ranks: dict[int, Breakdown] = {}
+    cols = _PathColumns.of(run) if with_critical_path else None
     for r, g in enumerate(run.graphs):
         sl = run.rank_slice(r)
         total = Breakdown()
@@ -221,7 +247,7 @@ def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResul
             measured = step.duration_us if step.duration_us > 0 else None
             b = _breakdown(g, run, r, lo, hi)
             total.add(b)
-            cp, nodes = critical_path(run, r, lo, hi, step.node) if with_critical_path else ({}, [])
+            cp, nodes = critical_path(run, r, lo, hi, step.node, cols) if with_critical_path else ({}, [])
             steps.append(StepResult(rank=g.rank, name=step.name, predicted_us=hi - lo, measured_us=measured,
                                     start_us=lo, breakdown=b, critical_path=cp, critical_nodes=nodes))
         ranks[g.rank] = total
