@@ -17,6 +17,7 @@ Replay contract (what producers must get right, see replay/engine.py):
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Iterable, Iterator, Sequence
@@ -192,6 +193,16 @@ class ExecutionGraph:
         t = self.node_type
         return np.flatnonzero((t == NodeType.COMM_COLL_NODE) | (t == NodeType.COMM_SEND_NODE)
                               | (t == NodeType.COMM_RECV_NODE))
+
+    def without_edges(self, kinds: Sequence[int]) -> "ExecutionGraph":
+        """A copy without the data deps of the given EdgeKinds (what-if: ignore synchronization)."""
+        keep = ~np.isin(self.dep_kind, np.asarray(list(kinds), np.int8))
+        counts = np.diff(self.dep_ptr)
+        dst = np.repeat(np.arange(len(self)), counts)[keep]
+        ptr = np.zeros(len(self) + 1, np.int64)
+        np.add.at(ptr, dst + 1, 1)
+        return dataclasses.replace(self, dep_ptr=np.cumsum(ptr), dep_src=self.dep_src[keep].copy(),
+                                   dep_kind=self.dep_kind[keep].copy())
 
     # ------------------------------------------------------------ validation
     def validate(self) -> list[str]:
