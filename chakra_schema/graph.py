@@ -136,7 +136,7 @@ class ExecutionGraph:
 
     rank: int
     world_size: int
-    node_id: np.ndarray            # int64 [N] Chakra ids (unique)
+    node_id: np.ndarray            # int64 [N] Chakra ids (unique; >= 0, ours start at 1)
     name: list[str]                # [N]
     node_type: np.ndarray          # int8 [N] NodeType
     kind: np.ndarray               # int8 [N] OpKind
@@ -365,6 +365,19 @@ class GraphBuilder:
     def add_deps(self, srcs: Sequence[int], dst: int, kind: int = EdgeKind.DATA) -> None:
         for s in srcs:
             self.add_dep(s, dst, kind)
+
+    def add_edges(self, srcs: Sequence[int], dsts: Sequence[int], kinds: Sequence[int] | int) -> None:
+        """Bulk form of add_dep: `dsts[k]` depends on `srcs[k]` (arrays or lists of node indices)."""
+        srcs = np.asarray(srcs, np.int64).tolist()
+        dsts = np.asarray(dsts, np.int64).tolist()
+        if len(srcs) != len(dsts):
+            raise ValueError("add_edges: srcs and dsts differ in length")
+        self._esrc.extend(srcs)
+        self._edst.extend(dsts)
+        if isinstance(kinds, (int, np.integer)):
+            self._ekind.extend([int(kinds)] * len(srcs))
+        else:
+            self._ekind.extend(np.asarray(kinds, np.int64).tolist())
 
     def set_attr(self, i: int, key: str, value: Any) -> None:
         self.attrs.setdefault(i, {})[key] = value
