@@ -25,14 +25,14 @@ def make_timing(mode: str, hardware: str | None = None, source_hardware: str | N
         return TraceTiming()
     if not hardware:
         raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim bench --help`)")
-    from replay.hardware import get_hardware
-    from replay.model_timing import ModelTiming, TranslatedTiming, guess_source_hardware
+    from replay.hardware.config import get_hardware
+    from replay.model_timing import ModelTiming, TranslatedTiming, source_hardware as recorded_on
 
     target = get_hardware(hardware)
+    source = get_hardware(source_hardware) if source_hardware else None
     if mode == "model":
-        return ModelTiming(target)
-    source = get_hardware(source_hardware) if source_hardware else guess_source_hardware(graphs)
-    if source is None:
+        return ModelTiming(target, source)
+    if source is None and graphs and any(recorded_on(g) is None for g in graphs):
         raise TraceInputError(None, "cannot tell which GPU the trace was recorded on: pass --source-hardware NAME")
     return TranslatedTiming(source, target)
 
@@ -59,7 +59,8 @@ def print_result(result: ReplayResult, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=file or sys.stdout)
+    out = file or sys.stdout
+    console = Console(file=out, width=None if out.isatty() else 160)
     t = Table(title=f"Replay ({result.timing} timing, {result.num_nodes:,} nodes)")
     for col in ("rank", "step", "measured ms", "predicted ms", "error", "compute ms", "comm ms",
                 "exposed comm ms", "GPU idle ms", "critical path"):
