@@ -59,6 +59,7 @@ class ComputeSpec:
     attention_bwd_efficiency: float         # flash-attention backward fraction of tensor peak
     attention_block: int                    # query rows per attention CTA (flash tile)
     min_kernel_us: float                    # shortest kernel duration (launch-to-retire of an empty grid)
+    pageable_copy_efficiency: float = 0.35  # pageable host memory: fraction of PCIe (staged via a bounce buffer)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class NetworkSpec:
     nodes_per_leaf: int                     # nodes under one leaf switch per rail
     switch_latency_us: float                # extra latency of a spine hop
     pxn: bool = True                        # NCCL PXN: cross-rail traffic hops over NVLink to the right rail
+    tree_efficiency: float = 1.0            # achievable fraction of a tree's link-bound bandwidth
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,20 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
     for key in data:
         if key not in _TOP_KEYS:
             raise TraceInputError(spath, f"unknown top-level key '{key}'")
+    # typos first: an unknown key explains a "missing" one better than the other way round
+    for sec, cls in _SECTIONS.items():
+        table = data.get(sec)
+        if isinstance(table, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            for key in table:
+                if key not in known:
+                    raise TraceInputError(spath, f"unknown key '{key}' in [{sec}]")
+    for i, p in enumerate(data.get("protocols") or []):
+        if isinstance(p, dict):
+            known = {f.name for f in dataclasses.fields(ProtocolSpec)}
+            for key in p:
+                if key not in known:
+                    raise TraceInputError(spath, f"unknown key '{key}' in [[protocols]] #{i + 1}")
     for key in ("name", *_SECTIONS, "protocols"):
         if key not in data:
             what = f"[{key}]" if key in _SECTIONS else ("[[protocols]]" if key == "protocols" else f"'{key}'")
@@ -417,7 +433,10 @@ def numeric_keys(hw_data: dict, prefix: str = "") -> list[str]:
     for k, v in hw_data.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out += numeric_keys(v, key + ".")
+            if v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values()):
+                out.append(key)  # a table of numbers (e.g. peak_tflops by dtype) has one source
+            else:
+                out += numeric_keys(v, key + ".")
         elif isinstance(v, bool):
             continue
         elif isinstance(v, (int, float)):

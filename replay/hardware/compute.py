@@ -1,0 +1,442 @@
+"""Compute model: how long a GPU kernel or operator takes on a given GPU.
+
+Physics, in three parts (all efficiency parameters are preset data, see presets/*.toml):
+- GEMM-like work (matmul, bmm, linear, convolution as implicit GEMM): the library tiles the output
+  into CTA tiles (tm x tn) over the SMs. Time = max(compute, memory) where
+      compute = flops / (peak * mainloop_eff * tile_eff * fill * waves_eff * k_eff)
+        tile_eff  = min(1, tm*tn/(tm+tn) / knee)      operand reuse of the tile shape
+        fill      = M*N / (ceil(M/tm)*tm * ceil(N/tn)*tn)   padding of partial edge tiles
+        waves_eff = tiles / (ceil(tiles/SMs) * SMs)   wave quantization over the SMs
+        k_eff     = K_split / (K_split + k_overhead)  pipeline fill and epilogue per tile
+      memory  = bytes(A, B, C, split-K partials) / achievable HBM bandwidth
+  and the library's choice is the (tile, split-K) with the shortest time. Large well-shaped GEMMs are
+  compute-bound near `gemm_efficiency`; small-M (skinny) shapes come out memory-bound.
+- Attention (flash / SDPA): FLOPs of the two (forward) or five (backward) matmuls at the flash kernel's
+  efficiency, with wave quantization over batch*heads*query blocks, against the bytes of Q, K, V, O.
+- Everything else (elementwise, norm, softmax, reduction, embedding, optimizer, memcpy, memset):
+  bytes over achievable HBM bandwidth (PCIe for host<->device copies).
+Every kernel takes at least `min_kernel_us`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
+
+from .config import HardwareConfig, get_hardware
+
+DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8}
+
+# PyTorch scalar type names (Execution Trace / Kineto "Input type") -> (our dtype, bytes per element)
+_TORCH_TYPES = {
+    "float": ("fp32", 4), "c10::half": ("fp16", 2), "c10::bfloat16": ("bf16", 2), "double": ("fp64", 8),
+    "c10::float8_e4m3fn": ("fp8", 1), "c10::float8_e5m2": ("fp8", 1), "half": ("fp16", 2),
+    "bfloat16": ("bf16", 2), "long int": ("fp64", 8), "int64_t": ("fp64", 8), "int": ("fp32", 4),
+    "bool": ("fp8", 1), "unsigned char": ("fp8", 1), "signed char": ("fp8", 1), "short int": ("fp16", 2),
+}
+
+
+@dataclass(frozen=True)
+class OpEstimate:
+    """One op's modelled time and why: `bound` is 'compute', 'memory' or 'latency' (min kernel time)."""
+
+    time_us: float
+    compute_us: float
+    memory_us: float
+    bound: str
+    flops: float
+    bytes: float
+    efficiency: float = 0.0      # achieved fraction of the dtype's peak (compute work only)
+    detail: str = ""             # e.g. the tile chosen
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_us / 1e6 if self.time_us > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_us": self.time_us, "compute_us": self.compute_us, "memory_us": self.memory_us,
+                "bound": self.bound, "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops,
+                "efficiency": self.efficiency, "detail": self.detail}
+
+
+# ------------------------------------------------------------------------------ kernel classification
+# Order matters: the first matching class wins (NCCL before 'reduce', attention before gemm since flash
+# kernels contain 'gemm'-like substrings in template arguments, copy before elementwise).
+_CLASS_PATTERNS: list[tuple[str, re.Pattern]] = [
+    ("communication", re.compile(r"nccl|rccl|c10d::|gloo", re.I)),
+    # cuBLAS's split-K partial-sum reduction: a pass over the output, not a GEMM mainloop
+    ("reduction", re.compile(r"splitkreduce|reduce_splitk|reducesplitk", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd", re.I)),
+    ("memset", re.compile(r"^memset|\bmemset\b", re.I)),
+    ("embedding", re.compile(r"embedding|indexselect|index_select", re.I)),
+    ("copy", re.compile(r"^memcpy|memcpy (htod|dtoh|dtod|htoh)|copy_kernel|direct_copy|catarraybatchedcopy"
+                        r"|nchwtonhwc|nhwctonchw|transpose|permute|contiguous|scatter_gather"
+                        r"|gather_kernel|\bcopy\b", re.I)),
+    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd_|\blamb_|lamb_kernel|fused_optimizer|optimizer", re.I)),
+    ("conv", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
+                        r"cask_cudnn|cudnn_infer|cudnn_train", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|ampere_|volta_|turing_|hopper_|sm\d\d_|kernel2"
+                        r"|matmul|gemv|dot_kernel|nvjet|epilogue::", re.I)),
+    ("norm", re.compile(r"layer_norm|layernorm|rms_?norm|batch_?norm|group_?norm|bn_fw|bn_bw|"
+                        r"gammabetabackward|instance_?norm|norm_kernel", re.I)),
+    ("softmax", re.compile(r"softmax", re.I)),
+    ("embedding", re.compile(r"embedding|index_put|indexing_backward|embedding_bag", re.I)),
+    ("reduction", re.compile(r"reduce|reduction|sum_kernel|mean_kernel|argmax|max_kernel|cub::|scan|"
+                             r"norm_two|nll_loss|cross_entropy|topk|sort", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|functor|fill|add|mul|relu|gelu|silu|"
+                               r"sigmoid|tanh|dropout|clamp|where|cast|pool|upsample|distribution|"
+                               r"triton_", re.I)),
+]
+
+COMPUTE_CLASSES = frozenset({"gemm", "conv", "attention"})
+MEMORY_CLASSES = frozenset({"elementwise", "norm", "softmax", "reduction", "embedding", "copy", "memset",
+                            "optimizer"})
+
+
+@lru_cache(maxsize=65536)
+def kernel_class(name: str) -> str:
+    """The class of a GPU kernel from its name: gemm, conv, attention, elementwise, norm, softmax,
+    reduction, embedding, copy, memset, optimizer, communication, or 'other'."""
+    for cls, pat in _CLASS_PATTERNS:
+        if pat.search(name):
+            return cls
+    return "other"
+
+
+# --------------------------------------------------------------------------------------- the model
+class ComputeModel:
+    """Durations of compute work on one GPU type. Pure functions of their inputs (cached)."""
+
+    def __init__(self, hw: HardwareConfig | str):
+        self.hw = get_hardware(hw)
+        c = self.hw.compute
+        self._sms = self.hw.gpu.sm_count
+        self._bw = self.hw.hbm_bytes_per_us                       # bytes per us
+        self._pcie = self.hw.gpu.pcie_bw_gbs * c.pcie_efficiency * 1e3
+        self._pageable = self.hw.gpu.pcie_bw_gbs * c.pageable_copy_efficiency * 1e3
+        self._min = c.min_kernel_us
+
+    # ------------------------------------------------------------------ primitives
+    def _finish(self, compute_us: float, memory_us: float, flops: float, nbytes: float, dtype: str,
+                detail: str = "") -> OpEstimate:
+        t = max(compute_us, memory_us, self._min)
+        bound = "compute" if t == compute_us and compute_us >= memory_us else (
+            "memory" if t == memory_us else "latency")
+        eff = flops / (t * 1e-6) / self.hw.peak_flops(dtype) if flops > 0 and t > 0 else 0.0
+        return OpEstimate(t, compute_us, memory_us, bound, float(flops), float(nbytes), eff, detail)
+
+    def memory_op(self, nbytes: float, dtype: str = "bf16") -> OpEstimate:
+        """A streaming kernel moving `nbytes` through HBM (reads + writes)."""
+        return self._finish(0.0, max(nbytes, 0.0) / self._bw, 0.0, nbytes, dtype)
+
+    def memcpy(self, nbytes: float, direction: str = "dtod", pageable: bool = False) -> OpEstimate:
+        """cudaMemcpy: host<->device over PCIe (pinned, or staged when the host memory is pageable);
+        device-to-device reads and writes HBM."""
+        d = direction.lower()
+        if d in ("htod", "dtoh", "h2d", "d2h", "htoh", "h2h"):
+            bw = self._pageable if pageable else self._pcie
+            return self._finish(0.0, nbytes / bw, 0.0, nbytes, "fp32", "pcie pageable" if pageable else "pcie")
+        return self._finish(0.0, 2.0 * nbytes / self._bw, 0.0, 2.0 * nbytes, "fp32", "hbm")
+
+    def memset(self, nbytes: float) -> OpEstimate:
+        return self._finish(0.0, nbytes / self._bw, 0.0, nbytes, "fp32")
+
+    def gemm(self, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16",
+             extra_bytes: float = 0.0) -> OpEstimate:
+        """C[batch, m, n] = A[batch, m, k] @ B[batch, k, n] (FLOPs 2*b*m*n*k), best tile and split-K."""
+        return self._gemm(int(m), int(n), int(k), int(max(batch, 1)), dtype, float(extra_bytes))
+
+    @lru_cache(maxsize=65536)
+    def _gemm(self, m: int, n: int, k: int, batch: int, dtype: str, extra_bytes: float) -> OpEstimate:
+        m, n, k = max(m, 1), max(n, 1), max(k, 1)
+        c = self.hw.compute
+        e = DTYPE_BYTES.get(dtype, 2)
+        flops = 2.0 * batch * m * n * k
+        base_bytes = float(batch) * (m * k + k * n + m * n) * e + extra_bytes
+        peak = self.hw.peak_flops(dtype) / 1e6 * c.gemm_efficiency          # flops per us
+        # The knee is the operand reuse a 16-bit tensor-core tile needs; a dtype needs reuse in
+        # proportion to its FLOP rate per byte of operand (fp32 SIMT needs far less, tf32 the same).
+        ref = self.hw.peak_flops("bf16") if self.hw.gpu.peak_tflops.get("bf16") else self.hw.peak_flops("fp16")
+        knee = c.gemm_tile_intensity_knee * (self.hw.peak_flops(dtype) / ref) * (e / 2.0)
+        best: tuple[float, float, float, str] | None = None
+        for tm, tn in c.gemm_tiles:
+            tile_eff = min(1.0, tm * tn / (tm + tn) / knee)
+            mt, nt = math.ceil(m / tm), math.ceil(n / tn)
+            fill = (m * n) / (mt * tm * nt * tn)
+            for s in c.gemm_split_k:
+                if s > 1 and (k // s < 128 or mt * nt * batch >= self._sms):
+                    continue  # split-K only helps when the output tiles cannot fill the GPU
+                tiles = mt * nt * batch * s
+                waves = math.ceil(tiles / self._sms)
+                waves_eff = tiles / (waves * self._sms)
+                ks = k / s
+                k_eff = ks / (ks + c.gemm_k_overhead)
+                rate = peak * tile_eff * fill * waves_eff * k_eff
+                compute_us = flops / rate
+                nbytes = base_bytes + (2.0 * (s - 1) * batch * m * n * 4 if s > 1 else 0.0)  # fp32 partials
+                memory_us = nbytes / self._bw
+                t = max(compute_us, memory_us)
+                if best is None or t < best[0] - 1e-12:
+                    best = (t, compute_us, memory_us, f"tile {tm}x{tn} split-k {s}", nbytes)
+        assert best is not None
+        _, compute_us, memory_us, detail, nbytes = best
+        return self._finish(compute_us, memory_us, flops, nbytes, dtype, detail)
+
+    def conv(self, n: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int, stride: int = 1,
+             groups: int = 1, dtype: str = "bf16", h_out: int | None = None, w_out: int | None = None) -> OpEstimate:
+        """A convolution as the implicit GEMM cuDNN runs: M = N*Ho*Wo, N = C_out, K = C_in/g*kh*kw."""
+        ho = h_out if h_out else max(1, math.ceil(h / max(stride, 1)))
+        wo = w_out if w_out else max(1, math.ceil(w / max(stride, 1)))
+        g = max(groups, 1)
+        e = DTYPE_BYTES.get(dtype, 2)
+        # activations are read once (not im2col-expanded): correct the GEMM's A-operand bytes
+        act_bytes = n * c_in * h * w * e
+        m_, n_, k_ = n * ho * wo, max(c_out // g, 1), max(c_in // g, 1) * kh * kw
+        gemm_a_bytes = g * m_ * k_ * e
+        return self.gemm(m_, n_, k_, batch=g, dtype=dtype, extra_bytes=act_bytes - gemm_a_bytes)
+
+    def attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
+                  causal: bool = False, backward: bool = False, dtype: str = "bf16",
+                  kv_heads: int | None = None) -> OpEstimate:
+        return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
+                               bool(backward), dtype, int(kv_heads or heads))
+
+    @lru_cache(maxsize=16384)
+    def _attention(self, b: int, h: int, sq: int, skv: int, d: int, causal: bool, backward: bool,
+                   dtype: str, kvh: int) -> OpEstimate:
+        c = self.hw.compute
+        e = DTYPE_BYTES.get(dtype, 2)
+        pairs = float(sq) * skv
+        if causal:
+            # queries see only earlier keys: about half the score matrix when seq_q == seq_kv
+            pairs = float(sq) * skv - sq * (sq - 1) / 2.0 if sq <= skv else pairs / 2.0
+        fwd_flops = 4.0 * b * h * pairs * d                      # QK^T and PV
+        flops = fwd_flops * (2.5 if backward else 1.0)           # backward: 5 matmuls vs 2
+        eff = c.attention_bwd_efficiency if backward else c.attention_fwd_efficiency
+        blocks = b * h * math.ceil(sq / c.attention_block)
+        waves = math.ceil(blocks / self._sms)
+        waves_eff = blocks / (waves * self._sms)
+        rate = self.hw.peak_flops(dtype) / 1e6 * eff * waves_eff
+        compute_us = flops / rate
+        q_o = 2.0 * b * h * sq * d * e
+        k_v = 2.0 * b * kvh * skv * d * e
+        nbytes = (q_o + k_v) * (2.5 if backward else 1.0)        # backward also reads dO, writes dQ dK dV
+        return self._finish(compute_us, nbytes / self._bw, flops, nbytes, dtype, f"waves {waves}")
+
+    # ------------------------------------------------------------------ entry point (a): node attrs
+    def op_estimate(self, attrs: Mapping[str, Any]) -> OpEstimate:
+        """Estimate from the generated-node attrs contract (op, flops, bytes, dtype, m/n/k/batch,
+        attention dims)."""
+        op = str(attrs.get("op", "elementwise"))
+        dtype = str(attrs.get("dtype", "bf16"))
+        if op == "gemm" and all(k in attrs for k in ("m", "n", "k")):
+            return self.gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), int(attrs.get("batch", 1)), dtype)
+        if op == "attention" and all(k in attrs for k in ("seq_q", "head_dim", "heads")):
+            return self.attention(int(attrs.get("batch", 1)), int(attrs["heads"]), int(attrs["seq_q"]),
+                                  int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),
+                                  bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
+                                  attrs.get("kv_heads"))
+        nbytes = float(attrs.get("bytes", 0.0))
+        flops = float(attrs.get("flops", 0.0))
+        if op == "memcpy":
+            return self.memcpy(nbytes, str(attrs.get("direction", "dtod")), bool(attrs.get("pageable", False)))
+        if op == "memset":
+            return self.memset(nbytes)
+        # generic roofline: FLOPs at the GEMM mainloop rate (gemm/attention without shapes) or nothing
+        compute_us = 0.0
+        if flops > 0:
+            eff = self.hw.compute.gemm_efficiency if op in ("gemm", "attention") else 1.0
+            peak = self.hw.peak_flops(dtype if op in ("gemm", "attention") else "fp32")
+            compute_us = flops / (peak * eff) * 1e6
+        return self._finish(compute_us, nbytes / self._bw, flops, nbytes, dtype)
+
+    def op_time_us(self, attrs: Mapping[str, Any]) -> float:
+        return self.op_estimate(attrs).time_us
+
+    # ------------------------------------------------------------------ entry point (b): traced kernels
+    def kernel_estimate(self, graph: ExecutionGraph, i: int) -> OpEstimate | None:
+        """Estimate a traced GPU node from its kernel name and its launching host op's shapes; None when
+        the shapes are unknown (callers then scale the recorded duration, see `peak_ratio`)."""
+        kind = int(graph.kind[i])
+        a = graph.attrs.get(i) or {}
+        if kind == OpKind.MEMSET and a.get("bytes"):
+            return self.memset(float(a["bytes"]))
+        if kind == OpKind.MEMCPY and a.get("bytes"):
+            return self.memcpy(float(a["bytes"]), _copy_direction(graph.name[i], a),
+                               pageable="pageable" in graph.name[i].lower())
+        if "op" in a:  # a generated node carrying the attrs contract
+            return self.op_estimate(a)
+        host = launching_op(graph, i)
+        if host < 0:
+            return None
+        ha = graph.attrs.get(host) or {}
+        shapes = ha.get("input_shapes")
+        if not shapes:
+            return None
+        return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, ha.get("input_types") or [])
+
+
+def _copy_direction(name: str, attrs: Mapping[str, Any]) -> str:
+    text = (name + " " + str(attrs.get("kind", "")) + " " + str(attrs.get("direction", ""))).lower()
+    for key, d in (("htod", "htod"), ("h2d", "htod"), ("dtoh", "dtoh"), ("d2h", "dtoh"),
+                   ("dtod", "dtod"), ("d2d", "dtod")):
+        if key in text:
+            return d
+    return "dtod"
+
+
+def launching_op(graph: ExecutionGraph, i: int) -> int:
+    """Index of the host op that launched GPU node `i` (the LAUNCH dep's call-stack parent), or -1."""
+    lo, hi = int(graph.dep_ptr[i]), int(graph.dep_ptr[i + 1])
+    for j in range(lo, hi):
+        if graph.dep_kind[j] == EdgeKind.LAUNCH:
+            launch = int(graph.dep_src[j])
+            return int(graph.parent[launch])
+    return -1
+
+
+def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
+    """Compute dtype and element size: kernel-name hints first (TF32 tensor cores run fp32 tensors)."""
+    k = kernel.lower()
+    if "tf32" in k or "s1688" in k or "s16816" in k:
+        return "tf32", 4
+    if "bf16" in k:
+        return "bf16", 2
+    if "e4m3" in k or "fp8" in k:
+        return "fp8", 1
+    for t in types:
+        got = _TORCH_TYPES.get(str(t).lower())
+        if got and got[0] in ("fp32", "bf16", "fp16", "fp64", "fp8") and str(t).lower() not in (
+                "long int", "int64_t", "int", "bool", "unsigned char", "signed char", "short int"):
+            return got
+    if "h884" in k or "h1688" in k or "h16816" in k or "fp16" in k:
+        return "fp16", 2
+    return "fp32", 4
+
+
+def _elem_bytes(t: str) -> int:
+    got = _TORCH_TYPES.get(str(t).lower())
+    return got[1] if got else 4
+
+
+def _numel(shape: Any) -> int:
+    if not isinstance(shape, (list, tuple)) or not shape:
+        return 0
+    if not all(isinstance(x, int) for x in shape):
+        return 0  # nested (tensor list) shapes: not a plain tensor
+    return math.prod(max(x, 0) for x in shape)
+
+
+def _tensors(shapes: Sequence[Any]) -> list[list[int]]:
+    return [list(s) for s in shapes if isinstance(s, (list, tuple)) and s and all(isinstance(x, int) for x in s)]
+
+
+def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequence[Any],
+                         types: Sequence[str]) -> OpEstimate | None:
+    """Map a kernel + its host op's input shapes to a model estimate (None if not understood)."""
+    cls = kernel_class(kernel)
+    op_l = op.lower()
+    dtype, e = _dtype_of(types, kernel)
+    tens = _tensors(shapes)
+    if not tens:
+        return None
+    gemm_dims = _gemm_dims(op_l, tens)
+    if gemm_dims is not None and cls in ("gemm", "other"):
+        m, n, k, b = gemm_dims
+        return model.gemm(m, n, k, b, dtype)
+    if "conv" in op_l and cls in ("conv", "gemm", "other") and len(tens) >= 2 and len(tens[0]) == 4 \
+            and len(tens[1]) == 4:
+        (nb, cin, h, w), (cout, cin_g, kh, kw) = tens[0], tens[1]
+        groups = max(1, cin // max(cin_g, 1))
+        if "backward" in op_l:
+            # one of dgrad / wgrad: each is a GEMM with the forward's FLOPs (grad_output is tensor 0)
+            nb, cout_, h, w = tens[0]
+            if len(tens) >= 3 and len(tens[1]) == 4 and len(tens[2]) == 4:
+                nb, cin, h, w = tens[1]
+                cout, cin_g, kh, kw = tens[2]
+                groups = max(1, cin // max(cin_g, 1))
+        return model.conv(nb, cin, h, w, cout, kh, kw, 1, groups, dtype)
+    if cls == "attention" or "attention" in op_l:
+        q = tens[0]
+        if len(q) == 4 and len(tens) >= 2:
+            b, h, sq, d = q
+            kv = tens[1]
+            skv = kv[2] if len(kv) == 4 else sq
+            kvh = kv[1] if len(kv) == 4 else h
+            backward = "backward" in op_l or "bwd" in kernel.lower()
+            causal = "causal" in kernel.lower()
+            return model.attention(b, h, sq, skv, d, causal, backward, dtype, kvh)
+        return None
+    if not op_l.startswith("aten::"):
+        return None  # custom ops (fbgemm, apex, ...): their input shapes do not tell their traffic
+    if gemm_dims is not None:
+        # a non-GEMM kernel of a GEMM op (split-K reduce, epilogue): one pass over the output
+        m, n, _, b = gemm_dims
+        return model.memory_op(2.0 * b * m * n * 4, dtype)
+    # memory-bound classes: every input read once, the output as large as the largest input written
+    sizes = [_numel(s) * _elem_bytes(types[i] if i < len(types) else "float")
+             for i, s in enumerate(shapes) if isinstance(s, (list, tuple))]
+    if not sizes or max(sizes) == 0:
+        return None
+    if cls == "reduction" or op_l.split("::")[-1] in ("sum", "mean", "norm", "amax", "max", "min", "prod",
+                                                          "linalg_vector_norm", "argmax", "var", "std"):
+        nbytes = sum(sizes)
+    elif cls == "embedding" or "embedding" in op_l:
+        # reads the selected rows (indices x dim) and writes them; the table is not streamed
+        idx = _numel(tens[1]) if len(tens) > 1 else 0
+        if idx == 0:
+            return None
+        dim = tens[0][-1] if tens else 1
+        nbytes = 2.0 * idx * dim * e + idx * 8
+    else:
+        nbytes = sum(sizes) + max(sizes)
+    return model.memory_op(nbytes, dtype)
+
+
+def _gemm_dims(op: str, tens: list[list[int]]) -> tuple[int, int, int, int] | None:
+    """(m, n, k, batch) of aten matmul-family ops from their input shapes."""
+    name = op.split("::")[-1]
+    try:
+        if name in ("addmm", "_addmm_activation") and len(tens) >= 3:
+            (m, k), (_, n) = tens[1][-2:], tens[2][-2:]
+            return m, n, k, 1
+        if name in ("mm",) and len(tens) >= 2:
+            (m, k), (_, n) = tens[0][-2:], tens[1][-2:]
+            return m, n, k, 1
+        if name in ("bmm", "baddbmm") and len(tens) >= 2:
+            a, b = (tens[1], tens[2]) if name == "baddbmm" and len(tens) >= 3 else (tens[0], tens[1])
+            return a[-2], b[-1], a[-1], math.prod(a[:-2]) or 1
+        if name in ("linear",) and len(tens) >= 2:
+            x, w = tens[0], tens[1]
+            return math.prod(x[:-1]) or 1, w[0], x[-1], 1
+        if name in ("matmul",) and len(tens) >= 2:
+            x, w = tens[0], tens[1]
+            if len(w) == 2:
+                return math.prod(x[:-1]) or 1, w[-1], x[-1], 1
+            return x[-2], w[-1], x[-1], math.prod(x[:-2]) or 1
+        if name in ("_scaled_mm",) and len(tens) >= 2:
+            (m, k), (_, n) = tens[0][-2:], tens[1][-2:]
+            return m, n, k, 1
+    except (ValueError, IndexError):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------------- peak ratios
+def peak_ratio(source: HardwareConfig, target: HardwareConfig, cls: str, dtype: str = "bf16",
+               intensity: float | None = None) -> float:
+    """Duration multiplier for a kernel moved from `source` to `target` when only its class is known:
+    compute peak ratio for compute classes, HBM bandwidth ratio for memory classes; with a known
+    arithmetic intensity (FLOP/byte), whichever roof binds on the source decides."""
+    compute = source.peak_flops(dtype) / target.peak_flops(dtype)
+    memory = source.hbm_bytes_per_us / target.hbm_bytes_per_us
+    if intensity is not None and intensity > 0:
+        ridge = source.peak_flops(dtype) * source.compute.gemm_efficiency / (source.hbm_bytes_per_us * 1e6)
+        return compute if intensity >= ridge else memory
+    if cls in COMPUTE_CLASSES:
+        return compute
+    return memory

@@ -1,0 +1,776 @@
+"""Network model: topology, links shared by concurrent flows, and collective algorithms.
+
+Topology (from the preset): GPUs of a node talk over NVLink, either through an NVSwitch crossbar (each
+GPU has one egress and one ingress port of `nvlink_bw_gbs`) or over the DGX-1 hybrid cube mesh (one
+directed link per GPU pair with `links x nvlink_link_bw_gbs`; non-adjacent pairs go through PCIe).
+Between nodes, each GPU reaches its rail's NIC (`nics_per_node` NICs shared evenly); a rail-optimized
+fat tree connects the same rail of every node through a leaf switch (`nodes_per_leaf` nodes per leaf),
+and leaves through spines whose capacity is the leaf's downlink capacity / `oversubscription`.
+Cross-rail traffic either hops over NVLink to the GPU on the destination's rail first (NCCL PXN) or
+crosses the spine.
+
+A transfer is a flow over a path of links. Concurrent flows share links max-min fairly
+(`max_min_fair_share`; `flow_completion_times` re-shares as flows finish). A collective algorithm
+(a class in `ALGORITHMS`) turns (operation, size, ranks) into rounds of flows plus the hop latencies on
+its critical chain; its time under an NCCL protocol (LL / LL128 / Simple: bandwidth fraction and
+latencies) is base latency + hop latencies + the bandwidth time of its rounds. `NetworkModel` picks the
+fastest applicable (algorithm, protocol) pair, as NCCL's tuner does from its own cost model.
+
+Size conventions are those of nccl-tests: all_reduce/broadcast/reduce: the buffer; all_gather: the
+gathered (output) buffer; reduce_scatter: the input buffer; all_to_all: each rank's send buffer.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from chakra_schema.graph import CommType
+
+from .config import HardwareConfig, ProtocolSpec, get_hardware
+
+Link = tuple  # ("nvl_tx", node, gpu), ("nic_tx", node, nic), ("spine_up", leaf_group, rail) ...
+Path = tuple  # tuple of links
+
+
+# ------------------------------------------------------------------------------- sharing of links
+def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, float] | callable) -> np.ndarray:
+    """Rates (capacity units) of flows that each use every link of their path, shared max-min fairly
+    (progressive filling: the most contended link fixes the rate of its flows, repeat). A flow with an
+    empty path gets an infinite rate."""
+    nflows = len(paths)
+    rates = np.full(nflows, np.inf)
+    if nflows == 0:
+        return rates
+    cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
+    index: dict[Link, int] = {}
+    fl, lk = [], []
+    for f, p in enumerate(paths):
+        for link in p:
+            li = index.get(link)
+            if li is None:
+                li = index[link] = len(index)
+            fl.append(f)
+            lk.append(li)
+    if not index:
+        return rates
+    fl_a, lk_a = np.asarray(fl), np.asarray(lk)
+    remaining = np.array([float(cap_of(link)) for link in index])
+    active = np.ones(nflows, bool)
+    active[np.setdiff1d(np.arange(nflows), fl_a)] = False
+    while active.any():
+        sel = active[fl_a]
+        counts = np.bincount(lk_a[sel], minlength=len(index))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
+        best = share.min()
+        if not np.isfinite(best):
+            break
+        tight = share <= best * (1 + 1e-12)
+        fixed_entries = sel & tight[lk_a]
+        fixed = np.unique(fl_a[fixed_entries])
+        rates[fixed] = best
+        active[fixed] = False
+        used = np.isin(fl_a, fixed)
+        np.subtract.at(remaining, lk_a[used], best)
+        remaining = np.maximum(remaining, 0.0)
+    return rates
+
+
+def flow_completion_times(paths: Sequence[Sequence[Link]], sizes: Sequence[float],
+                          capacity: dict[Link, float] | callable) -> np.ndarray:
+    """Finish time of each flow (size / capacity units) when all start together and bandwidth is
+    re-shared max-min fairly every time a flow finishes."""
+    n = len(paths)
+    left = np.asarray(sizes, dtype=float).copy()
+    done = np.zeros(n)
+    alive = left > 0
+    now = 0.0
+    while alive.any():
+        idx = np.flatnonzero(alive)
+        rates = max_min_fair_share([paths[i] for i in idx], capacity)
+        with np.errstate(divide="ignore"):
+            t = np.where(np.isfinite(rates), left[idx] / rates, 0.0)
+        dt = float(t.min())
+        now += dt
+        finite = np.isfinite(rates)
+        left[idx] = np.where(finite, left[idx] - np.where(finite, rates, 0.0) * dt, 0.0)
+        finished = idx[left[idx] <= 1e-9 * np.maximum(1.0, np.asarray(sizes, float)[idx])]
+        if len(finished) == 0:  # numerical guard: retire the flow that was closest
+            finished = idx[[int(np.argmin(t))]]
+        done[finished] = now
+        alive[finished] = False
+    return done
+
+
+# --------------------------------------------------------------------------------------- topology
+class Topology:
+    """Links, capacities (bytes/us) and paths of a cluster of `hw` nodes."""
+
+    def __init__(self, hw: HardwareConfig):
+        self.hw = hw
+        node, net = hw.node, hw.network
+        self.gpn = node.gpus_per_node
+        self.nvl = node.nvlink_bw_gbs * node.nvlink_efficiency * 1e3
+        self.nic = hw.nic_gbs * 1e3
+        self.pcie = hw.gpu.pcie_bw_gbs * hw.compute.pcie_efficiency * 1e3
+        self.spine = net.nodes_per_leaf * self.nic / net.oversubscription
+        self.mesh: dict[tuple[int, int], float] = {}
+        self._bw_cache: dict[tuple, float] = {}
+        if node.intra_topology == "hybrid_cube_mesh":
+            for a, b, nlinks in node.nvlink_mesh:
+                bw = nlinks * node.nvlink_link_bw_gbs * node.nvlink_efficiency * 1e3
+                self.mesh[(a, b)] = self.mesh[(b, a)] = bw
+
+    # ranks -> places
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpn
+
+    def local_of(self, rank: int) -> int:
+        return rank % self.gpn
+
+    def nic_of(self, local: int) -> int:
+        return local * self.hw.network.nics_per_node // self.gpn
+
+    def leaf_group(self, node: int) -> int:
+        return node // self.hw.network.nodes_per_leaf
+
+    def capacity(self, link: Link) -> float:
+        kind = link[0]
+        if kind in ("nvl_tx", "nvl_rx"):
+            return self.nvl
+        if kind == "nvl":
+            return self.mesh[(link[2], link[3])]
+        if kind in ("pcie_tx", "pcie_rx"):
+            return self.pcie
+        if kind in ("nic_tx", "nic_rx"):
+            return self.nic
+        if kind in ("spine_up", "spine_down"):
+            return self.spine
+        raise KeyError(link)
+
+    @property
+    def is_mesh(self) -> bool:
+        return bool(self.mesh)
+
+    def adjacent(self, a: int, b: int) -> bool:
+        """Direct NVLink between local GPUs a and b."""
+        return not self.is_mesh or (a, b) in self.mesh
+
+    def _intra(self, node: int, a: int, b: int) -> Path:
+        if a == b:
+            return ()
+        if not self.is_mesh:
+            return (("nvl_tx", node, a), ("nvl_rx", node, b))
+        if (a, b) in self.mesh:
+            return (("nvl", node, a, b),)
+        return (("pcie_tx", node, a), ("pcie_rx", node, b))
+
+    @lru_cache(maxsize=1 << 18)
+    def path(self, src: int, dst: int) -> Path:
+        """Links a transfer from global rank `src` to `dst` crosses."""
+        na, nb = self.node_of(src), self.node_of(dst)
+        la, lb = self.local_of(src), self.local_of(dst)
+        if na == nb:
+            return self._intra(na, la, lb)
+        ra, rb = self.nic_of(la), self.nic_of(lb)
+        head: Path = ()
+        if ra != rb and self.hw.network.pxn and not self.is_mesh:
+            # PXN: move the data over NVLink to the GPU that owns the destination's rail, send from there
+            # (the destination's local index owns rail rb, so its twin on the source node is the proxy)
+            head = self._intra(na, la, lb)
+            ra = rb
+        links = list(head) + [("nic_tx", na, ra)]
+        ga, gb = self.leaf_group(na), self.leaf_group(nb)
+        if ga != gb or ra != rb:
+            links += [("spine_up", ga, ra), ("spine_down", gb, rb)]
+        links.append(("nic_rx", nb, rb))
+        return tuple(links)
+
+    def hop_class(self, src: int, dst: int) -> tuple[str, int]:
+        """('self' | 'nvlink' | 'pcie' | 'net', spine hops) of a transfer from `src` to `dst`."""
+        if src == dst:
+            return "self", 0
+        na, nb = src // self.gpn, dst // self.gpn
+        la, lb = src % self.gpn, dst % self.gpn
+        if na == nb:
+            return ("nvlink", 0) if self.adjacent(la, lb) else ("pcie", 0)
+        ra, rb = self.nic_of(la), self.nic_of(lb)
+        if self.hw.network.pxn and not self.is_mesh:
+            ra = rb
+        leaf = self.hw.network.nodes_per_leaf
+        return "net", int(na // leaf != nb // leaf or ra != rb)
+
+    def hop_latency(self, src: int, dst: int, proto: ProtocolSpec) -> float:
+        """Latency of one hop of an NCCL pipeline from `src` to `dst` under `proto`."""
+        kind, spines = self.hop_class(src, dst)
+        if kind == "net":
+            return proto.net_hop_us + spines * self.hw.network.switch_latency_us
+        if kind == "nvlink":
+            return proto.nvlink_hop_us
+        if kind == "pcie":
+            return 2 * proto.nvlink_hop_us  # through the host bridge
+        return 0.0
+
+    def max_latency(self, srcs: Sequence[int], dsts: Sequence[int], proto: ProtocolSpec) -> float:
+        """Largest hop latency among the pairs (srcs[i], dsts[i]), from where the pairs sit (same GPU,
+        same node over NVLink or PCIe, other node on the same or another leaf/rail) without building
+        their paths."""
+        s = np.asarray(srcs, np.int64)
+        d = np.asarray(dsts, np.int64)
+        if len(s) == 0:
+            return 0.0
+        ns, nd = s // self.gpn, d // self.gpn
+        remote = ns != nd
+        if remote.any():
+            ls, ld = s[remote] % self.gpn, d[remote] % self.gpn
+            nics = self.hw.network.nics_per_node
+            rail_s, rail_d = ls * nics // self.gpn, ld * nics // self.gpn
+            if self.hw.network.pxn and not self.is_mesh:
+                rail_s = rail_d
+            leaf = self.hw.network.nodes_per_leaf
+            spine = (ns[remote] // leaf != nd[remote] // leaf) | (rail_s != rail_d)
+            return proto.net_hop_us + (self.hw.network.switch_latency_us if spine.any() else 0.0)
+        local = s != d
+        if not local.any():
+            return 0.0
+        if self.is_mesh:
+            ls, ld = (s[local] % self.gpn).tolist(), (d[local] % self.gpn).tolist()
+            if any((a, b) not in self.mesh for a, b in zip(ls, ld)):
+                return 2 * proto.nvlink_hop_us  # through the host bridge (PCIe)
+        return proto.nvlink_hop_us
+
+    def bandwidth_time(self, flows: Sequence[tuple[int, int, float]], proto: ProtocolSpec | None = None,
+                       extra: Sequence[tuple[Path, float]] = ()) -> float:
+        """Time (us) for concurrent flows (src, dst, bytes) (+ flows on explicit paths) to drain. A
+        protocol scales every capacity by its bandwidth fraction, hence the time by its inverse."""
+        frac = proto.bw_fraction if proto else 1.0
+        # Drain times scale linearly with the bytes: cache the pattern at unit scale, so the same
+        # collective at another size costs nothing.
+        scale = max([b for _, _, b in flows] + [b for _, b in extra] + [0.0])
+        if scale <= 0:
+            return 0.0
+        key = (tuple((s, d, b / scale) for s, d, b in flows), tuple((p, b / scale) for p, b in extra))
+        base = self._bw_cache.get(key)
+        if base is None:
+            paths = [self.path(s, d) for s, d, _ in flows] + [p for p, _ in extra]
+            sizes = [b for _, _, b in key[0]] + [b for _, b in key[1]]
+            done = flow_completion_times(paths, sizes, self.capacity)
+            finite = done[np.isfinite(done)]
+            base = float(finite.max()) if len(finite) else 0.0
+            if len(self._bw_cache) > 4096:
+                self._bw_cache.clear()
+            self._bw_cache[key] = base
+        return base * scale / frac
+
+
+# ----------------------------------------------------------------------------- algorithm registry
+ALGORITHMS: dict[str, type[CollectiveAlgorithm]] = {}
+
+
+def register_algorithm(cls: type[CollectiveAlgorithm]) -> type[CollectiveAlgorithm]:
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+
+
+def _by_node(topo: Topology, ranks: Sequence[int]) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for r in sorted(ranks):
+        nodes.setdefault(topo.node_of(r), []).append(r)
+    return [nodes[k] for k in sorted(nodes)]
+
+
+class CollectiveAlgorithm:
+    """A collective algorithm: which operations/topologies it serves, the bytes each rank sends, and
+    its time. Subclasses describe rounds of flows; the shared helpers do the link accounting."""
+
+    name = ""
+    ops: frozenset = frozenset()
+    protocols: tuple[str, ...] = ("LL", "LL128", "Simple")
+    auto = True  # considered when no algorithm is forced
+
+    def supports(self, topo: Topology, comm: CommType, ranks: Sequence[int]) -> bool:
+        return comm in self.ops and len(ranks) >= 2
+
+    def bytes_sent_per_rank(self, comm: CommType, size: float, ranks: Sequence[int],
+                            topo: Topology | None = None) -> list[float]:
+        """Bytes each rank (in `ranks` order) puts on the wire."""
+        raise NotImplementedError
+
+    def time_us(self, topo: Topology, comm: CommType, size: float, ranks: Sequence[int],
+                proto: ProtocolSpec) -> float:
+        raise NotImplementedError
+
+
+def _sent_from_flows(ranks: Sequence[int], rounds: Iterable[tuple[list[tuple[int, int, float]], int]]) -> list[float]:
+    sent = {r: 0.0 for r in ranks}
+    for flows, repeat in rounds:
+        for s, _, b in flows:
+            sent[s] += b * repeat
+    return [sent[r] for r in ranks]
+
+
+# ---------------------------------------------------------------------------------------- ring
+@register_algorithm
+class Ring(CollectiveAlgorithm):
+    """NCCL ring: every rank sends to its successor; all-reduce = reduce-scatter + all-gather passes
+    (2(n-1) steps of size/n), all-gather / reduce-scatter one pass (n-1 steps), broadcast / reduce a
+    pipelined chain. Multi-node rings run one channel per local GPU, rotated so each channel leaves
+    and enters every node on the same rail (NCCL's rail-aligned rings)."""
+
+    name = "ring"
+    ops = frozenset({CommType.ALL_REDUCE, CommType.ALL_GATHER, CommType.REDUCE_SCATTER,
+                     CommType.REDUCE_SCATTER_BLOCK, CommType.BROADCAST, CommType.REDUCE})
+
+    def channels(self, topo: Topology, ranks: Sequence[int]) -> list[list[int]]:
+        nodes = _by_node(topo, ranks)
+        if len(nodes) == 1:
+            if topo.is_mesh:
+                rings = _mesh_rings(topo, tuple(sorted(ranks)))
+                if rings:
+                    return [list(r) for r in rings]
+            return [sorted(ranks)]
+        k = len(nodes[0])
+        if any(len(n) != k for n in nodes):
+            return [sorted(ranks)]
+        out = []
+        for c in range(k):
+            ring, start = [], c
+            for members in nodes:
+                seq = [members[(start + t) % k] for t in range(k)]
+                ring += seq
+                start = (start + k - 1) % k  # next node starts on the GPU (rail) this one ended on
+            out.append(ring)
+        return out
+
+    @staticmethod
+    def steps(comm: CommType, n: int) -> int:
+        return 2 * (n - 1) if comm == CommType.ALL_REDUCE else n - 1
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        n = len(ranks)
+        if comm in (CommType.BROADCAST, CommType.REDUCE):
+            # a pipelined chain: every rank but the last of the chain forwards the whole buffer
+            return [float(size)] * (n - 1) + [0.0]
+        return [self.steps(comm, n) * size / n] * n
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        n = len(ranks)
+        chans = self.channels(topo, ranks)
+        c = len(chans)
+        if comm in (CommType.BROADCAST, CommType.REDUCE):
+            flows = [(r[i], r[i + 1], size / c) for r in chans for i in range(n - 1)]
+            lat = max(sum(topo.hop_latency(r[i], r[i + 1], proto) for i in range(n - 1)) for r in chans)
+            return proto.base_latency_us + lat + topo.bandwidth_time(flows, proto)
+        flows = [(r[i], r[(i + 1) % n], size / (n * c)) for r in chans for i in range(n)]
+        steps = self.steps(comm, n)
+        # pipelined: a chunk crosses `steps` hops; the latency is that of the hops it crosses
+        loop = max(sum(topo.hop_latency(r[i], r[(i + 1) % n], proto) for i in range(n)) for r in chans)
+        return proto.base_latency_us + loop * steps / n + steps * topo.bandwidth_time(flows, proto)
+
+
+@lru_cache(maxsize=256)
+def _mesh_rings(topo: Topology, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Directed Hamiltonian rings over NVLink edges of a mesh node, chosen greedily to spread load over
+    the links (NCCL searches such rings on DGX-1). Empty when the group has no NVLink ring."""
+    if len(ranks) > 8 or len(ranks) < 3:
+        return ()
+    first, rest = ranks[0], ranks[1:]
+    cycles = []
+    for perm in itertools.permutations(rest):
+        ring = (first,) + perm
+        if all(topo.adjacent(topo.local_of(ring[i]), topo.local_of(ring[(i + 1) % len(ring)]))
+               for i in range(len(ring))):
+            cycles.append(ring)
+    if not cycles:
+        return ()
+    # Greedy: add the ring that least raises the most loaded link (normalised by capacity); keep the
+    # prefix with the best throughput = rings / (max normalised load).
+    chosen: list[tuple[int, ...]] = []
+    load: dict[tuple[int, int], float] = {}
+    cap = topo.mesh
+    best_prefix, best_ratio = 1, math.inf
+
+    def edges(ring):
+        return [(topo.local_of(ring[i]), topo.local_of(ring[(i + 1) % len(ring)])) for i in range(len(ring))]
+
+    for step in range(24):
+        best, best_max = None, math.inf
+        for ring in cycles:
+            trial = dict(load)
+            for e in edges(ring):
+                trial[e] = trial.get(e, 0.0) + 1.0
+            m = max(v / cap[e] for e, v in trial.items())
+            if m < best_max - 1e-12:
+                best, best_max = ring, m
+        chosen.append(best)
+        for e in edges(best):
+            load[e] = load.get(e, 0.0) + 1.0
+        ratio = best_max / len(chosen)
+        if ratio < best_ratio - 1e-12:
+            best_prefix, best_ratio = len(chosen), ratio
+    chosen = chosen[:best_prefix]
+    return tuple(chosen)
+
+
+# ------------------------------------------------------------------------------ double binary tree
+@register_algorithm
+class DoubleBinaryTree(CollectiveAlgorithm):
+    """NCCL tree (multi-node only): a chain through the GPUs of each node and two complementary binary
+    trees across nodes, each carrying half the data; reduce flows up while broadcast flows down,
+    pipelined, so the time is the latency of the tree depth plus the most loaded link's bytes."""
+
+    name = "tree"
+    ops = frozenset({CommType.ALL_REDUCE})
+
+    def supports(self, topo, comm, ranks):
+        nodes = _by_node(topo, ranks)
+        return comm in self.ops and len(nodes) >= 2 and len({len(n) for n in nodes}) == 1
+
+    @staticmethod
+    def _trees(num_nodes: int) -> list[list[int]]:
+        """Parent (node position) in each of the two trees, -1 for the root. Tree B mirrors tree A so
+        interior nodes of one are (mostly) leaves of the other."""
+        a = [(i - 1) // 2 if i > 0 else -1 for i in range(num_nodes)]
+        b = [-1] * num_nodes
+        for i in range(num_nodes):
+            j = num_nodes - 1 - i          # position i in the mirrored order
+            b[j] = num_nodes - 1 - a[i] if a[i] >= 0 else -1
+        return [a, b]
+
+    def rounds(self, topo: Topology, size: float, ranks: Sequence[int]) -> list[tuple[int, int, float]]:
+        nodes = _by_node(topo, ranks)
+        k = len(nodes[0])
+        flows: list[tuple[int, int, float]] = []
+        for c in range(k):                      # one channel per local GPU / rail
+            part = size / (2 * k)
+            chains = [[m[(c + t) % k] for t in range(k)] for m in nodes]
+            for parent in self._trees(len(nodes)):
+                for chain in chains:           # chain up (reduce) and down (broadcast)
+                    for t in range(k - 1):
+                        flows.append((chain[t + 1], chain[t], part))
+                        flows.append((chain[t], chain[t + 1], part))
+                for child, par in enumerate(parent):
+                    if par >= 0:
+                        flows.append((chains[child][0], chains[par][0], part))
+                        flows.append((chains[par][0], chains[child][0], part))
+        return flows
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        topo = topo or Topology(get_hardware("h100-sxm"))
+        return _sent_from_flows(ranks, [(self.rounds(topo, size, ranks), 1)])
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        nodes = _by_node(topo, ranks)
+        k, depth = len(nodes[0]), max(1, math.ceil(math.log2(len(nodes) + 1)) - 1)
+        a, b = nodes[0][0], nodes[1][0]
+        hop_net = topo.hop_latency(a, b, proto)
+        hop_nvl = topo.hop_latency(nodes[0][0], nodes[0][1], proto) if k > 1 else 0.0
+        lat = 2 * (depth * hop_net + (k - 1) * hop_nvl)
+        bw = topo.bandwidth_time(self.rounds(topo, size, ranks), proto) / topo.hw.network.tree_efficiency
+        return proto.base_latency_us + lat + bw
+
+
+# --------------------------------------------------------------------------------------------- NVLS
+@register_algorithm
+class NVLS(CollectiveAlgorithm):
+    """NVLink SHARP all-reduce inside one NVSwitch domain: each GPU pushes its buffer into the switch,
+    which reduces it (multimem.ld_reduce) and multicasts the result (multimem.st). Per GPU and
+    direction that is S (operands) + S/n (its reduced share), instead of 2(n-1)/n S for a ring."""
+
+    name = "nvls"
+    ops = frozenset({CommType.ALL_REDUCE})
+    protocols = ("Simple",)
+
+    def supports(self, topo, comm, ranks):
+        return (comm in self.ops and topo.hw.node.nvls and topo.hw.node.nvls_efficiency > 0
+                and not topo.is_mesh and len(ranks) >= 2 and len(_by_node(topo, ranks)) == 1)
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        n = len(ranks)
+        return [size * (1 + 1 / n)] * n
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        n = len(ranks)
+        node = topo.node_of(ranks[0])
+        # multimem operations reach nvls_efficiency of the port; express it as more bytes on the link
+        scale = topo.hw.node.nvlink_efficiency / topo.hw.node.nvls_efficiency
+        per = size * (1 + 1 / n) * scale
+        extra = []
+        for r in ranks:
+            g = topo.local_of(r)
+            extra += [((("nvl_tx", node, g),), per), ((("nvl_rx", node, g),), per)]
+        bw = topo.bandwidth_time([], proto, extra)
+        return proto.base_latency_us + 2 * proto.nvlink_hop_us + bw
+
+
+# ------------------------------------------------------------------------------------- all-to-all
+@register_algorithm
+class DirectAllToAll(CollectiveAlgorithm):
+    """All-to-all as NCCL runs it: every rank sends size/n to every other rank at once (grouped
+    send/recv); links are shared max-min fairly."""
+
+    name = "direct"
+    ops = frozenset({CommType.ALL_TO_ALL, CommType.GATHER, CommType.SCATTER})
+
+    def flows(self, comm, size, ranks):
+        n = len(ranks)
+        if comm == CommType.ALL_TO_ALL:
+            return [(s, d, size / n) for s in ranks for d in ranks if s != d]
+        root = ranks[0]
+        if comm == CommType.SCATTER:
+            return [(root, d, size / n) for d in ranks if d != root]
+        return [(s, root, size / n) for s in ranks if s != root]
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        return _sent_from_flows(ranks, [(self.flows(comm, size, ranks), 1)])
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        flows = self.flows(comm, size, ranks)
+        lat = topo.max_latency([f[0] for f in flows], [f[1] for f in flows], proto)
+        return proto.base_latency_us + lat + topo.bandwidth_time(flows, proto)
+
+
+@register_algorithm
+class PairwiseAllToAll(CollectiveAlgorithm):
+    """Pairwise exchange: n-1 rounds; in round k rank i sends size/n to rank i+k (one peer at a time,
+    as MPI's pairwise all-to-all and NCCL's send/recv loops without grouping)."""
+
+    name = "pairwise"
+    ops = frozenset({CommType.ALL_TO_ALL})
+    auto = False  # NCCL's all-to-all is the grouped (direct) exchange; pairwise runs only when asked for
+
+    def rounds(self, size, ranks):
+        n = len(ranks)
+        return [([(ranks[i], ranks[(i + k) % n], size / n) for i in range(n)], 1) for k in range(1, n)]
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        return _sent_from_flows(ranks, self.rounds(size, ranks))
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        t = proto.base_latency_us
+        for flows, _ in self.rounds(size, ranks):
+            t += (topo.max_latency([f[0] for f in flows], [f[1] for f in flows], proto)
+                  + topo.bandwidth_time(flows, proto))
+        return t
+
+
+# ----------------------------------------------------------------------------------- hierarchical
+@register_algorithm
+class Hierarchical(CollectiveAlgorithm):
+    """Two-level: inside each node (NVLink) then across nodes between GPUs of the same local index (one
+    rail each, all rails at once), then inside each node again. all_reduce = intra reduce-scatter +
+    inter all-reduce of size/k + intra all-gather; all_gather = inter all-gather + intra all-gather;
+    reduce_scatter = intra reduce-scatter + inter reduce-scatter."""
+
+    name = "hierarchical"
+    ops = frozenset({CommType.ALL_REDUCE, CommType.ALL_GATHER, CommType.REDUCE_SCATTER})
+
+    def supports(self, topo, comm, ranks):
+        nodes = _by_node(topo, ranks)
+        return (comm in self.ops and len(nodes) >= 2 and len(nodes[0]) >= 2
+                and len({len(n) for n in nodes}) == 1)
+
+    @staticmethod
+    def _phases(comm: CommType, size: float, k: int, num_nodes: int) -> list[tuple[str, CommType, float]]:
+        """(level, op, size of the sub-collective) in order."""
+        if comm == CommType.ALL_REDUCE:
+            return [("intra", CommType.REDUCE_SCATTER, size), ("inter", CommType.ALL_REDUCE, size / k),
+                    ("intra", CommType.ALL_GATHER, size)]
+        if comm == CommType.ALL_GATHER:
+            return [("inter", CommType.ALL_GATHER, size / k), ("intra", CommType.ALL_GATHER, size)]
+        return [("intra", CommType.REDUCE_SCATTER, size), ("inter", CommType.REDUCE_SCATTER, size / k)]
+
+    def bytes_sent_per_rank(self, comm, size, ranks, topo=None):
+        topo = topo or Topology(get_hardware("h100-sxm"))
+        nodes = _by_node(topo, ranks)
+        k, nn = len(nodes[0]), len(nodes)
+        ring = Ring()
+        per = 0.0
+        for level, op, sub in self._phases(comm, size, k, nn):
+            m = k if level == "intra" else nn
+            per += ring.steps(op, m) * sub / m
+        return [per] * len(ranks)
+
+    def time_us(self, topo, comm, size, ranks, proto):
+        nodes = _by_node(topo, ranks)
+        k, nn = len(nodes[0]), len(nodes)
+        ring = Ring()
+        t = 0.0
+        for level, op, sub in self._phases(comm, size, k, nn):
+            groups = nodes if level == "intra" else [[n[i] for n in nodes] for i in range(k)]
+            m = len(groups[0])
+            # all groups of the level run at once: their step flows share links
+            flows = [(g[i], g[(i + 1) % m], sub / m) for g in groups for i in range(m)]
+            steps = ring.steps(op, m)
+            loop = max(sum(topo.hop_latency(g[i], g[(i + 1) % m], proto) for i in range(m)) for g in groups)
+            t += proto.base_latency_us + loop * steps / m + steps * topo.bandwidth_time(flows, proto)
+        return t
+
+
+# -------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class CollectiveEstimate:
+    time_us: float
+    algorithm: str
+    protocol: str
+    comm: CommType
+    size_bytes: float
+    nranks: int
+
+    @property
+    def algbw_gbps(self) -> float:
+        return self.size_bytes / self.time_us / 1e3 if self.time_us > 0 else 0.0
+
+    @property
+    def busbw_gbps(self) -> float:
+        return self.algbw_gbps * bus_factor(self.comm, self.nranks)
+
+    def to_dict(self) -> dict:
+        return {"time_us": self.time_us, "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
+                "algorithm": self.algorithm, "protocol": self.protocol, "op": self.comm.name.lower(),
+                "size_bytes": int(self.size_bytes), "gpus": self.nranks}
+
+
+def bus_factor(comm: CommType, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: busbw = algbw x factor."""
+    if n <= 1:
+        return 1.0
+    if comm == CommType.ALL_REDUCE:
+        return 2 * (n - 1) / n
+    if comm in (CommType.ALL_GATHER, CommType.REDUCE_SCATTER, CommType.REDUCE_SCATTER_BLOCK,
+                CommType.ALL_TO_ALL, CommType.GATHER, CommType.SCATTER):
+        return (n - 1) / n
+    return 1.0
+
+
+class NetworkModel:
+    """Collective and point-to-point times on clusters of `hw` nodes (rank r lives on node
+    r // gpus_per_node). Results are cached: the model is a pure function of its arguments."""
+
+    def __init__(self, hw: HardwareConfig | str):
+        self.hw = get_hardware(hw)
+        self.topology = Topology(self.hw)
+        self._protos = {p.name: p for p in self.hw.protocols}
+        self._cache: dict[tuple, CollectiveEstimate] = {}
+
+    def algorithms_for(self, comm: CommType, ranks: Sequence[int], auto_only: bool = False) -> list[str]:
+        """Registered algorithms that can run `comm` over `ranks` (`auto_only`: those the tuner
+        considers when none is forced)."""
+        return [name for name, cls in ALGORITHMS.items()
+                if (cls.auto or not auto_only) and cls().supports(self.topology, comm, ranks)]
+
+    def estimate(self, comm_type: CommType | int, size_bytes: float, ranks: Sequence[int] | int,
+                 algorithm: str | None = None) -> CollectiveEstimate:
+        comm = CommType(int(comm_type))
+        if isinstance(ranks, int):
+            ranks = range(ranks)
+        # cheap cache key for the common `range` groups; other sequences as given
+        rkey = ("range", ranks.start, ranks.stop, ranks.step) if isinstance(ranks, range) else tuple(ranks)
+        key = (comm, float(size_bytes), rkey, algorithm)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        ranks_t = tuple(sorted(int(r) for r in ranks))
+        est = self._estimate(comm, float(size_bytes), ranks_t, algorithm)
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[key] = est
+        return est
+
+    def _estimate(self, comm: CommType, size: float, ranks: tuple[int, ...], algorithm: str | None) -> CollectiveEstimate:
+        n = len(ranks)
+        if n <= 1 or size <= 0 or comm == CommType.BARRIER:
+            if comm == CommType.BARRIER and n > 1:
+                # a barrier is a tiny all-reduce
+                e = self._estimate(CommType.ALL_REDUCE, 8.0, ranks, algorithm)
+                return CollectiveEstimate(e.time_us, e.algorithm, e.protocol, comm, 0.0, n)
+            return CollectiveEstimate(0.0, "none", "none", comm, size, n)
+        if comm == CommType.REDUCE_SCATTER_BLOCK:
+            comm_eff = CommType.REDUCE_SCATTER
+        else:
+            comm_eff = comm
+        if algorithm is not None:
+            if algorithm not in ALGORITHMS:
+                raise ValueError(f"unknown collective algorithm '{algorithm}' (known: {', '.join(ALGORITHMS)})")
+            names = [algorithm]
+            if not ALGORITHMS[algorithm]().supports(self.topology, comm_eff, ranks):
+                raise ValueError(f"algorithm '{algorithm}' does not support {comm.name.lower()} on ranks "
+                                 f"{_ranks_text(ranks)} of {self.hw.name}")
+        else:
+            names = self.algorithms_for(comm_eff, ranks, auto_only=True)
+            if not names:  # e.g. gather on one node: fall back to direct transfers
+                names = ["direct"] if comm_eff in DirectAllToAll.ops else ["ring"]
+        best: CollectiveEstimate | None = None
+        for name in names:
+            algo = ALGORITHMS[name]()
+            for pname in algo.protocols:
+                proto = self._protos.get(pname)
+                if proto is None:
+                    continue
+                t = algo.time_us(self.topology, comm_eff, size, ranks, proto)
+                if best is None or t < best.time_us - 1e-9:
+                    best = CollectiveEstimate(t, name, pname, comm, size, n)
+        if best is None:
+            raise ValueError(f"no protocol of {self.hw.name} fits algorithm {names}")
+        return best
+
+    def collective_us(self, comm_type: CommType | int, size_bytes: int | float, ranks: Sequence[int] | int,
+                      algorithm: str | None = None) -> float:
+        """Time in us of one collective over global `ranks` (an int n means ranks 0..n-1)."""
+        return self.estimate(comm_type, size_bytes, ranks, algorithm).time_us
+
+    def p2p_us(self, size_bytes: float, src: int, dst: int) -> float:
+        """A send/recv pair: protocol base latency + hop latency + size over the path's fair share."""
+        if src == dst or size_bytes <= 0:
+            return 0.0
+        best = math.inf
+        for proto in self.hw.protocols:
+            t = (proto.base_latency_us + self.topology.hop_latency(src, dst, proto)
+                 + self.topology.bandwidth_time([(src, dst, float(size_bytes))], proto))
+            best = min(best, t)
+        return best
+
+    def concurrent_us(self, collectives: Sequence[tuple[CommType | int, float, Sequence[int]]]) -> list[float]:
+        """Times of collectives that run at the same time on shared links: each one's time alone is
+        stretched by how much the max-min fair share of its (ring-channel) flows drops when the other
+        collectives' flows are on the same links. (A first-order model: the whole time is stretched,
+        which slightly over-counts the latency part of small collectives.)"""
+        ests = [self.estimate(c, s, r) for c, s, r in collectives]
+        ring = Ring()
+        paths, owner = [], []
+        for i, (c, s, r) in enumerate(collectives):
+            ranks = sorted(int(x) for x in (range(r) if isinstance(r, int) else r))
+            if len(ranks) < 2:
+                continue
+            for ch in ring.channels(self.topology, ranks):
+                for j in range(len(ch)):
+                    p = self.topology.path(ch[j], ch[(j + 1) % len(ch)])
+                    if p:
+                        paths.append(p)
+                        owner.append(i)
+        if not paths:
+            return [e.time_us for e in ests]
+        owner_a = np.asarray(owner)
+        cap = self.topology.capacity
+        shared = max_min_fair_share(paths, cap)
+        out = []
+        for i, e in enumerate(ests):
+            mine = owner_a == i
+            if not mine.any():
+                out.append(e.time_us)
+                continue
+            alone = max_min_fair_share([p for p, m in zip(paths, mine) if m], cap)
+            slow = float(np.max(alone / shared[mine]))
+            out.append(e.time_us * max(slow, 1.0))
+        return out
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"[{ranks[0]}..{ranks[-1]}] ({len(ranks)})" if len(ranks) > 4 else str(list(ranks))

@@ -1,0 +1,1 @@
+"""Hardware preset data files (*.toml); loaded by replay.hardware.config."""

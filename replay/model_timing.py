@@ -1,0 +1,244 @@
+"""Model-based timing sources: `--timing model` (ModelTiming) and `--timing trace --hardware NAME`
+(TranslatedTiming). Both implement replay.timing.TimingSource.
+
+ModelTiming(hw) re-times every GPU node with the compute model (kernels by class and the shapes of
+their launching host op, generated nodes by their `op` attrs) and every collective / send / recv with
+the network model; CPU ops and launch calls keep their recorded durations (host time does not depend on
+the GPU). Kernels whose shapes are unknown keep their recorded duration scaled by the peak ratio of the
+trace's GPU to `hw` (1.0 when they are the same GPU).
+
+TranslatedTiming(source, target) keeps the trace's own timing and moves it to another GPU: each GPU
+compute duration is multiplied by model(target)/model(source) for the same kernel (or the peak ratio
+when the model cannot estimate it), collectives are re-timed by the target's network model.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from chakra_schema.errors import TraceInputError
+from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
+
+from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
+                               launching_op, peak_ratio)
+from .hardware.config import HardwareConfig, get_hardware, trace_hardware
+from .hardware.network import NetworkModel
+from .trace_timing import recorded_gpu_latency
+
+__all__ = ["ModelTiming", "TranslatedTiming", "kernel_class", "node_classes", "source_hardware"]
+
+_COMM_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
+_GPU_WORK = (OpKind.KERNEL, OpKind.MEMCPY, OpKind.MEMSET)
+
+
+def source_hardware(graph: ExecutionGraph, explicit: HardwareConfig | str | None = None) -> HardwareConfig | None:
+    """The GPU a trace was recorded on: `explicit` if given, else guessed from graph.metadata
+    (Kineto deviceProperties name such as 'NVIDIA A100-SXM4-40GB')."""
+    if explicit is not None:
+        return get_hardware(explicit)
+    return trace_hardware(graph.metadata)
+
+
+def node_classes(graph: ExecutionGraph) -> list[str]:
+    """Per node: 'cpu' for host nodes, else the kernel class (gemm, attention, elementwise, ...,
+    communication) used to report per-class error."""
+    gpu = graph.is_gpu()
+    out = []
+    for i in range(len(graph)):
+        k = int(graph.kind[i])
+        if k in _COMM_KINDS:
+            out.append("communication")
+        elif k == OpKind.MEMCPY:
+            out.append("copy")
+        elif k == OpKind.MEMSET:
+            out.append("memset")
+        elif gpu[i] or k == OpKind.KERNEL:
+            op = graph.attr(i, "op")
+            out.append(str(op) if op else kernel_class(graph.name[i]))
+        else:
+            out.append("cpu")
+    return out
+
+
+def _is_gpu_work(graph: ExecutionGraph, i: int, kind: int, gpu: np.ndarray) -> bool:
+    """Kernels, memcpys, memsets, and generated GPU nodes carrying `op` attrs."""
+    return kind in _GPU_WORK or (bool(gpu[i]) and "op" in (graph.attrs.get(i) or {}))
+
+
+def _comm_ranks(graph: ExecutionGraph, i: int) -> list[int]:
+    a = graph.attrs.get(i) or {}
+    ranks = a.get("pg_ranks")
+    if ranks:
+        return [int(r) for r in ranks]
+    n = int(a.get("pg_size") or a.get("group_size") or graph.world_size or 1)
+    return list(range(n))
+
+
+def _comm_time(net: NetworkModel, graph: ExecutionGraph, i: int,
+               group_ranks: Sequence[int] | None = None) -> float | None:
+    """Network-model time of communication node `i`, or None when it lacks the attrs to say."""
+    a = graph.attrs.get(i) or {}
+    size = a.get("comm_size")
+    if size is None:
+        return None
+    kind = int(graph.kind[i])
+    if kind in (OpKind.SEND, OpKind.RECV):
+        # a send goes from this rank to comm_dst, a recv comes from comm_src to this rank
+        me = graph.rank
+        src = me if kind == OpKind.SEND else int(a.get("comm_src", me))
+        dst = int(a.get("comm_dst", me)) if kind == OpKind.SEND else me
+        if src == dst:
+            return None
+        return net.p2p_us(float(size), src, dst)
+    ctype = a.get("comm_type")
+    if ctype is None:
+        return None
+    ranks = list(group_ranks) if group_ranks else _comm_ranks(graph, i)
+    return net.collective_us(CommType(int(ctype)), float(size), ranks)
+
+
+class _ModelBase:
+    """Shared machinery: per-node estimates on a hardware config, cached per (kernel, host op shapes)."""
+
+    def __init__(self):
+        self._memo: dict[tuple, OpEstimate | None] = {}
+
+    def _estimate(self, model: ComputeModel, graph: ExecutionGraph, i: int) -> OpEstimate | None:
+        a = graph.attrs.get(i)
+        if a and "op" in a:
+            return model.op_estimate(a)
+        host = launching_op(graph, i)
+        ha = graph.attrs.get(host) if host >= 0 else None
+        key = (model.hw.name, int(graph.kind[i]), graph.name[i],
+               graph.name[host] if host >= 0 else "",
+               repr(ha.get("input_shapes")) if ha else "", repr(ha.get("input_types")) if ha else "",
+               repr(a.get("bytes")) if a else "")
+        if key in self._memo:
+            return self._memo[key]
+        est = model.kernel_estimate(graph, i)
+        self._memo[key] = est
+        return est
+
+    @staticmethod
+    def _dtype(graph: ExecutionGraph, i: int) -> str:
+        a = graph.attrs.get(i) or {}
+        if "dtype" in a:
+            return str(a["dtype"])
+        host = launching_op(graph, i)
+        types = graph.attr(host, "input_types", []) if host >= 0 else []
+        return _dtype_of(types or [], graph.name[i])[0]
+
+
+class ModelTiming(_ModelBase):
+    """`--timing model`: GPU work from the compute model, communication from the network model."""
+
+    name = "model"
+
+    def __init__(self, hw: HardwareConfig | str, source_hw: HardwareConfig | str | None = None):
+        super().__init__()
+        self.hw = get_hardware(hw)
+        self.source_hw = get_hardware(source_hw) if source_hw is not None else None
+        self.compute = ComputeModel(self.hw)
+        self.network = NetworkModel(self.hw)
+
+    def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
+        dur = graph.duration_us.astype(np.float64, copy=True)
+        src = self.source_hw or source_hardware(graph) or self.hw
+        gpu = graph.is_gpu()
+        kinds = graph.kind
+        for i in range(len(graph)):
+            k = int(kinds[i])
+            if k in _COMM_KINDS:
+                t = _comm_time(self.network, graph, i)
+                if t is not None:
+                    dur[i] = t
+                continue
+            if not _is_gpu_work(graph, i, k, gpu):
+                continue  # CPU ops, launch calls, syncs: recorded host time
+            est = self._estimate(self.compute, graph, i)
+            if est is not None:
+                dur[i] = est.time_us
+            elif src is not self.hw:
+                cls = kernel_class(graph.name[i])
+                dur[i] *= peak_ratio(src, self.hw, cls, self._dtype(graph, i))
+        return dur
+
+    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
+                      member_durations: Sequence[float]) -> float:
+        t = _comm_time(self.network, graph, node, group_ranks)
+        if t is not None:
+            return t
+        return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
+
+    def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
+        """An idle GPU starts a kernel `kernel_start_after_call_us` after its launch call starts; the
+        call's own (recorded) duration already elapses before the LAUNCH edge releases the kernel."""
+        n = len(graph)
+        lat = np.zeros(n)
+        if n == 0:
+            return lat
+        after = self.hw.gpu.kernel_start_after_call_us
+        counts = np.diff(graph.dep_ptr)
+        dst = np.repeat(np.arange(n), counts)
+        is_launch = graph.dep_kind == EdgeKind.LAUNCH
+        d, s = dst[is_launch], graph.dep_src[is_launch]
+        lat[d] = np.clip(after - graph.duration_us[s], 0.0, None)
+        return lat
+
+
+class TranslatedTiming(_ModelBase):
+    """`--timing trace --hardware NAME`: recorded durations moved from `source_hw` to `target_hw`."""
+
+    name = "translated"
+
+    def __init__(self, source_hw: HardwareConfig | str | None, target_hw: HardwareConfig | str):
+        super().__init__()
+        self.target = get_hardware(target_hw)
+        self.source = get_hardware(source_hw) if source_hw is not None else None
+        self.target_compute = ComputeModel(self.target)
+        self.network = NetworkModel(self.target)
+
+    def _source_for(self, graph: ExecutionGraph) -> HardwareConfig:
+        src = self.source or source_hardware(graph)
+        if src is None:
+            raise TraceInputError(graph.metadata.get("source_path") if graph.metadata else None,
+                                  "cannot tell which GPU the trace was recorded on (no known device name in "
+                                  "its metadata): name it explicitly as the source hardware")
+        return src
+
+    def scale_factors(self, graph: ExecutionGraph) -> np.ndarray:
+        """Per node duration multiplier target/source (1.0 for host nodes and communication)."""
+        src = self._source_for(graph)
+        src_model = ComputeModel(src)
+        f = np.ones(len(graph))
+        gpu = graph.is_gpu()
+        for i in range(len(graph)):
+            k = int(graph.kind[i])
+            if k in _COMM_KINDS or not _is_gpu_work(graph, i, k, gpu):
+                continue
+            a = self._estimate(src_model, graph, i)
+            b = self._estimate(self.target_compute, graph, i)
+            if a is not None and b is not None and a.time_us > 0:
+                f[i] = b.time_us / a.time_us
+            else:
+                f[i] = peak_ratio(src, self.target, kernel_class(graph.name[i]), self._dtype(graph, i))
+        return f
+
+    def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
+        dur = graph.duration_us.astype(np.float64, copy=True) * self.scale_factors(graph)
+        for i in np.flatnonzero(np.isin(graph.kind, [int(k) for k in _COMM_KINDS])):
+            t = _comm_time(self.network, graph, int(i))
+            if t is not None:
+                dur[i] = t
+        return dur
+
+    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
+                      member_durations: Sequence[float]) -> float:
+        t = _comm_time(self.network, graph, node, group_ranks)
+        if t is not None:
+            return t
+        return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
+
+    def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
+        return recorded_gpu_latency(graph)
