@@ -1,0 +1,65 @@
+"""`lumos-sim convert`: PyTorch Execution Trace and/or Kineto traces -> Chakra `.et`, one file per rank.
+
+    lumos-sim convert [--et PATTERN] [--kineto PATTERN] -o OUT_PREFIX [--json]
+
+PATTERN may hold `{rank}` and shell wildcards (quote it): `--kineto 'run/worker{rank}_*.json.gz'`.
+Writes OUT_PREFIX.<rank>.et and prints a per-rank summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lumos_sim.progress import progress_bar
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert", help="convert PyTorch traces (Execution Trace and/or Kineto) to Chakra .et files",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--et", metavar="PATTERN", help="Execution Trace file(s); may hold {rank} and wildcards")
+    p.add_argument("--kineto", metavar="PATTERN", help="Kineto trace file(s); may hold {rank} and wildcards")
+    p.add_argument("-o", "--output", metavar="OUT_PREFIX", required=True,
+                   help="output prefix: writes OUT_PREFIX.<rank>.et")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chakra_schema.errors import TraceInputError
+    from chakra_schema.pytorch.converter import convert
+
+    if not args.et and not args.kineto:
+        raise TraceInputError(None, "give --et and/or --kineto")
+    with progress_bar("converting") as cb:
+        summaries = convert(args.et, args.kineto, args.output, progress=cb)
+    try:
+        if args.json:
+            json.dump(summaries, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_table(summaries)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the files are written, the reader just stopped listening
+        sys.stderr.close()
+    return 0
+
+
+def _print_table(summaries: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="lumos-sim convert")
+    for col in ("rank", "inputs", "nodes", "by kind", "GPU ops", "colls", "steps", "edges", "ET link", "output"):
+        table.add_column(col, overflow="fold")
+    for s in summaries:
+        inputs = "\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k))
+        kinds = "\n".join(f"{k} {v}" for k, v in s["nodes_by_kind"].items())
+        link = s.get("link")
+        link_txt = f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-"
+        table.add_row(str(s["rank"]), inputs, str(s["nodes"]), kinds, str(s["gpu_ops"]), str(s["collectives"]),
+                      str(s["steps"]), str(s["edges"]), link_txt, os.path.basename(s["output"]))
+    # piped output is not folded into 80 columns: use a width that fits the table
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
