@@ -63,7 +63,7 @@ def print_result(result: ReplayResult, file=None) -> None:
     console = Console(file=out, width=None if out.isatty() else 160)
     t = Table(title=f"Replay ({result.timing} timing, {result.num_nodes:,} nodes)")
     for col in ("rank", "step", "measured ms", "predicted ms", "error", "compute ms", "comm ms",
-                "exposed comm ms", "GPU idle ms", "critical path"):
+                "exposed comm ms", "idle ms", "critical path"):
         t.add_column(col, justify="right" if col not in ("step", "critical path") else "left")
     for s in result.steps:
         b = s.breakdown

@@ -117,7 +117,7 @@ def _breakdown(g: ExecutionGraph, run: SimulatedRun, r: int, lo: float, hi: floa
         work = gpu & ~comm
         comm_m = gpu & comm
     else:  # CPU-only rank (e.g. gloo): host ops are the work
-        work = (kind == OpKind.CPU_OP) & (g.parent == -1) & ~comm
+        work = (kind == OpKind.CPU_OP) & ~comm  # nested ops overlap their parents: the union counts once
         comm_m = comm
     window = max(hi - lo, 0.0)
     compute = _union_length(start[work], end[work], lo, hi)
