@@ -1,0 +1,150 @@
+"""Memory per GPU of a training plan: weights, gradients, optimizer states, activations.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (MLSys 2023), Sec. 4: per layer and micro-batch a GPT layer stores s*b*h*(34 + 5*a*s/h) bytes
+(16-bit activations); with tensor + sequence parallelism everything divides by t; selective recomputation
+drops the 5*a*s/h attention-score term; full recomputation keeps only the 2*s*b*h layer input. The first
+pipeline stage holds the activations of `pp` micro-batches in flight (1F1B), i.e. of L layers in total; the
+interleaved schedule multiplies this by (1 + (p-1)/(p*v)). We generalize the 34 to the model's real
+widths (GQA, SwiGLU, MoE top-k) term by term as the paper derives it:
+attention 2h (QKV input) + 2(q+kv) (Q, K) + 2kv (V) + 2q (out-proj input) + h (dropout mask),
+MLP 2h (input) + 2*f_in (fc1 output) + 2f (activation output) + h (dropout mask), norms 4h;
+dropout masks only for models trained with dropout (GPT style: LayerNorm + GELU).
+Flash attention stores no s^2 scores, like selective recomputation.
+
+States follow Megatron-LM's mixed precision (Korthikanti et al.; Megatron distributed optimizer docs):
+bf16 weights 2 B, fp32 gradient accumulation buffer 4 B, Adam fp32 master weights + two moments 12 B
+per parameter; ZeRO-1 shards the 12 B over the data-parallel group, ZeRO-2 also the gradients,
+ZeRO-3/FSDP also the weights (plus one gathered layer as a working buffer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from estimators.model_config import ModelConfig
+from estimators.plan import ParallelPlan, stage_layers
+
+GIB = 1024 ** 3
+WEIGHT_BYTES = 2.0
+GRAD_BYTES = 4.0
+OPTIM_BYTES = 12.0
+
+
+@dataclass
+class MemoryEstimate:
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    stage: int                 # the pipeline stage with the largest total
+    capacity_gib: float = 0.0
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib
+
+    @property
+    def oom(self) -> bool:
+        return self.capacity_gib > 0 and self.total_gib > self.capacity_gib
+
+    def to_json(self) -> dict:
+        return {"weights_gib": self.weights_gib, "grads_gib": self.grads_gib, "optimizer_gib": self.optimizer_gib,
+                "activations_gib": self.activations_gib, "total_gib": self.total_gib, "stage": self.stage,
+                "capacity_gib": self.capacity_gib, "oom": self.oom}
+
+
+def _dropout(model: ModelConfig) -> bool:
+    return model.norm == "layernorm" and model.activation == "gelu"
+
+
+def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int) -> float:
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU (Korthikanti et al. 2022)."""
+    s = plan.seq_len / plan.cp
+    b = plan.micro_batch
+    t = plan.tp
+    h = model.hidden
+    sp = t if plan.sequence_parallel else 1
+    if plan.recompute == "full":
+        return 2.0 * s * b * h / sp
+    mask = 1.0 if _dropout(model) else 0.0
+    q, kv = model.q_dim, model.kv_dim
+    if model.mla:
+        a = model.mla
+        q = model.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+        kv = model.heads * a.v_head_dim
+    # terms on the full (gathered) sequence are divided by t (head-sharded); norm/dropout terms by sp
+    attn_sharded = 2 * (q + kv) + 2 * kv + 2 * q
+    attn_seq = 2 * h + mask * h
+    if model.is_moe_layer(layer):
+        m = model.moe
+        f = m.expert_ffn
+        f_in = 2 * f if model.activation == "swiglu" else f
+        copies = m.top_k + m.shared_experts
+        mlp_sharded = 0.0
+        mlp_seq = 2 * h + copies * (2 * h + 2 * f_in + 2 * f) + mask * h  # experts not tensor-parallel
+    else:
+        f = model.ffn
+        f_in = 2 * f if model.activation == "swiglu" else f
+        mlp_sharded = 2 * f_in + 2 * f
+        mlp_seq = 2 * h + mask * h
+    norms = 4 * h
+    per_token = (attn_sharded + mlp_sharded) / t + (attn_seq + mlp_seq + norms) / sp
+    scores = 0.0
+    if plan.attention == "unfused" and plan.recompute == "none":
+        # softmax output (2 B) + dropout mask (1 B) + dropout output (2 B) per score: 5*a*s per token
+        scores = (2.0 + 3.0 * mask) * model.heads / t * (plan.seq_len / plan.cp)
+    return s * b * (per_token + scores)
+
+
+def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0) -> MemoryEstimate:
+    """Peak-state memory of the most loaded pipeline stage."""
+    chunks = stage_layers(model, plan)
+    p, v, t = plan.pp, plan.vp, plan.tp
+    m = plan.micro_batches
+    best: MemoryEstimate | None = None
+    for stage in range(p):
+        local = [chunks[j] for j in range(stage, p * v, p)]
+        layers = [i for c in local for i in c]
+        params = 0.0
+        for i in layers:
+            total, _ = model.layer_params(i)
+            if model.is_moe_layer(i):
+                mo = model.moe
+                e = model.ffn_params(mo.expert_ffn)
+                experts = mo.num_experts * e
+                params += (total - experts - mo.shared_experts * e) / t + mo.shared_experts * e + experts / plan.ep
+            else:
+                params += total / t
+        emb = model.vocab * model.hidden / t
+        if stage == 0:
+            params += emb + (model.max_seq * model.hidden if model.position == "learned" else 0)
+        if stage == p - 1 and (not model.tied_embeddings or p > 1):
+            params += emb
+        shard = plan.shard_group * plan.cp  # Megatron shards the optimizer over the dp x cp group
+        w = params * WEIGHT_BYTES
+        g = params * GRAD_BYTES
+        o = params * OPTIM_BYTES
+        if plan.zero >= 1:
+            o /= shard
+        if plan.zero >= 2:
+            g /= shard
+        if plan.zero >= 3:
+            biggest = max((model.layer_params(i)[0] / t for i in layers), default=0.0)
+            w = w / shard + 2 * biggest * WEIGHT_BYTES  # the gathered layer and the prefetched next
+        # activations: micro-batches in flight on this stage times its layers' bytes
+        in_flight = min(m, p - stage) if v == 1 else min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
+        per_mb_chunk = [sum(layer_activation_bytes(model, plan, i) for i in c) for c in local]
+        # each in-flight micro-batch (of one chunk) holds one chunk's activations
+        act = in_flight * sum(per_mb_chunk) / v
+        s_tok = plan.seq_len / plan.cp * plan.micro_batch
+        if stage == 0:
+            act += in_flight * 2 * s_tok * model.hidden / t  # embedding output
+        if stage == p - 1:
+            # logits in fp32 for the cross entropy (one micro-batch at a time)
+            act += 4.0 * s_tok * model.vocab / t
+        est = MemoryEstimate(weights_gib=w / GIB, grads_gib=g / GIB, optimizer_gib=o / GIB,
+                             activations_gib=act / GIB, stage=stage, capacity_gib=hbm_gib)
+        if best is None or est.total_gib > best.total_gib:
+            best = est
+    assert best is not None
+    return best

@@ -1,0 +1,324 @@
+"""What-if parallelism: model + plan + hardware -> predicted step time, throughput, MFU, memory.
+
+The prediction is a replay: `estimators.workload.generate` builds per-rank graphs (one representative
+rank per pipeline stage by default), `replay.api.replay` runs them with the hardware's model timing
+(`replay.model_timing.ModelTiming`), and the step time is the slowest simulated rank's makespan.
+No per-configuration fitting: every efficiency comes from the hardware preset.
+
+FLOP conventions (per step):
+- model FLOPs = tokens x (6 x active matmul parameters + 3 x attention forward), no recomputation
+  (models.md; "active" = MoE routed experts counted top-k times). Gives `tflops_per_gpu` and `mfu`.
+- hardware FLOPs = model FLOPs + the recomputed forward (full: every layer's matmuls and attention;
+  selective: the attention core), i.e. Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for
+  GPT with full recomputation. Gives `hw_tflops_per_gpu`.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from chakra_schema.errors import TraceInputError
+from chakra_schema.graph import ExecutionGraph
+from estimators.memory import MemoryEstimate, estimate_memory
+from estimators.model_config import ModelConfig
+from estimators.plan import ParallelPlan, validate_plan
+from estimators.workload import STREAM_KIND, STREAMS, generate
+
+_STREAM_KIND_BY_ID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
+
+
+@dataclass
+class PlanPrediction:
+    model: str
+    hardware: str
+    plan: ParallelPlan
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    hw_tflops_per_gpu: float
+    mfu: float
+    memory: MemoryEstimate
+    breakdown: dict[str, Any]
+    num_nodes: int
+    simulated_ranks: int
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def oom(self) -> bool:
+        return self.memory.oom
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "model": self.model, "hardware": self.hardware, "gpus": p.gpus,
+            "plan": {"tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
+                     "seq_len": p.seq_len, "global_batch": p.global_batch, "micro_batch": p.micro_batch,
+                     "micro_batches": p.micro_batches, "precision": p.precision, "recompute": p.recompute,
+                     "zero": p.zero, "sequence_parallel": p.sequence_parallel and p.tp > 1,
+                     "attention": p.attention},
+            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu, "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
+            "mfu": self.mfu, "memory_gib_per_gpu": self.memory.total_gib, "oom": self.oom,
+            "memory": self.memory.to_json(), "breakdown": self.breakdown,
+            "simulated_ranks": self.simulated_ranks, "num_nodes": self.num_nodes, "wall_s": self.wall_s,
+            **self.extra,
+        }
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def model_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
+    return model.model_flops_per_token(plan.seq_len) * plan.global_batch * plan.seq_len
+
+
+def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
+    tokens = plan.global_batch * plan.seq_len
+    f = model_flops_per_step(model, plan)
+    if plan.recompute == "full":
+        layer_matmul = model.matmul_params_active() - model.vocab * model.hidden
+        f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
+    elif plan.recompute == "selective":
+        f += tokens * model.attention_flops_fwd_per_token(plan.seq_len)
+    return f
+
+
+def narayanan_hw_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021 (SC21) eq. (3): FLOPs per iteration of a GPT model with full activation
+    recomputation: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+    return 96.0 * batch * seq * layers * hidden ** 2 * (1 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
+
+
+# ------------------------------------------------------------------------------------ breakdown
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals covering the union."""
+    if len(starts) == 0:
+        return np.zeros(0), np.zeros(0)
+    o = np.argsort(starts, kind="stable")
+    s, e = starts[o], ends[o]
+    run_end = np.maximum.accumulate(e)
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    ids = np.cumsum(new) - 1
+    bs = s[new]
+    be = np.zeros(len(bs))
+    np.maximum.at(be, ids, e)
+    return bs, be
+
+
+def _length(s: np.ndarray, e: np.ndarray) -> float:
+    return float(np.sum(e - s)) if len(s) else 0.0
+
+
+def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: np.ndarray,
+                   lo: float, hi: float) -> dict[str, float]:
+    """Seconds of one rank's step window [lo, hi]: compute (union of compute-stream work), exposed
+    communication per kind (transfer time with no compute running; overlapping kinds are charged in the
+    order tp, cp, ep, pp, dp; a posted receive waiting for its sender is not transfer time), and the
+    rest of the step where the compute stream idles (pipeline bubble)."""
+    stream_ids = np.array([r.index for r in g.resources])
+    kinds = np.array([_STREAM_KIND_BY_ID.get(int(s), "compute") for s in stream_ids])
+    node_kind = kinds[g.resource] if len(g) else np.zeros(0, dtype=kinds.dtype)
+    step = hi - lo
+    # communication occupies only its transfer at the end of the node, not the wait for peers
+    xfer_start = np.maximum(start, end - dur)
+    comp = node_kind == "compute"
+    cs, ce = _union(start[comp], end[comp])
+    compute = _length(cs, ce)
+    covered_s, covered_e = cs, ce
+    covered = compute
+    out = {"step_s": step / 1e6, "compute_s": compute / 1e6}
+    exposed_total = 0.0
+    for k in ("tp", "cp", "ep", "pp", "dp"):
+        sel = node_kind == k
+        if not sel.any():
+            out[f"exposed_{k}_comm_s"] = 0.0
+            continue
+        us, ue = _union(np.concatenate([covered_s, xfer_start[sel]]), np.concatenate([covered_e, end[sel]]))
+        now = _length(us, ue)
+        out[f"exposed_{k}_comm_s"] = (now - covered) / 1e6
+        exposed_total += now - covered
+        covered_s, covered_e, covered = us, ue, now
+    out["exposed_comm_s"] = exposed_total / 1e6
+    out["bubble_s"] = max(step - covered, 0.0) / 1e6
+    out["bubble_fraction"] = max(step - covered, 0.0) / step if step > 0 else 0.0
+    return out
+
+
+def _breakdown(graphs: Sequence[ExecutionGraph], run) -> dict[str, Any]:
+    per = []
+    lo = float(run.start.min()) if len(run.start) else 0.0
+    hi = float(run.end.max()) if len(run.end) else 0.0
+    for r, g in enumerate(graphs):
+        sl = run.rank_slice(r)
+        per.append(rank_breakdown(g, run.start[sl], run.end[sl], run.durations[sl], lo, hi))
+    keys = per[0].keys()
+    mean = {k: float(np.mean([p[k] for p in per])) for k in keys}
+    mean["per_stage"] = per
+    return mean
+
+
+# ------------------------------------------------------------------------------------ prediction
+def default_timing(hardware):
+    from replay.model_timing import ModelTiming  # the project's TimingSource over the hardware models
+    return ModelTiming(hardware)
+
+
+def resolve_hardware(hardware):
+    from replay.hardware.config import get_hardware
+    return get_hardware(hardware)
+
+
+def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
+    """Two micro-batch counts to simulate instead of `plan.micro_batches`, or None to simulate them all.
+
+    Every micro-batch is the same work, so once the pipeline has filled (1F1B: m >= pp; interleaved:
+    also m a multiple of pp) each further micro-batch adds exactly one steady-state period to the
+    step: the step time is linear in m. Simulating m1 = 2*pp and m2 = 3*pp and extrapolating is then
+    exact up to the (m-independent) tails, which both runs contain. This is what keeps 100s of stages x
+    1000s of micro-batches cheap."""
+    m, p = plan.micro_batches, plan.pp
+    if p == 1:
+        m1, m2 = 2, 3
+    else:
+        m1, m2 = p, 2 * p
+    if m <= m2 + p:
+        return None
+    return m1, m2
+
+
+def _simulate(model, plan, hw, timing, mode, gpn, progress):
+    from replay.api import replay
+    # Millions of small Python objects: the cyclic GC's full collections would make this quadratic.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn)
+        result = replay(graphs, timing, progress=progress, critical_path=False)
+        bd = _breakdown(graphs, result.run)
+        out = result.step_time_us / 1e6, bd, result.num_nodes, len(graphs)
+        del graphs, result
+    finally:
+        if was_enabled:
+            gc.enable()
+    return out
+
+
+def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", mode: str = "symmetric",
+            timing: Any = None, progress: Callable[[int, int], None] | None = None,
+            extrapolate: bool = True) -> PlanPrediction:
+    """Generate, replay, and summarize one plan. `mode`: "symmetric" (one rank per stage) or "all".
+    With `extrapolate`, many micro-batches are simulated as two short runs and extrapolated linearly
+    (see `steady_state_micro_batches`)."""
+    validate_plan(model, plan)
+    t0 = time.perf_counter()
+    hw = resolve_hardware(hardware) if hardware is not None else None
+    gpn = hw.node.gpus_per_node if hw is not None else plan.gpus_per_node
+    if timing is None:
+        if hw is None:
+            raise TraceInputError(None, "predict needs a hardware preset or a timing source")
+        timing = default_timing(hw)
+    ms = steady_state_micro_batches(plan) if extrapolate else None
+    extra: dict[str, Any] = {}
+    if ms is None:
+        step_s, bd, nodes, nranks = _simulate(model, plan, hw, timing, mode, gpn, progress)
+    else:
+        m = plan.micro_batches
+        m1, m2 = ms
+        gb = lambda k: k * plan.dp * plan.micro_batch  # noqa: E731
+        s1, b1, n1, nranks = _simulate(model, plan.with_(global_batch=gb(m1)), hw, timing, mode, gpn, progress)
+        s2, b2, n2, _ = _simulate(model, plan.with_(global_batch=gb(m2)), hw, timing, mode, gpn, progress)
+        w = (m - m1) / (m2 - m1)
+        step_s = s1 + w * (s2 - s1)
+        bd = {k: b1[k] + w * (b2[k] - b1[k]) for k in b1 if k != "per_stage"}
+        bd["bubble_fraction"] = bd["bubble_s"] / step_s if step_s > 0 else 0.0
+        bd["per_stage"] = [{k: a[k] + w * (b[k] - a[k]) for k in a} for a, b in zip(b1["per_stage"], b2["per_stage"])]
+        for st in bd["per_stage"]:
+            st["bubble_fraction"] = st["bubble_s"] / st["step_s"] if st["step_s"] > 0 else 0.0
+        nodes = n1 + n2
+        extra["extrapolated_from_micro_batches"] = [m1, m2]
+    if step_s <= 0:
+        raise TraceInputError(None, "the replay produced an empty step")
+    tokens = plan.global_batch * plan.seq_len
+    gpus = plan.gpus
+    mflops = model_flops_per_step(model, plan)
+    hflops = hw_flops_per_step(model, plan)
+    peak = hw.peak_flops(plan.precision) if hw is not None else 0.0
+    mem = estimate_memory(model, plan, hw.gpu.memory_gb * 1e9 / 1024 ** 3 if hw is not None else 0.0)
+    tflops = mflops / step_s / gpus / 1e12
+    return PlanPrediction(
+        model=model.name, hardware=hw.name if hw is not None else getattr(timing, "name", "timing"), plan=plan,
+        step_time_s=step_s, tokens_per_s=tokens / step_s, tflops_per_gpu=tflops,
+        hw_tflops_per_gpu=hflops / step_s / gpus / 1e12,
+        mfu=(tflops * 1e12 / peak) if peak else 0.0, memory=mem,
+        breakdown=bd, num_nodes=nodes, simulated_ranks=nranks,
+        wall_s=time.perf_counter() - t0, extra=extra)
+
+
+# ------------------------------------------------------------------------------------ search
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_plans(model: ModelConfig, gpus: int, seq_len: int, global_batch: int, precision: str = "bf16",
+                    gpus_per_node: int = 8, micro_batches: Sequence[int] = (1, 2), zero: int = 1) -> list[ParallelPlan]:
+    """Every valid plan for `gpus` over tp (within a node), pp, cp, vp, ep and micro-batch size."""
+    out = []
+    tps = [t for t in _divisors(gpus) if t <= gpus_per_node]
+    cps = [1] + ([c for c in (2, 4, 8, 16) if seq_len >= 16384] if seq_len >= 16384 else [])
+    for tp, cp in itertools.product(tps, cps):
+        for pp in _divisors(gpus // (tp * cp)):
+            if pp > 64:
+                continue
+            dp = gpus // (tp * cp * pp)
+            eps = [1]
+            if model.moe is not None:
+                eps = [e for e in _divisors(dp) if model.moe.num_experts % e == 0 and e <= 64] or [1]
+            vps = [1] + ([2, 4] if pp > 1 else [])
+            for ep, vp, mb in itertools.product(eps, vps, micro_batches):
+                plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vp=vp, seq_len=seq_len,
+                                    global_batch=global_batch, micro_batch=mb, precision=precision, zero=zero,
+                                    gpus_per_node=gpus_per_node)
+                try:
+                    validate_plan(model, plan, gpus)
+                except TraceInputError:
+                    continue
+                out.append(plan)
+    return out
+
+
+def search(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
+           precision: str = "bf16", max_plans: int = 24, progress: Callable[[int, int], None] | None = None,
+           timing: Any = None) -> list[PlanPrediction]:
+    """Valid plans ranked by predicted throughput among those that fit in memory. For each parallel
+    layout the cheapest recomputation that fits is used (none, then selective, then full). At most
+    `max_plans` layouts are simulated, preferring the ones with the least pipeline bubble and TP."""
+    hw = resolve_hardware(hardware)
+    cap = hw.gpu.memory_gb * 1e9 / 1024 ** 3
+    fitting: list[ParallelPlan] = []
+    for plan in candidate_plans(model, gpus, seq_len, global_batch, precision, hw.node.gpus_per_node):
+        for rc in ("none", "selective", "full"):
+            p = plan.with_(recompute=rc)
+            if not estimate_memory(model, p, cap).oom:
+                fitting.append(p)
+                break
+
+    def proxy(p: ParallelPlan) -> tuple:
+        bubble = (p.pp - 1) / (p.vp * p.micro_batches + p.pp - 1)
+        return (bubble + 0.02 * (p.tp - 1) + 0.03 * (p.cp - 1) + (0.25 if p.recompute == "full" else 0.0),
+                p.pp, p.tp)
+
+    fitting.sort(key=proxy)
+    fitting = fitting[:max_plans]
+    results = []
+    for n, p in enumerate(fitting):
+        results.append(predict(model, p, hw, timing=timing))
+        if progress:
+            progress(n + 1, len(fitting))
+    results.sort(key=lambda r: -r.tokens_per_s)
+    return results

@@ -1,0 +1,803 @@
+"""Workload generator: a model + a parallelism plan -> per-rank Chakra execution graphs that the replay
+engine runs with model timing (replay/model_timing.py).
+
+What one rank's graph holds (GPU streams only, no CPU thread: the graph stays small):
+- compute stream: per micro-batch and layer the real GEMM shapes of this rank's TP shard (QKV, out
+  projection, MLP up/gate/down; backward = data-grad + weight-grad GEMMs), attention (flash or the
+  unfused bmm + softmax of 2021 Megatron), norms and elementwise ops, embedding, logits + cross-entropy,
+  activation recomputation (full: the layer forward again before its backward; selective: the attention
+  core), and the optimizer step. The order of nodes on this stream *is* the pipeline schedule
+  (1F1B or interleaved 1F1B with virtual stages, as Megatron-LM orders them).
+- TP stream: sequence-parallel all-gather / reduce-scatter per layer (all-reduce without SP), forward and
+  backward, with data deps that make them block compute where Megatron blocks, and overlap the
+  weight-gradient GEMMs in the backward.
+- CP send/recv streams: ring attention, one KV block exchange per ring step overlapped with the
+  attention of the previous block.
+- EP stream: MoE all-to-all dispatch and combine around the expert GEMMs (tokens per expert = local
+  tokens x top-k / experts, balanced routing).
+- DP streams: gradient reduce-scatter (ZeRO >= 1) / all-reduce (ZeRO-0) per layer bucket issued as the
+  last micro-batch's backward of the layer finishes (overlapped, like DDP/FSDP hooks); ZeRO-3/FSDP
+  parameter all-gathers before each layer's forward and backward, prefetched one layer ahead on their
+  own stream; HSDP: reduce-scatter in the shard group, then all-reduce across replicas.
+- PP streams: send/recv of activations (forward) and gradients (backward) between stages, one stream per
+  direction so a blocked send never holds up a receive.
+
+Collectives carry comm_type / comm_size (bytes of the full buffer: the gathered output of an all-gather,
+the input of a reduce-scatter, the buffer of an all-reduce, the send buffer of an all-to-all) / pg_name /
+pg_ranks with the real global ranks of the group, so the network model sees group size and placement.
+
+Speed: each (layer kind, pass) is a template of op specs built once per rank with shared attr dicts;
+instantiating it appends plain list entries. Rank symmetry (`ranks="symmetric"`) builds one
+representative rank per pipeline stage; the collectives of its TP/CP/DP/EP groups, whose other members
+are not simulated, are then timed by the network model alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
+                                 ResourceKind)
+from estimators.model_config import ModelConfig
+from estimators.plan import ParallelPlan, stage_layers, validate_plan
+
+# stream slots -> (stream id, name)
+COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B = range(11)
+STREAMS = {
+    COMPUTE: (7, "compute"), TP: (20, "tp_comm"), CP_SEND: (21, "cp_send"), CP_RECV: (22, "cp_recv"),
+    EP: (23, "ep_comm"), DP_RS: (24, "dp_grad_comm"), DP_AG: (25, "dp_param_comm"),
+    PP_SEND_F: (26, "pp_send_fwd"), PP_SEND_B: (27, "pp_send_bwd"), PP_RECV_F: (28, "pp_recv_fwd"),
+    PP_RECV_B: (29, "pp_recv_bwd"),
+}
+# comm kind of each stream, for breakdowns
+STREAM_KIND = {TP: "tp", CP_SEND: "cp", CP_RECV: "cp", EP: "ep", DP_RS: "dp", DP_AG: "dp",
+               PP_SEND_F: "pp", PP_SEND_B: "pp", PP_RECV_F: "pp", PP_RECV_B: "pp"}
+
+ENTRY = -1          # template dep on the pass's entry nodes
+ACT_BYTES = 2       # bf16 activations
+GRAD_COMM_BYTES = 4  # Megatron reduces fp32 main grads (ZeRO 0-2)
+FSDP_GRAD_COMM_BYTES = 2  # FSDP mixed precision reduces in bf16
+# Adam step per parameter: read fp32 param, grad, m, v (16 B); write param, m, v (12 B) + bf16 copy (2 B)
+OPTIM_BYTES_PER_PARAM = 30.0
+OPTIM_FLOPS_PER_PARAM = 12.0
+
+
+# ----------------------------------------------------------------------------- op attribute helpers
+def gemm(m: int, n: int, k: int, dtype: str, batch: int = 1) -> dict:
+    m, n, k, batch = max(int(m), 1), max(int(n), 1), max(int(k), 1), max(int(batch), 1)
+    eb = 1 if dtype == "fp8" else 2
+    return {"op": "gemm", "m": m, "n": n, "k": k, "batch": batch, "dtype": dtype,
+            "flops": 2.0 * m * n * k * batch, "bytes": float(batch * ((m * k + k * n) * eb + m * n * 2))}
+
+
+def elementwise(elems: float, reads: float = 1, writes: float = 1, op: str = "elementwise",
+                flops_per: float = 1.0, elem_bytes: int = ACT_BYTES) -> dict:
+    return {"op": op, "dtype": "bf16", "flops": float(flops_per * elems),
+            "bytes": float(elems * elem_bytes * (reads + writes))}
+
+
+def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int, v_dim: int,
+              causal: bool, backward: bool) -> dict:
+    """Flash attention. Forward FLOPs = 2*sq*skv*(d_qk + d_v) per head, halved for causal self-attention;
+    the backward recomputes the scores: 2.5x the forward (5 matmuls against 2)."""
+    f = 2.0 * batch * heads * seq_q * seq_kv * (head_dim + v_dim)
+    if causal:
+        f *= 0.5
+    if backward:
+        f *= 2.5
+    io = batch * (seq_q * heads * (head_dim + v_dim) + seq_kv * kv_heads * (head_dim + v_dim)) * ACT_BYTES
+    return {"op": "attention", "dtype": "bf16", "batch": batch, "heads": heads, "kv_heads": kv_heads,
+            "seq_q": seq_q, "seq_kv": seq_kv, "head_dim": head_dim, "v_head_dim": v_dim, "causal": causal,
+            "backward": backward, "flops": f, "bytes": float(io * (2 if backward else 1))}
+
+
+def coll(comm_type: CommType, size: float, group: Sequence[int], pg_name: str) -> dict:
+    return {"comm_type": int(comm_type), "comm_size": int(size), "pg_ranks": group, "pg_name": pg_name,
+            "coll_name": comm_type.name.lower()}
+
+
+class _Template:
+    """Op specs of one pass: (name, stream slot, attrs, deps as template indices; ENTRY = pass entry)."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
+        self.head = ENTRY
+
+    def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
+        d = (self.head,) if deps is None else tuple(deps)
+        self.ops.append((name, slot, attrs, d))
+        i = len(self.ops) - 1
+        if chain:
+            self.head = i
+        return i
+
+
+# ----------------------------------------------------------------------------- one rank
+@dataclass
+class _Shapes:
+    b: int
+    s: int          # full sequence
+    c: int          # cp
+    t: int          # tp
+    sp: bool
+    dtype: str
+
+    @property
+    def T(self) -> int:          # tokens of the local sequence chunk (gathered over TP)
+        return self.b * self.s // self.c
+
+    @property
+    def Ts(self) -> int:         # tokens per rank outside the TP region
+        return self.T // self.t if self.sp else self.T
+
+
+class _RankBuilder:
+    def __init__(self, model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int):
+        self.m, self.p, self.rank = model, plan, rank
+        self.stage, self.dp_idx, self.cp_idx, self.tp_idx = plan.coords(rank)
+        self.sh = _Shapes(plan.micro_batch, plan.seq_len, plan.cp, plan.tp,
+                          plan.sequence_parallel and plan.tp > 1, plan.precision)
+        self.g = GraphBuilder(rank, plan.gpus)
+        self.device = rank % gpus_per_node
+        self.res: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.groups()
+        self.templates: dict[tuple, _Template] = {}
+        self.layer_local_params = {}
+        for i in range(model.layers):
+            d, e = layer_params_local(model, plan, i)
+            self.layer_local_params.setdefault(model.is_moe_layer(i), d + e)
+        # Megatron overlaps the TP reduction of input grads with weight-grad GEMMs (always with SP)
+        self.async_tp = plan.async_tp_comm or self.sh.sp
+
+    # -------------------------------------------------------------- groups
+    def groups(self) -> None:
+        p, r = self.p, self.rank
+        self.tp_g = p.tp_group(r)
+        self.cp_g = p.cp_group(r)
+        self.dp_g = p.dp_group(r)
+        self.ep_g = p.ep_group(r)
+        self.edp_g = p.expert_dp_group(r)
+        self.shard_g = p.dp_shard_group(r) if p.dp_shard else self.dp_g
+        self.replica_g = p.dp_replica_group(r) if p.dp_shard else []
+
+    @staticmethod
+    def _pg(kind: str, group: Sequence[int]) -> str:
+        return f"{kind}:{group[0]}" if group else kind
+
+    # -------------------------------------------------------------- emitting nodes
+    def _resource(self, slot: int) -> int:
+        r = self.res.get(slot)
+        if r is None:
+            sid, name = STREAMS[slot]
+            r = self.res[slot] = self.g.resource(ResourceKind.GPU_STREAM, self.device, sid, name)
+        return r
+
+    def node(self, name: str, slot: int, attrs: dict, deps: Sequence[int] = ()) -> int:
+        if "comm_type" in attrs:
+            nt, kind = NodeType.COMM_COLL_NODE, OpKind.COLLECTIVE
+        elif "comm_dst" in attrs:
+            if attrs["comm_src"] == self.rank:
+                nt, kind = NodeType.COMM_SEND_NODE, OpKind.SEND
+            else:
+                nt, kind = NodeType.COMM_RECV_NODE, OpKind.RECV
+        else:
+            nt, kind = NodeType.COMP_NODE, OpKind.KERNEL
+        g = self.g
+        i = g.add_node(name, nt, kind, self._resource(slot), attrs=attrs)
+        prev = self.last.get(slot)
+        if prev is not None:
+            g.add_dep(prev, i, EdgeKind.STREAM_ORDER)
+        for d in deps:
+            g.add_dep(d, i, EdgeKind.DATA)
+        self.last[slot] = i
+        return i
+
+    def run(self, tpl: _Template, prefix: str, entry: Sequence[int]) -> tuple[int, int]:
+        """Instantiate a template; returns (first node, the pass's output node)."""
+        idx: list[int] = []
+        for name, slot, attrs, deps in tpl.ops:
+            d = []
+            for j in deps:
+                if j == ENTRY:
+                    d.extend(entry)
+                else:
+                    d.append(idx[j])
+            idx.append(self.node(prefix + name, slot, attrs, d))
+        return idx[0], idx[tpl.head]
+
+    # -------------------------------------------------------------- templates
+    def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
+        if self.p.tp == 1:
+            return None
+        return tpl.add(name, TP, coll(ctype, size, self.tp_g, self._pg("tp", self.tp_g)), deps, chain)
+
+    def _norm(self, tpl: _Template, name: str, tokens: int, backward: bool = False) -> int:
+        h = self.m.hidden
+        flops = 8.0 if self.m.norm == "layernorm" else 5.0
+        return tpl.add(name, COMPUTE, elementwise(tokens * h, reads=3 if backward else 1, writes=2 if backward else 1,
+                                                  op="norm", flops_per=flops * (2 if backward else 1)))
+
+    def _attn_dims(self) -> tuple[int, int, int, int]:
+        """(heads, kv_heads, qk head dim, v head dim) per TP rank."""
+        m, t = self.m, self.p.tp
+        qk, v = m.attn_score_dims
+        heads = m.heads // t
+        kv = heads if m.mla else max(m.n_kv // t, 1)
+        return heads, kv, qk, v
+
+    def _qkv_gemms(self, tpl: _Template, backward: bool, ag: int | None) -> None:
+        """The projections into Q, K, V (forward) or their data/weight grads (backward)."""
+        m, sh, t = self.m, self.sh, self.p.tp
+        T, h, dt = sh.T, m.hidden, sh.dtype
+        if m.mla:
+            a = m.mla
+            shapes = [("q_a_proj", h, a.q_lora_rank, False),
+                      ("q_b_proj", a.q_lora_rank, m.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) // t, True),
+                      ("kv_a_proj", h, a.kv_lora_rank + a.qk_rope_head_dim, False),
+                      ("kv_b_proj", a.kv_lora_rank, m.heads * (a.qk_nope_head_dim + a.v_head_dim) // t, True)]
+        else:
+            shapes = [("qkv_proj", h, (m.q_dim + 2 * m.kv_dim) // t, True)]
+        if not backward:
+            for name, k_in, n_out, _ in shapes:
+                tpl.add(name, COMPUTE, gemm(T, n_out, k_in, dt))
+            return
+        for name, k_in, n_out, _ in reversed(shapes):
+            tpl.add(name + "_dgrad", COMPUTE, gemm(T, k_in, n_out, dt))
+            deps = [tpl.head] + ([ag] if ag is not None else [])
+            tpl.add(name + "_wgrad", COMPUTE, gemm(k_in, n_out, T, dt), deps=deps, chain=False)
+
+    def _attention_core(self, tpl: _Template, backward: bool, tag: str = "") -> None:
+        m, sh, p = self.m, self.sh, self.p
+        heads, kvh, qk, vd = self._attn_dims()
+        b, s, c = sh.b, sh.s, sh.c
+        if p.attention == "unfused":
+            sq = s // c
+            bh = b * heads
+            if not backward:
+                tpl.add(tag + "attn_scores_bmm", COMPUTE, gemm(sq, s, qk, "bf16", bh))
+                tpl.add(tag + "attn_softmax", COMPUTE, elementwise(bh * sq * s, 1, 1, op="softmax", flops_per=5))
+                if m.norm == "layernorm":  # GPT-style attention dropout
+                    tpl.add(tag + "attn_dropout", COMPUTE, elementwise(bh * sq * s, 1, 1.5))
+                tpl.add(tag + "attn_values_bmm", COMPUTE, gemm(sq, vd, s, "bf16", bh))
+            else:
+                tpl.add("attn_values_bmm_dgrad", COMPUTE, gemm(sq, s, vd, "bf16", bh))
+                tpl.add("attn_values_bmm_wgrad", COMPUTE, gemm(s, vd, sq, "bf16", bh))
+                if m.norm == "layernorm":
+                    tpl.add("attn_dropout_bwd", COMPUTE, elementwise(bh * sq * s, 1.5, 1))
+                tpl.add("attn_softmax_bwd", COMPUTE, elementwise(bh * sq * s, 2, 1, op="softmax", flops_per=4))
+                tpl.add("attn_scores_bmm_dgrad", COMPUTE, gemm(sq, qk, s, "bf16", bh))
+                tpl.add("attn_scores_bmm_wgrad", COMPUTE, gemm(s, qk, sq, "bf16", bh))
+            return
+        if c == 1:
+            tpl.add(tag + ("attention_bwd" if backward else "attention"), COMPUTE,
+                    attention(b, heads, kvh, s, s, qk, vd, causal=True, backward=backward))
+            return
+        # Ring attention over the CP group (load-balanced causal split: the diagonal block is causal, each
+        # of the c-1 other steps does half a block). Step i's KV arrives over cp_recv while step i-1 computes.
+        blk = s // c
+        kv_bytes = b * blk * 2 * kvh * max(qk, vd) * ACT_BYTES * (2 if backward else 1)  # bwd: KV + dKV
+        nxt = self.cp_g[(self.cp_idx + 1) % c]
+        prv = self.cp_g[(self.cp_idx - 1) % c]
+        send_a = {"comm_src": self.rank, "comm_dst": nxt, "comm_size": int(kv_bytes), "pg_name": self._pg("cp", self.cp_g)}
+        recv_a = {"comm_src": prv, "comm_dst": self.rank, "comm_size": int(kv_bytes), "pg_name": self._pg("cp", self.cp_g)}
+        have = tpl.head                                   # the local K, V are ready
+        nm = "attention_bwd" if backward else "attention"
+        tpl.add(f"{tag}{nm}_ring0", COMPUTE, attention(b, heads, kvh, blk, blk, qk, vd, True, backward))
+        for i in range(1, c):
+            tpl.add(f"{tag}cp_send{i}", CP_SEND, send_a, deps=[have], chain=False)
+            rv = tpl.add(f"{tag}cp_recv{i}", CP_RECV, recv_a, deps=[], chain=False)
+            tpl.add(f"{tag}{nm}_ring{i}", COMPUTE,
+                    attention(b, heads, kvh, blk, blk // 2, qk, vd, False, backward), deps=[tpl.head, rv])
+            have = rv
+
+    def layer_template(self, layer: int, pas: str) -> _Template:
+        """pas: 'F' forward, 'R' recomputed forward, 'S' selective recompute, 'B' backward."""
+        moe = self.m.is_moe_layer(layer)
+        key = (moe, pas)
+        tpl = self.templates.get(key)
+        if tpl is None:
+            tpl = self.templates[key] = self._build_layer(moe, pas)
+        return tpl
+
+    def _build_layer(self, moe: bool, pas: str) -> _Template:
+        tpl = _Template()
+        if pas == "S":
+            self._attention_core(tpl, backward=False, tag="recompute_")
+            return tpl
+        if pas in ("F", "R"):
+            self._layer_fwd(tpl, moe)
+        else:
+            self._layer_bwd(tpl, moe)
+        return tpl
+
+    def _layer_fwd(self, tpl: _Template, moe: bool) -> None:
+        m, sh, t = self.m, self.sh, self.p.tp
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        full = T * h * ACT_BYTES
+        drop = m.norm == "layernorm"
+        self._norm(tpl, "input_norm", Ts)
+        if sh.sp:
+            self.tp_coll(tpl, "sp_allgather_attn", CommType.ALL_GATHER, full)
+        self._qkv_gemms(tpl, backward=False, ag=None)
+        if m.position == "rope":
+            heads, kvh, qk, _ = self._attn_dims()
+            tpl.add("rope", COMPUTE, elementwise(T * (heads + kvh) * qk, 1, 1, flops_per=3))
+        self._attention_core(tpl, backward=False)
+        heads, _, _, vd = self._attn_dims()
+        tpl.add("out_proj", COMPUTE, gemm(T, h, heads * vd, dt))
+        self.tp_coll(tpl, "sp_reducescatter_attn" if sh.sp else "allreduce_attn",
+                     CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+        tpl.add("residual_add_attn", COMPUTE, elementwise(Ts * h, 2 + drop * 0.5, 1 + drop * 0.5))
+        self._norm(tpl, "post_attn_norm", Ts)
+        if moe:
+            self._moe_fwd(tpl)
+        else:
+            if sh.sp:
+                self.tp_coll(tpl, "sp_allgather_mlp", CommType.ALL_GATHER, full)
+            f = m.ffn // t
+            f_in = 2 * f if m.activation == "swiglu" else f
+            tpl.add("mlp_up_gate_proj" if m.activation == "swiglu" else "mlp_fc1", COMPUTE, gemm(T, f_in, h, dt))
+            tpl.add("mlp_act", COMPUTE, elementwise(T * f, 2 if m.activation == "swiglu" else 1, 1, flops_per=8))
+            tpl.add("mlp_down_proj", COMPUTE, gemm(T, h, f, dt))
+            self.tp_coll(tpl, "sp_reducescatter_mlp" if sh.sp else "allreduce_mlp",
+                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+        tpl.add("residual_add_mlp", COMPUTE, elementwise(Ts * h, 2 + drop * 0.5, 1 + drop * 0.5))
+
+    def _layer_bwd(self, tpl: _Template, moe: bool) -> None:
+        m, sh, t = self.m, self.sh, self.p.tp
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        full = T * h * ACT_BYTES
+        tpl.add("residual_add_mlp_bwd", COMPUTE, elementwise(Ts * h, 1, 2))
+        if moe:
+            self._moe_bwd(tpl)
+        else:
+            f = m.ffn // t
+            f_in = 2 * f if m.activation == "swiglu" else f
+            if sh.sp:
+                self.tp_coll(tpl, "sp_allgather_mlp_grad", CommType.ALL_GATHER, full)
+            tpl.add("mlp_down_proj_dgrad", COMPUTE, gemm(T, f, h, dt))
+            tpl.add("mlp_down_proj_wgrad", COMPUTE, gemm(f, h, T, dt), chain=False)
+            tpl.add("mlp_act_bwd", COMPUTE, elementwise(T * f, 3 if m.activation == "swiglu" else 2, 2 if m.activation == "swiglu" else 1, flops_per=12))
+            # sequence parallelism re-gathers the norm output for the weight grad (Korthikanti et al. 2022)
+            ag = self.tp_coll(tpl, "sp_allgather_mlp_input", CommType.ALL_GATHER, full, chain=False) if sh.sp else None
+            tpl.add("mlp_up_gate_proj_dgrad", COMPUTE, gemm(T, h, f_in, dt))
+            dg = tpl.head
+            if not self.async_tp:  # the input-grad all-reduce runs after the whole linear backward
+                tpl.add("mlp_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, T, dt))
+            self.tp_coll(tpl, "sp_reducescatter_mlp_grad" if sh.sp else "allreduce_mlp_grad",
+                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+            rs = tpl.head
+            if self.async_tp:       # the weight-grad GEMM overlaps the reduction of the input grad
+                tpl.add("mlp_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, T, dt),
+                        deps=[dg] + ([ag] if ag is not None else []), chain=False)
+            tpl.head = rs
+        self._norm(tpl, "post_attn_norm_bwd", Ts, backward=True)
+        tpl.add("residual_add_attn_bwd", COMPUTE, elementwise(Ts * h, 1, 2))
+        heads, _, _, vd = self._attn_dims()
+        if sh.sp:
+            self.tp_coll(tpl, "sp_allgather_attn_grad", CommType.ALL_GATHER, full)
+        tpl.add("out_proj_dgrad", COMPUTE, gemm(T, heads * vd, h, dt))
+        tpl.add("out_proj_wgrad", COMPUTE, gemm(heads * vd, h, T, dt), chain=False)
+        self._attention_core(tpl, backward=True)
+        if m.position == "rope":
+            _, kvh, qk, _ = self._attn_dims()
+            tpl.add("rope_bwd", COMPUTE, elementwise(T * (heads + kvh) * qk, 1, 1, flops_per=3))
+        ag = self.tp_coll(tpl, "sp_allgather_attn_input", CommType.ALL_GATHER, full, chain=False) if sh.sp else None
+        self._qkv_gemms(tpl, backward=True, ag=ag)
+        last = tpl.head if self.async_tp else len(tpl.ops) - 1  # last data-grad GEMM, or the last GEMM
+        self.tp_coll(tpl, "sp_reducescatter_attn_grad" if sh.sp else "allreduce_attn_grad",
+                     CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full, deps=[last])
+        self._norm(tpl, "input_norm_bwd", Ts, backward=True)
+        if not self.p.grad_accum_fusion:
+            # Megatron-LM before gradient_accumulation_fusion: each weight grad is written in 16 bit and a
+            # hook adds it into the fp32 main_grad buffer (read 2 B + read/write 8 B per parameter)
+            tpl.add("main_grad_accumulate", COMPUTE, elementwise(self.layer_local_params[moe], 1, 1, elem_bytes=5))
+
+    # MoE: tokens stay sequence-sharded (T/t per rank); experts are not tensor-parallel (ETP = 1).
+    def _moe_dims(self) -> tuple[int, int, int, int, int]:
+        m, sh, p = self.m, self.sh, self.p
+        mo = m.moe
+        tok = sh.T // p.tp
+        local_experts = mo.num_experts // p.ep
+        per_expert = max(1, round(tok * mo.top_k * p.ep / mo.num_experts))
+        f_in = 2 * mo.expert_ffn if m.activation == "swiglu" else mo.expert_ffn
+        return tok, local_experts, per_expert, f_in, mo.expert_ffn
+
+    def _a2a(self, tpl: _Template, name: str, size: float) -> None:
+        if self.p.ep > 1:
+            tpl.add(name, EP, coll(CommType.ALL_TO_ALL, size, self.ep_g, self._pg("ep", self.ep_g)))
+
+    def _moe_fwd(self, tpl: _Template) -> None:
+        m, dt = self.m, self.sh.dtype
+        mo, h = m.moe, m.hidden
+        tok, le, per, f_in, f = self._moe_dims()
+        tpl.add("router", COMPUTE, gemm(tok, mo.num_experts, h, "bf16"))
+        tpl.add("router_topk", COMPUTE, elementwise(tok * mo.num_experts, 1, 1, op="softmax", flops_per=5))
+        tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
+        tpl.add("expert_up_gate_proj", COMPUTE, gemm(per, f_in, h, dt, le))
+        tpl.add("expert_act", COMPUTE, elementwise(per * le * f, 2, 1, flops_per=8))
+        tpl.add("expert_down_proj", COMPUTE, gemm(per, h, f, dt, le))
+        self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES)
+        tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        if mo.shared_experts:
+            S = mo.shared_experts
+            tpl.add("shared_expert_up_gate_proj", COMPUTE, gemm(tok, f_in * S, h, dt))
+            tpl.add("shared_expert_act", COMPUTE, elementwise(tok * f * S, 2, 1, flops_per=8))
+            tpl.add("shared_expert_down_proj", COMPUTE, gemm(tok, h, f * S, dt))
+
+    def _moe_bwd(self, tpl: _Template) -> None:
+        m, dt = self.m, self.sh.dtype
+        mo, h = m.moe, m.hidden
+        tok, le, per, f_in, f = self._moe_dims()
+        if mo.shared_experts:
+            S = mo.shared_experts
+            tpl.add("shared_expert_down_proj_dgrad", COMPUTE, gemm(tok, f * S, h, dt))
+            tpl.add("shared_expert_down_proj_wgrad", COMPUTE, gemm(f * S, h, tok, dt), chain=False)
+            tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * f * S, 3, 2, flops_per=12))
+            tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, f_in * S, dt))
+            tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in * S, tok, dt), chain=False)
+        tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
+        tpl.add("expert_down_proj_dgrad", COMPUTE, gemm(per, f, h, dt, le))
+        tpl.add("expert_down_proj_wgrad", COMPUTE, gemm(f, h, per, dt, le), chain=False)
+        tpl.add("expert_act_bwd", COMPUTE, elementwise(per * le * f, 3, 2, flops_per=12))
+        tpl.add("expert_up_gate_proj_dgrad", COMPUTE, gemm(per, h, f_in, dt, le))
+        dg = tpl.head
+        tpl.add("expert_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, per, dt, le), chain=False)
+        tpl.head = dg
+        self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
+        tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
+        tpl.add("router_wgrad", COMPUTE, gemm(h, mo.num_experts, tok, "bf16"), chain=False)
+
+    def embedding_template(self, backward: bool) -> _Template:
+        key = ("emb", backward)
+        if key in self.templates:
+            return self.templates[key]
+        tpl = _Template()
+        m, sh = self.m, self.sh
+        T, h = sh.T, m.hidden
+        full = T * h * ACT_BYTES
+        if not backward:
+            tpl.add("embedding", COMPUTE, {"op": "embedding", "dtype": "bf16", "flops": 0.0,
+                                           "bytes": float(T * h * ACT_BYTES * (2 if m.position == "learned" else 1))})
+            self.tp_coll(tpl, "embedding_reducescatter" if sh.sp else "embedding_allreduce",
+                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+        else:
+            if sh.sp:
+                self.tp_coll(tpl, "embedding_allgather_grad", CommType.ALL_GATHER, full)
+            tpl.add("embedding_bwd", COMPUTE, {"op": "embedding", "dtype": "fp32", "flops": float(T * h),
+                                               "bytes": float(T * h * (ACT_BYTES + 8))})
+        self.templates[key] = tpl
+        return tpl
+
+    def output_template(self, backward: bool) -> _Template:
+        key = ("out", backward)
+        if key in self.templates:
+            return self.templates[key]
+        tpl = _Template()
+        m, sh, t = self.m, self.sh, self.p.tp
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        V = -(-m.vocab // t)
+        full = T * h * ACT_BYTES
+        if not backward:
+            self._norm(tpl, "final_norm", Ts)
+            if sh.sp:
+                self.tp_coll(tpl, "output_allgather", CommType.ALL_GATHER, full)
+            tpl.add("logits", COMPUTE, gemm(T, V, h, dt))
+            tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=5, elem_bytes=4))
+            self.tp_coll(tpl, "cross_entropy_allreduce", CommType.ALL_REDUCE, T * 4 * 2)
+        else:
+            tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=3, elem_bytes=4))
+            tpl.add("logits_dgrad", COMPUTE, gemm(T, h, V, dt))
+            dg = tpl.head
+            self.tp_coll(tpl, "output_reducescatter_grad" if sh.sp else "output_allreduce_grad",
+                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+            rs = tpl.head
+            tpl.add("logits_wgrad", COMPUTE, gemm(h, V, T, dt), deps=[dg], chain=False)
+            tpl.head = rs
+            self._norm(tpl, "final_norm_bwd", Ts, backward=True)
+        self.templates[key] = tpl
+        return tpl
+
+
+# ----------------------------------------------------------------------------- schedules
+def pipeline_schedule(pp: int, stage: int, micro_batches: int, vp: int = 1) -> list[tuple[bool, int, int]]:
+    """Megatron-LM's (interleaved) 1F1B order on one stage: [(is_forward, micro_batch, local chunk)].
+    Warm-up forwards, then alternate one forward / one backward, then cool-down backwards."""
+    total = micro_batches * vp
+    if vp == 1:
+        warmup = min(pp - stage - 1, total)
+    else:
+        warmup = min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (pp * vp)) // pp
+        return c if forward else vp - 1 - c
+
+    def mb(k: int) -> int:
+        return (k // (pp * vp)) * pp + k % pp
+
+    order: list[tuple[bool, int, int]] = []
+    f = b = 0
+    for _ in range(warmup):
+        order.append((True, mb(f), chunk(f, True)))
+        f += 1
+    for _ in range(total - warmup):
+        order.append((True, mb(f), chunk(f, True)))
+        f += 1
+        order.append((False, mb(b), chunk(b, False)))
+        b += 1
+    while b < total:
+        order.append((False, mb(b), chunk(b, False)))
+        b += 1
+    return order
+
+
+# ----------------------------------------------------------------------------- the generator
+def representative_ranks(plan: ParallelPlan) -> list[int]:
+    """One rank per distinct role: each pipeline stage at dp = cp = tp = 0."""
+    return [plan.rank(s) for s in range(plan.pp)]
+
+
+def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer held by one rank."""
+    total, _ = model.layer_params(layer)
+    if not model.is_moe_layer(layer):
+        return total / plan.tp, 0.0
+    mo = model.moe
+    e = model.ffn_params(mo.expert_ffn)
+    dense = (total - mo.num_experts * e - mo.shared_experts * e) / plan.tp + mo.shared_experts * e
+    return dense, mo.num_experts * e / plan.ep
+
+
+def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int = 8) -> ExecutionGraph:
+    rb = _RankBuilder(model, plan, rank, gpus_per_node)
+    p = plan
+    stage = rb.stage
+    chunks = stage_layers(model, plan)
+    n_chunks = p.pp * p.vp
+    local = [stage + c * p.pp for c in range(p.vp)]         # global chunk id of each local chunk
+    sched = pipeline_schedule(p.pp, stage, p.micro_batches, p.vp)
+    last_bwd: dict[int, int] = {}
+    for pos, (fwd, mb, c) in enumerate(sched):
+        if not fwd:
+            last_bwd[c] = mb
+    sh = rb.sh
+    act_bytes = sh.b * (sh.s // sh.c) * model.hidden * ACT_BYTES // (p.tp if sh.sp else 1)
+
+    def _tag(forward: bool, mb: int, from_chunk: int) -> int:
+        """Unique per message: the sending chunk, the micro-batch and the direction."""
+        return (mb * n_chunks + from_chunk) * 2 + (0 if forward else 1)
+
+    def stage_of(gchunk: int) -> int:
+        return gchunk % p.pp
+
+    def peer(gchunk: int) -> int:
+        return p.rank(stage_of(gchunk), rb.dp_idx, rb.cp_idx, rb.tp_idx)
+
+    dp_nodes: list[int] = []
+    zero3 = p.zero >= 3
+    hsdp = bool(p.dp_shard) and p.dp_shard < p.dp
+    pg_dp = rb._pg("dp", rb.shard_g)
+    pg_rep = rb._pg("dprep", rb.replica_g) if hsdp else ""
+    pg_edp = rb._pg("edp", rb.edp_g)
+    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else GRAD_COMM_BYTES
+
+    deferred: list[tuple[str, float, float]] = []
+
+    def grad_reduce(name: str, dense: float, expert: float, after: int, deferrable: bool = True) -> None:
+        """Gradient reduction of one bucket once its last backward is done (or, without
+        overlap_grad_reduce, after the whole backward: 2021 Megatron-LM all-reduced after the pipeline)."""
+        if not p.overlap_grad_reduce and deferrable:
+            deferred.append((name, dense, expert))
+            return
+        if dense and len(rb.dp_g) > 1:
+            size = dense * grad_b
+            if p.zero == 0:
+                dp_nodes.append(rb.node(name + ".grad_allreduce", DP_RS,
+                                        coll(CommType.ALL_REDUCE, size, rb.dp_g, rb._pg("dp", rb.dp_g)), [after]))
+            else:
+                rs = rb.node(name + ".grad_reducescatter", DP_RS, coll(CommType.REDUCE_SCATTER, size, rb.shard_g, pg_dp), [after])
+                if hsdp:
+                    rs = rb.node(name + ".grad_allreduce_replicas", DP_RS,
+                                 coll(CommType.ALL_REDUCE, size / len(rb.shard_g), rb.replica_g, pg_rep), [rs])
+                dp_nodes.append(rs)
+        if expert and len(rb.edp_g) > 1:
+            dp_nodes.append(rb.node(name + ".expert_grad_reduce", DP_RS,
+                                    coll(CommType.REDUCE_SCATTER if p.zero else CommType.ALL_REDUCE,
+                                         expert * grad_b, rb.edp_g, pg_edp), [after]))
+
+    def param_gather(name: str, layer: int, prev_first: int | None) -> list[int]:
+        if not zero3 or len(rb.shard_g) <= 1:
+            return []
+        dense, expert = layer_params_local(model, p, layer)
+        deps = [prev_first] if prev_first is not None else []
+        return [rb.node(name + ".param_allgather", DP_AG,
+                        coll(CommType.ALL_GATHER, (dense + expert) * 2, rb.shard_g, pg_dp), deps)]
+
+    # Without sequence parallelism Megatron's scatter/gather optimization (Narayanan et al. 2021, Sec. 4.1)
+    # sends 1/t of the activation between stages and all-gathers it over NVLink on the receiving side.
+    scatter_gather = p.tp > 1 and not sh.sp
+    p2p_bytes = act_bytes // p.tp if scatter_gather else act_bytes
+
+    def p2p_attrs(src: int, dst: int, tag: int) -> dict:
+        return {"comm_src": src, "comm_dst": dst, "comm_size": p2p_bytes, "pg_name": "pp", "comm_tag": tag}
+
+    def needs_recv(k: int) -> tuple[str, int, int, int] | None:
+        """(name, stream, peer, tag) of the receive pass k consumes, or None."""
+        fwd, mb, c = sched[k]
+        gch = local[c]
+        if fwd and gch > 0:
+            return f"mb{mb}.recv_act_c{gch}", PP_RECV_F, peer(gch - 1), _tag(True, mb, gch - 1)
+        if not fwd and gch < n_chunks - 1:
+            return f"mb{mb}.recv_grad_c{gch}", PP_RECV_B, peer(gch + 1), _tag(False, mb, gch + 1)
+        return None
+
+    def post_recv(k: int, deps: list[int]) -> list[int]:
+        spec = needs_recv(k)
+        if spec is None:
+            return []
+        name, slot, src, tag = spec
+        r = rb.node(name, slot, p2p_attrs(src, rank, tag), deps)
+        if scatter_gather:
+            r = rb.node(name + "_allgather", TP, coll(CommType.ALL_GATHER, act_bytes, rb.tp_g, rb._pg("tp", rb.tp_g)), [r])
+        return [r]
+
+    # Communication points. Overlapped p2p: every send right after its pass, receives pre-posted.
+    # Blocking p2p (2021 Megatron-LM): the schedule communicates in batches (after each warm-up forward,
+    # after each steady-state forward+backward pair, after each cool-down backward); a batch posts the
+    # sends of the passes just computed and the receives of the passes up to the next batch, and the
+    # next pass waits for all of them.
+    n_warm = next((k for k, (f, _, _) in enumerate(sched) if not f), len(sched))
+    n_f = sum(1 for f, _, _ in sched if f)
+    steady_end = n_warm + 2 * (n_f - n_warm)
+    boundary = [p.vp == 1] * len(sched)  # non-interleaved 1F1B communicates after every pass
+    for k in range(len(sched) if p.vp > 1 else 0):
+        if k < n_warm - (1 if n_f > n_warm else 0) or k >= steady_end:
+            boundary[k] = True
+        elif (k - (n_warm - (1 if n_f > n_warm else 0))) % 2 == 1:
+            boundary[k] = True
+    posted: dict[int, list[int]] = {}
+    pending_sends: list[tuple[str, int, int, int, int]] = []
+    blockers: list[int] = []
+    if not p.overlap_p2p:
+        k = 0
+        while k < len(sched):  # the receives before the first pass
+            posted[k] = post_recv(k, [])
+            if boundary[k]:
+                break
+            k += 1
+
+    def finish_pass(k: int, send_spec: tuple[str, int, int, int] | None, out: int) -> None:
+        nonlocal blockers
+        if p.overlap_p2p:
+            if send_spec is not None:
+                name, slot, dst, tag = send_spec
+                rb.node(name, slot, p2p_attrs(rank, dst, tag), [out])
+            return
+        if send_spec is not None:
+            pending_sends.append((*send_spec, out))
+        if not boundary[k]:
+            return
+        now = rb.last[COMPUTE]
+        batch = []
+        for name, slot, dst, tag, o in pending_sends:
+            batch.append(rb.node(name, slot, p2p_attrs(rank, dst, tag), [o, now]))
+        pending_sends.clear()
+        j = k + 1
+        while j < len(sched):
+            posted[j] = post_recv(j, [now])
+            batch += posted[j]
+            if boundary[j]:
+                break
+            j += 1
+        blockers = batch
+
+    step_end = -1
+    for k, (fwd, mb, c) in enumerate(sched):
+        gch = local[c]
+        layers = chunks[gch]
+        pre = f"mb{mb}."
+        entry: list[int] = blockers[:]
+        blockers = []
+        entry += posted.pop(k) if k in posted else post_recv(k, [])
+        send_spec = None
+        if fwd:
+            if gch == 0:
+                _, out = rb.run(rb.embedding_template(False), pre, entry)
+                entry = [out]
+            prev_first = None
+            for layer in layers:
+                ag = param_gather(pre + f"L{layer}.F", layer, prev_first)
+                first, out = rb.run(rb.layer_template(layer, "F"), pre + f"L{layer}.F.", entry + ag)
+                prev_first, entry = first, [out]
+            if gch == n_chunks - 1:
+                _, out = rb.run(rb.output_template(False), pre, entry)
+                entry = [out]
+            else:
+                send_spec = (pre + f"send_act_c{gch}", PP_SEND_F, peer(gch + 1), _tag(True, mb, gch))
+        else:
+            if gch == n_chunks - 1:
+                _, out = rb.run(rb.output_template(True), pre, entry)
+                entry = [out]
+                if mb == last_bwd[c]:
+                    grad_reduce(pre + "output", model.vocab * model.hidden / p.tp if not model.tied_embeddings or p.pp > 1 else 0, 0, out)
+            prev_first = None
+            is_last = mb == last_bwd[c]
+            for layer in reversed(layers):
+                ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
+                if p.recompute == "full":
+                    first, out = rb.run(rb.layer_template(layer, "R"), pre + f"L{layer}.R.", entry + ag)
+                    entry, ag = [out], []
+                elif p.recompute == "selective" and p.attention == "unfused":
+                    first, out = rb.run(rb.layer_template(layer, "S"), pre + f"L{layer}.R.", entry + ag)
+                    entry, ag = [out], []
+                f_b, out = rb.run(rb.layer_template(layer, "B"), pre + f"L{layer}.B.", entry + ag)
+                prev_first = f_b
+                entry = [out]
+                if is_last:
+                    dense, expert = layer_params_local(model, p, layer)
+                    grad_reduce(pre + f"L{layer}", dense, expert, out)
+            if gch == 0:
+                _, out = rb.run(rb.embedding_template(True), pre, entry)
+                entry = [out]
+                if is_last:
+                    emb = model.vocab * model.hidden / p.tp + (model.max_seq * model.hidden if model.position == "learned" else 0)
+                    grad_reduce(pre + "embedding", emb, 0, out)
+            else:
+                send_spec = (pre + f"send_grad_c{gch}", PP_SEND_B, peer(gch - 1), _tag(False, mb, gch))
+        step_end = entry[0]
+        finish_pass(k, send_spec, step_end)
+
+    # optimizer step over this rank's (sharded) parameters, after every gradient reduction
+    params = 0.0
+    expert_params = 0.0
+    for gch in local:
+        for layer in chunks[gch]:
+            d, e = layer_params_local(model, p, layer)
+            params += d
+            expert_params += e
+    if 0 in local:
+        params += model.vocab * model.hidden / p.tp
+    if n_chunks - 1 in local and (not model.tied_embeddings or p.pp > 1):
+        params += model.vocab * model.hidden / p.tp
+    shard = len(rb.shard_g) if p.zero >= 1 else 1
+    eshard = len(rb.edp_g) if p.zero >= 1 else 1
+    opt_params = params / shard + expert_params / eshard
+    for name, dense, expert in deferred:
+        grad_reduce(name, dense, expert, step_end, deferrable=False)
+    if blockers:
+        dp_nodes.extend(blockers)
+    opt = rb.node("optimizer_step", COMPUTE,
+                  {"op": "optimizer", "dtype": "fp32", "flops": OPTIM_FLOPS_PER_PARAM * opt_params,
+                   "bytes": OPTIM_BYTES_PER_PARAM * opt_params}, dp_nodes + ([step_end] if step_end >= 0 else []))
+    if p.zero in (1, 2) and len(rb.shard_g) > 1:
+        rb.node("param_allgather", DP_AG, coll(CommType.ALL_GATHER, params * 2, rb.shard_g, pg_dp), [opt])
+        if expert_params and len(rb.edp_g) > 1:
+            rb.node("expert_param_allgather", DP_AG, coll(CommType.ALL_GATHER, expert_params * 2, rb.edp_g, pg_edp), [opt])
+    rb.g.metadata.update({"generator": "estimators.workload", "model": model.name, "stage": stage,
+                          "pp": p.pp, "tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
+                          "micro_batches": p.micro_batches})
+    return rb.g.build(dedupe_edges=False)
+
+
+def generate(model: ModelConfig, plan: ParallelPlan, ranks: str | Sequence[int] = "symmetric",
+             gpus_per_node: int = 8, progress: Callable[[int, int], None] | None = None) -> list[ExecutionGraph]:
+    """Per-rank graphs. `ranks`: "symmetric" (one representative per pipeline stage), "all" (every rank,
+    for the full simulation), or an explicit list of global ranks."""
+    validate_plan(model, plan)
+    if ranks == "symmetric":
+        todo = representative_ranks(plan)
+    elif ranks == "all":
+        todo = list(range(plan.gpus))
+    else:
+        todo = list(ranks)
+    out = []
+    for n, r in enumerate(todo):
+        out.append(build_rank_graph(model, plan, r, gpus_per_node))
+        if progress:
+            progress(n + 1, len(todo))
+    return out
