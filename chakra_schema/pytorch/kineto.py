@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -71,7 +72,7 @@ class KinetoTrace:
     rt_dur: list[float] = field(default_factory=list)
     rt_corr: list[int] = field(default_factory=list)       # args.correlation, -1 when absent
     rt_ext: list[int] = field(default_factory=list)        # args["External id"], -1 when absent
-    rt_args: list[dict] = field(default_factory=list)
+    rt_args: list[dict] = field(default_factory=list)     # the call's args when they name a stream, else {}
     # GPU ops (kernel / gpu_memcpy / gpu_memset): one row each
     gpu_name: list[str] = field(default_factory=list)
     gpu_cat: list[str] = field(default_factory=list)
@@ -107,29 +108,154 @@ def load_kineto(path: str | os.PathLike,
                 progress: Callable[[int, int], None] | None = None) -> KinetoTrace:
     """Parse a Kineto trace (`.json` or `.json.gz`). Raises TraceInputError on bad input.
 
-    `progress(done, total)` is called while walking the events (total = number of events).
+    The file is decompressed and parsed in slices of `traceEvents` (see `_stream_events`), so memory
+    holds one slice of raw JSON at a time plus what the trace keeps, not the whole decoded document.
+    Files the slicer cannot handle are parsed whole (same result, more memory).
+    `progress(done, total)` reports bytes of the file read.
     """
-    root = _read_json(path)
-    if not isinstance(root, dict) or not isinstance(root.get("traceEvents"), list):
-        what = "an Execution Trace" if isinstance(root, dict) and "nodes" in root else "not a Kineto trace"
-        raise TraceInputError(path, f"{what}: no 'traceEvents' list at top level")
-    events = root.pop("traceEvents")
-    dist = root.get("distributedInfo") if isinstance(root.get("distributedInfo"), dict) else {}
-    trace = KinetoTrace(
-        path=str(path),
-        rank=_int_or_none(dist.get("rank")),
-        world_size=_int_or_none(dist.get("world_size")),
-        pg_config=dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else None,
-        host_ops=[],
-        metadata=root,
-    )
+    trace = _new_trace(path)
     try:
-        _walk_events(trace, events, progress)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TraceInputError(path, f"malformed trace event: {type(exc).__name__}: {exc}") from None
+        root = _stream_events(path, trace, progress)
+    except _NotStreamable:
+        trace = _new_trace(path)
+        root = _read_json(path)
+        if not isinstance(root, dict) or not isinstance(root.get("traceEvents"), list):
+            what = "an Execution Trace" if isinstance(root, dict) and "nodes" in root else "not a Kineto trace"
+            raise TraceInputError(path, f"{what}: no 'traceEvents' list at top level") from None
+        events = root.pop("traceEvents")
+        _walk_checked(path, trace, events)
+        del events
+    if not isinstance(root, dict):
+        raise TraceInputError(path, "not a Kineto trace: top level is not an object")
+    root.pop("traceEvents", None)
+    dist = root.get("distributedInfo") if isinstance(root.get("distributedInfo"), dict) else {}
+    trace.rank = _int_or_none(dist.get("rank"))
+    trace.world_size = _int_or_none(dist.get("world_size"))
+    trace.pg_config = dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else None
+    trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
         raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events")
     return trace
+
+
+def _new_trace(path) -> KinetoTrace:
+    return KinetoTrace(path=str(path), rank=None, world_size=None, pg_config=None, host_ops=[])
+
+
+def _walk_checked(path, trace: KinetoTrace, events: Any) -> None:
+    if not isinstance(events, list):
+        raise TraceInputError(path, "not a Kineto trace: 'traceEvents' is not a list")
+    try:
+        _walk_events(trace, events, None)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TraceInputError(path, f"malformed trace event: {type(exc).__name__}: {exc}") from None
+
+
+class _NotStreamable(Exception):
+    """The slicing parser cannot handle this file: parse it whole instead."""
+
+
+_SLICE_BYTES = 4 << 20          # raw JSON parsed at a time
+_MAX_PENDING = 64 << 20         # give up slicing when no event boundary is found within this much
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def _raw_blocks(path, progress: Callable[[int, int], None] | None) -> Iterator[bytes]:
+    """The file's bytes, gunzipped on the fly when it is gzip, in blocks of about 1 MiB."""
+    try:
+        fh = open(path, "rb")
+        total = os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    with fh:
+        first = fh.read(1 << 20)
+        dec = zlib.decompressobj(16 + zlib.MAX_WBITS) if first[:2] == b"\x1f\x8b" else None
+        done = 0
+        block = first
+        while block:
+            done += len(block)
+            if dec is not None:
+                try:
+                    out = dec.decompress(block)
+                except zlib.error as exc:
+                    raise TraceInputError(path, f"bad gzip data: {exc}") from None
+                if dec.unused_data:          # a multi-member gzip: let gzip.decompress handle it
+                    raise _NotStreamable
+            else:
+                out = block
+            if out:
+                yield out
+            if progress is not None:
+                progress(done, total)
+            block = fh.read(1 << 20)
+        if dec is not None:
+            tail = dec.flush()
+            if not dec.eof:
+                raise TraceInputError(path, "bad gzip data: truncated (end of stream not found)")
+            if tail:
+                yield tail
+
+
+def _stream_events(path, trace: KinetoTrace, progress) -> dict:
+    """Parse `traceEvents` in slices cut at event boundaries ("}, {" between two top-level events),
+    walking each slice into `trace`; return the top-level object without its events.
+
+    A cut is accepted only when the slice parses as a JSON array on its own, so a "}, {" inside a
+    string or a nested value is never taken for a boundary (the slice would not parse)."""
+    head: bytes | None = None
+    buf = bytearray()
+    for block in _raw_blocks(path, progress):
+        buf += block
+        if head is None:
+            m = _EVENTS_KEY.search(buf)
+            if m is None:
+                if len(buf) > _MAX_PENDING or (buf.lstrip()[:1] not in (b"{", b"")):
+                    raise _NotStreamable
+                continue
+            head = bytes(buf[:m.end() - 1])       # up to the key and its colon
+            del buf[:m.end()]                      # events start right after "["
+        if len(buf) >= _SLICE_BYTES:
+            _cut_and_walk(path, trace, buf)
+    if head is None:
+        raise _NotStreamable
+    _cut_and_walk(path, trace, buf)
+    # buf: the last event(s), "]", and the rest of the top-level object
+    tries = 0
+    pos = len(buf)
+    while tries < 10000:
+        pos = buf.rfind(b"]", 0, pos)
+        if pos < 0:
+            break
+        tries += 1
+        try:
+            root = orjson.loads(head + b"[]" + bytes(buf[pos + 1:]))
+            events = orjson.loads(b"[" + bytes(buf[:pos]) + b"]")
+        except orjson.JSONDecodeError:
+            continue
+        _walk_checked(path, trace, events)
+        return root
+    raise _NotStreamable
+
+
+def _cut_and_walk(path, trace: KinetoTrace, buf: bytearray) -> None:
+    """Walk every complete event of `buf` but the last one and drop them from `buf`."""
+    start = max(0, len(buf) - (1 << 16))
+    while True:
+        cuts = [m for m in _BOUNDARY.finditer(buf, start)]
+        for m in reversed(cuts):
+            try:
+                events = orjson.loads(b"[" + bytes(buf[:m.start() + 1]) + b"]")
+            except orjson.JSONDecodeError:
+                continue
+            _walk_checked(path, trace, events)
+            del buf[:m.end() - 1]                  # keep the "{" of the next event
+            return
+        if start == 0:
+            if len(buf) > _MAX_PENDING:
+                raise _NotStreamable
+            return                                 # no boundary yet: read more
+        start = 0
 
 
 def _read_json(path: str | os.PathLike) -> Any:
@@ -200,7 +326,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 rt_dur.append(float(ev.get("dur", 0.0)))
                 rt_corr.append(int(args.get("correlation", -1)))
                 rt_ext.append(int(args.get("External id", -1)))
-                rt_args.append(args)
+                rt_args.append(args if "stream" in args else empty)   # only a stream arg is used
             elif cat == "cuda_sync":
                 args = ev.get("args") or empty
                 t.sync_kind.append(args.get("cuda_sync_kind", ev.get("name", "")))
