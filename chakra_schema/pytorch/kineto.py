@@ -16,8 +16,11 @@ a `KinetoTrace`:
 Times are float microseconds as recorded (`ts`, `dur`). Bad input (not JSON, not a Kineto trace, empty,
 truncated gzip) raises `TraceInputError(path, one line)`.
 
-Columns are plain Python lists (numbers) and lists of the events' own `args` dicts (no copies): the
-graph builder (kineto_graph.py) walks them once.
+Columns are plain Python lists (numbers) and lists of the events' own `args` dicts (no copies; a
+runtime call keeps its args only when they name a stream): the graph builder (kineto_graph.py) walks
+them once. The file is gunzipped and parsed in ~4 MiB slices of `traceEvents` (orjson), so peak memory
+is what the trace keeps plus one slice, about 2.6x the uncompressed JSON on
+hta/trace_diff_control_control (benchmarks/bench_convert_kineto.py).
 """
 from __future__ import annotations
 
@@ -206,9 +209,10 @@ def _stream_events(path, trace: KinetoTrace, progress) -> dict:
     head: bytes | None = None
     buf = bytearray()
     for block in _raw_blocks(path, progress):
+        searched = max(0, len(buf) - 64)       # the key may straddle two blocks
         buf += block
         if head is None:
-            m = _EVENTS_KEY.search(buf)
+            m = _EVENTS_KEY.search(buf, searched)
             if m is None:
                 if len(buf) > _MAX_PENDING or (buf.lstrip()[:1] not in (b"{", b"")):
                     raise _NotStreamable

@@ -1,6 +1,7 @@
 """Build an `ExecutionGraph` from a parsed Kineto trace (see kineto.py).
 
     kineto_to_graph(trace, host_info=None, rank=None) -> ExecutionGraph
+    kineto_to_graph_with_map(...) -> (ExecutionGraph, host_node)   # host_node[HostOp.index] = node index
 
 - `host_info`: {HostOp.index: {attr: value}} merged into that host op's node attrs (the Execution Trace
   linker gives input_shapes, input_types, op_schema, rf_id, comm attrs). A collective node lacking comm
@@ -11,7 +12,8 @@ What becomes a node (recorded start and inclusive duration kept as is; times are
 earliest event, the absolute origin is `metadata["time_origin_us"]`):
 - every `cpu_op` / `user_annotation` (CPU_OP / ANNOTATION; `gloo:*` annotations are COLLECTIVE nodes on
   their worker thread; c10d wait ops COLL_WAIT) and every runtime call (LAUNCH when its correlation
-  matches a GPU op, SYNC, EVENT_RECORD, STREAM_WAIT, else RUNTIME) on resource (pid, tid), nested by
+  matches a GPU op, SYNC, EVENT_RECORD, STREAM_WAIT, else RUNTIME: cudaEventQuery does not block, so it
+  is RUNTIME with no edge) on resource (pid, tid), nested by
   time (parent = enclosing op on the thread);
 - every `kernel` / `gpu_memcpy` / `gpu_memset` on resource (device, stream); NCCL kernels are
   COLLECTIVE / SEND / RECV with comm attrs. `python_function`, `gpu_user_annotation`, spans, metadata
@@ -203,6 +205,14 @@ def _host_attrs(op, info: dict | None) -> dict[str, Any]:
 def kineto_to_graph(trace: KinetoTrace, host_info: dict[int, dict] | None = None,
                     rank: int | None = None) -> ExecutionGraph:
     """Convert one rank's Kineto trace into an ExecutionGraph (see the module docstring)."""
+    return kineto_to_graph_with_map(trace, host_info, rank)[0]
+
+
+def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | None = None,
+                             rank: int | None = None) -> tuple[ExecutionGraph, np.ndarray]:
+    """`kineto_to_graph`, also returning `host_node`: int64 [len(trace.host_ops)], the graph node index
+    of each HostOp (by HostOp.index), for callers that add edges between host ops (e.g. Execution
+    Trace data deps)."""
     host_info = host_info or {}
     r = rank if rank is not None else (trace.rank if trace.rank is not None else 0)
     ws = trace.world_size if trace.world_size else max(r + 1, 1)
@@ -605,7 +615,12 @@ def kineto_to_graph(trace: KinetoTrace, host_info: dict[int, dict] | None = None
     })
     if trace.pg_config is not None:
         b.metadata["pg_config"] = trace.pg_config
-    return b.build()
+    # which GPU recorded the trace: hardware translation and model timing start from it
+    props = trace.metadata.get("deviceProperties")
+    if isinstance(props, list) and props:
+        keep = ("id", "name", "totalGlobalMem", "computeMajor", "computeMinor", "numSms")
+        b.metadata["deviceProperties"] = [{k: p[k] for k in keep if k in p} for p in props if isinstance(p, dict)]
+    return b.build(), host_node.copy()
 
 
 def _default_pg(b: GraphBuilder, trace: KinetoTrace, comm_nodes: list[int]) -> None:
