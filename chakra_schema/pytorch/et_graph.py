@@ -38,7 +38,7 @@ from typing import Any
 
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 from chakra_schema.pytorch.execution_trace import (PG_INIT, RECORD_FUNCTION_SCOPE_USER, ExecutionTrace,
-                                                   is_root_name, record_param_comms_args)
+                                                   is_root_name, op_attrs, record_param_comms_args)
 
 # Collective names seen in ETs and Kineto (c10d op names, record_param_comms names, nccl:/gloo: names),
 # normalized by `_norm` (lower case, no "_" / prefix) -> CommType. Send / recv are handled apart.
@@ -305,14 +305,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
             attrs["rf_id"] = int(et.rf_id[i])
         if et.seq_id[i] >= 0:
             attrs["seq_id"] = int(et.seq_id[i])
-        if et.op_schema[i]:
-            attrs["op_schema"] = et.op_schema[i]
-        if et.in_shapes[i]:
-            attrs["input_shapes"] = et.in_shapes[i]
-            attrs["input_types"] = et.in_types[i]
-        if et.out_shapes[i]:
-            attrs["output_shapes"] = et.out_shapes[i]
-            attrs["output_types"] = et.out_types[i]
+        attrs.update(op_attrs(et, i))
         extra = et.extra.get(i)
         start = dur = 0.0
         if extra and "dur" in extra:

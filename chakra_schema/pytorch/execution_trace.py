@@ -112,6 +112,20 @@ class ExecutionTrace:
 
 
 # ------------------------------------------------------------------------------------------- reading
+def op_attrs(et: ExecutionTrace, i: int) -> dict[str, Any]:
+    """The graph attrs an ET node carries for the models downstream: schema, input/output shapes and types."""
+    a: dict[str, Any] = {}
+    if et.op_schema[i]:
+        a["op_schema"] = et.op_schema[i]
+    if et.in_shapes[i]:
+        a["input_shapes"] = et.in_shapes[i]
+        a["input_types"] = et.in_types[i]
+    if et.out_shapes[i]:
+        a["output_shapes"] = et.out_shapes[i]
+        a["output_types"] = et.out_types[i]
+    return a
+
+
 def read_json_bytes(path: str | os.PathLike) -> bytes:
     """The JSON text of `path`: plain, gzip'd, or the single JSON member of a (gzip'd) tar."""
     try:

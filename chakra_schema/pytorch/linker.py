@@ -28,7 +28,7 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.pytorch.et_graph import collective_kind, comm_attrs
-from chakra_schema.pytorch.execution_trace import PG_INIT, ExecutionTrace, is_root_name
+from chakra_schema.pytorch.execution_trace import PG_INIT, ExecutionTrace, is_root_name, op_attrs
 
 MIN_FRACTION = 0.9
 
@@ -265,14 +265,7 @@ def _et_attrs(et: ExecutionTrace, i: int, with_rf: bool = True,
     a: dict[str, Any] = {"et_id": int(et.ids[i])}
     if with_rf and et.rf_id[i] >= 0:
         a["rf_id"] = int(et.rf_id[i])
-    if et.op_schema[i]:
-        a["op_schema"] = et.op_schema[i]
-    if et.in_shapes[i]:
-        a["input_shapes"] = et.in_shapes[i]
-        a["input_types"] = et.in_types[i]
-    if et.out_shapes[i]:
-        a["output_shapes"] = et.out_shapes[i]
-        a["output_types"] = et.out_types[i]
+    a.update(op_attrs(et, i))
     nm = et.names[i]
     if nm == "record_param_comms" or nm.startswith(("nccl:", "gloo:")):
         src = i
