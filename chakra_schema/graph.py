@@ -329,6 +329,36 @@ class GraphBuilder:
     def __len__(self) -> int:
         return len(self._id)
 
+    # Live views of the columns built so far, for producers that patch nodes they already added
+    # (e.g. to re-type a node once a later event explains it). Index them; do not append.
+    @property
+    def starts(self) -> list[float]:
+        return self._start
+
+    @property
+    def durations(self) -> list[float]:
+        return self._dur
+
+    @property
+    def parents(self) -> list[int]:
+        return self._parent
+
+    @property
+    def kinds(self) -> list[int]:
+        return self._kind
+
+    @property
+    def node_types(self) -> list[int]:
+        return self._type
+
+    @property
+    def names(self) -> list[str]:
+        return self._name
+
+    @property
+    def resource_of(self) -> list[int]:
+        return self._res
+
     def resource(self, kind: ResourceKind, device: int, index: int, name: str = "") -> int:
         key = Resource(ResourceKind(kind), int(device), int(index), name)
         r = self._res_index.get(key)

@@ -328,8 +328,8 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
     rt_node = node_of[H:H + R]
     gpu_node = node_of[H + R:]
 
-    st = b._start     # recorded starts / durations by node index (builder lists)
-    du = b._dur
+    st = b.starts     # recorded starts / durations by node index (builder lists)
+    du = b.durations
     dropped: dict[str, int] = defaultdict(int)
 
     def add(src_n: int, dst_n: int, kind: EdgeKind) -> bool:
@@ -349,7 +349,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
     for g in np.argsort(np.asarray(trace.gpu_ts, np.float64), kind="stable").tolist():
         streams[(trace.gpu_device[g], trace.gpu_stream[g])].append(g)
     thread_nodes: dict[int, list[int]] = defaultdict(list)     # CPU resource -> its nodes in order
-    res_l = b._res
+    res_l = b.resource_of
     for n in range(len(b)):
         thread_nodes[res_l[n]].append(n)
     pos_in_thread = {}
@@ -527,8 +527,8 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
         for s_n, f_n in ends.values():
             add(s_n, f_n, EdgeKind.INTER_THREAD)
 
-    parent = b._parent
-    kinds = b._kind
+    parent = b.parents
+    kinds = b.kinds
     # ---- a main-thread backward call waits for the worker threads' work inside its window
     top_by_thread: dict[int, list[int]] = defaultdict(list)
     for h in range(H):
@@ -575,7 +575,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
                          "comm_src", "comm_dst", "comm_tag"):
                 if key_ in pa and key_ not in a:
                     a[key_] = pa[key_]
-            nm = b._name[p]
+            nm = b.names[p]
             if inherited_name is None and (nm.startswith("nccl:") or nm.startswith("c10d::")):
                 inherited_name = nm.split(":", 2)[-1]
             p = parent[p]
@@ -583,11 +583,11 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
             a["coll_name"] = inherited_name
         if "comm_type" not in a:
             ct = comm_type_of(a.get("coll_name", "")) if a.get("coll_name") else None
-            ct = ct if ct is not None else comm_type_of(b._name[n].split("(")[0])
+            ct = ct if ct is not None else comm_type_of(b.names[n].split("(")[0])
             coll = a.get("coll_name", "")
             if ct is None and coll in ("send", "recv"):
                 kinds[n] = OpKind.SEND if coll == "send" else OpKind.RECV
-                b._type[n] = NodeType.COMM_SEND_NODE if coll == "send" else NodeType.COMM_RECV_NODE
+                b.node_types[n] = NodeType.COMM_SEND_NODE if coll == "send" else NodeType.COMM_RECV_NODE
             elif ct is None:
                 # a SendRecv kernel with no collective context: PyTorch issues these for all_to_all
                 ct = int(CommType.ALL_TO_ALL)
@@ -658,7 +658,7 @@ def _link_gloo(b: GraphBuilder, trace: KinetoTrace, host_node: np.ndarray, add, 
     issues = [h for h, op in enumerate(hops) if op.name.startswith("c10d::") and op.name not in WAIT_OPS
               and comm_type_of(op.name) is not None]
     waits = [h for h, op in enumerate(hops) if op.name in WAIT_OPS]
-    st, du = b._start, b._dur
+    st, du = b.starts, b.durations
     gloo.sort(key=lambda h: hops[h].ts)
     issues.sort(key=lambda h: hops[h].ts)
     unpaired: dict[int, list[int]] = defaultdict(list)     # comm type -> issues not yet paired, by time
@@ -704,7 +704,7 @@ def _link_gloo(b: GraphBuilder, trace: KinetoTrace, host_node: np.ndarray, add, 
         return
     # implicit waits: per issuing thread, the leaf timeline (annotations excluded: a ProfilerStep or a
     # module annotation spans the wait) and the first op that resumes after each collective's end
-    kinds, res_l = b._kind, b._res
+    kinds, res_l = b.kinds, b.resource_of
     for (pid, tid), gnodes in issued_by.items():
         rres = res_l[int(host_node[next(h for h, _ in pairs if hops[h].tid == tid and hops[h].pid == pid)])]
         ops = [n for n in range(len(b)) if res_l[n] == rres and kinds[n] != OpKind.ANNOTATION]
