@@ -235,9 +235,11 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
 
     out_prefix = str(out_prefix)
     out_dir = os.path.dirname(out_prefix) or "."
-    if not os.path.isdir(out_dir):
-        raise TraceInputError(out_prefix, f"output directory {out_dir} does not exist")
     inputs = discover_inputs(et_pattern, kineto_pattern)
+    try:
+        os.makedirs(out_dir, exist_ok=True)  # like `-o out/job` in any tool: make `out/` when needed
+    except OSError as e:
+        raise TraceInputError(out_prefix, f"cannot create output directory {out_dir}: {e.strerror}") from None
     summaries: list[dict[str, Any]] = []
     written: list[tuple[str, str]] = []   # (temporary, final)
     try:

@@ -10,7 +10,9 @@ Physics, in three parts (all efficiency parameters are preset data, see presets/
         k_eff     = K_split / (K_split + k_overhead)  pipeline fill and epilogue per tile
       memory  = bytes(A, B, C, split-K partials) / achievable HBM bandwidth
   and the library's choice is the (tile, split-K) with the shortest time. Large well-shaped GEMMs are
-  compute-bound near `gemm_efficiency`; small-M (skinny) shapes come out memory-bound.
+  compute-bound near `gemm_efficiency`; small-M (skinny) shapes come out memory-bound. A board that
+  reaches its power limit under sustained tensor work clocks down: no kernel's rate exceeds
+  `sustained_tensor_fraction` x peak (1.0 where the limit does not bind).
 - Attention (flash / SDPA): FLOPs of the two (forward) or five (backward) matmuls at the flash kernel's
   efficiency, with wave quantization over batch*heads*query blocks, against the bytes of Q, K, V, O.
 - Everything else (elementwise, norm, softmax, reduction, embedding, optimizer, memcpy, memset):
@@ -158,6 +160,8 @@ class ComputeModel:
         flops = 2.0 * batch * m * n * k
         base_bytes = float(batch) * (m * k + k * n + m * n) * e + extra_bytes
         peak = self.hw.peak_flops(dtype) / 1e6 * c.gemm_efficiency          # flops per us
+        # a board at its power limit clocks down: no tile shape sustains more than this for long
+        cap = self.hw.peak_flops(dtype) / 1e6 * c.sustained_tensor_fraction
         # The knee is the operand reuse a 16-bit tensor-core tile needs; a dtype needs reuse in
         # proportion to its FLOP rate per byte of operand (fp32 SIMT needs far less, tf32 the same).
         ref = self.hw.peak_flops("bf16") if self.hw.gpu.peak_tflops.get("bf16") else self.hw.peak_flops("fp16")
@@ -175,7 +179,7 @@ class ComputeModel:
                 waves_eff = tiles / (waves * self._sms)
                 ks = k / s
                 k_eff = ks / (ks + c.gemm_k_overhead)
-                rate = peak * tile_eff * fill * waves_eff * k_eff
+                rate = min(peak * tile_eff * fill * waves_eff * k_eff, cap)
                 compute_us = flops / rate
                 nbytes = base_bytes + (2.0 * (s - 1) * batch * m * n * 4 if s > 1 else 0.0)  # fp32 partials
                 memory_us = nbytes / self._bw
@@ -220,7 +224,7 @@ class ComputeModel:
         blocks = b * h * math.ceil(sq / c.attention_block)
         waves = math.ceil(blocks / self._sms)
         waves_eff = blocks / (waves * self._sms)
-        rate = self.hw.peak_flops(dtype) / 1e6 * eff * waves_eff
+        rate = self.hw.peak_flops(dtype) / 1e6 * min(eff * waves_eff, c.sustained_tensor_fraction)
         compute_us = flops / rate
         q_o = 2.0 * b * h * sq * d * e
         k_v = 2.0 * b * kvh * skv * d * e
@@ -249,7 +253,8 @@ class ComputeModel:
         # generic roofline: FLOPs at the GEMM mainloop rate (gemm/attention without shapes) or nothing
         compute_us = 0.0
         if flops > 0:
-            eff = self.hw.compute.gemm_efficiency if op in ("gemm", "attention") else 1.0
+            eff = (min(self.hw.compute.gemm_efficiency, self.hw.compute.sustained_tensor_fraction)
+                   if op in ("gemm", "attention") else 1.0)
             peak = self.hw.peak_flops(dtype if op in ("gemm", "attention") else "fp32")
             compute_us = flops / (peak * eff) * 1e6
         return self._finish(compute_us, nbytes / self._bw, flops, nbytes, dtype)

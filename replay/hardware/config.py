@@ -60,6 +60,8 @@ class ComputeSpec:
     attention_block: int                    # query rows per attention CTA (flash tile)
     min_kernel_us: float                    # shortest kernel duration (launch-to-retire of an empty grid)
     pageable_copy_efficiency: float = 0.35  # pageable host memory: fraction of PCIe (staged via a bounce buffer)
+    sustained_tensor_fraction: float = 1.0  # tensor throughput the board sustains at its power limit (long runs),
+                                            # as a fraction of the dense peak: caps GEMM / attention rates
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,7 @@ def _check_values(hw: HardwareConfig, path: str) -> None:
                     ("[compute] pcie_efficiency", hw.compute.pcie_efficiency),
                     ("[compute] attention_fwd_efficiency", hw.compute.attention_fwd_efficiency),
                     ("[compute] attention_bwd_efficiency", hw.compute.attention_bwd_efficiency),
+                    ("[compute] sustained_tensor_fraction", hw.compute.sustained_tensor_fraction),
                     ("[node] nvlink_efficiency", hw.node.nvlink_efficiency),
                     ("[network] nic_efficiency", hw.network.nic_efficiency)):
         if not 0 < v <= 1:
