@@ -468,8 +468,13 @@ class _RankBuilder:
         else:
             if sh.sp:
                 self.tp_coll(tpl, "embedding_allgather_grad", CommType.ALL_GATHER, full)
+            # the dense weight grad of this rank's vocab shard is zero-filled, then the token rows added
+            V = -(-m.vocab // self.p.tp)
             tpl.add("embedding_bwd", COMPUTE, {"op": "embedding", "dtype": "fp32", "flops": float(T * h),
-                                               "bytes": float(T * h * (ACT_BYTES + 8))})
+                                               "bytes": float(T * h * (ACT_BYTES + 8) + V * h * ACT_BYTES)})
+            if not self.p.grad_accum_fusion:  # the main_grad hook also runs for the embedding tables
+                pos = m.max_seq * h if m.position == "learned" else 0
+                tpl.add("embedding_main_grad_accumulate", COMPUTE, elementwise(V * h + pos, 1, 1, elem_bytes=5))
         self.templates[key] = tpl
         return tpl
 
@@ -487,16 +492,24 @@ class _RankBuilder:
             if sh.sp:
                 self.tp_coll(tpl, "output_allgather", CommType.ALL_GATHER, full)
             tpl.add("logits", COMPUTE, gemm(T, V, h, dt))
-            tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=5, elem_bytes=4))
+            # Megatron's vocab-parallel cross entropy runs unfused in fp32 over the logits: cast fp16->fp32
+            # (2+4 B), max (4), subtract max (4+4), exp (4+4), sum (4), divide by the sum -> softmax kept
+            # for the backward (4+4): 22 B read + 16 B written per logit
+            tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 11, 8, op="softmax", flops_per=5))
             self.tp_coll(tpl, "cross_entropy_allreduce", CommType.ALL_REDUCE, T * 4 * 2)
         else:
-            tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=3, elem_bytes=4))
+            # grad = softmax - one-hot, scaled in place (4+4 B), then cast back to 16 bit (4+2 B)
+            tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 4, 3, op="softmax", flops_per=3))
             tpl.add("logits_dgrad", COMPUTE, gemm(T, h, V, dt))
             dg = tpl.head
             self.tp_coll(tpl, "output_reducescatter_grad" if sh.sp else "output_allreduce_grad",
                          CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
             rs = tpl.head
-            tpl.add("logits_wgrad", COMPUTE, gemm(h, V, T, dt), deps=[dg], chain=False)
+            wg = tpl.add("logits_wgrad", COMPUTE, gemm(h, V, T, dt), deps=[dg], chain=False)
+            if not self.p.grad_accum_fusion and (not m.tied_embeddings or self.p.pp > 1):
+                # the output layer's own weight (untied, or the last stage's copy of tied embeddings)
+                tpl.add("output_main_grad_accumulate", COMPUTE, elementwise(V * h, 1, 1, elem_bytes=5),
+                        deps=[wg], chain=False)
             tpl.head = rs
             self._norm(tpl, "final_norm_bwd", Ts, backward=True)
         self.templates[key] = tpl
