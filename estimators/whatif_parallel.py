@@ -25,6 +25,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.memory import MemoryEstimate, estimate_memory
+from replay.results import union_intervals
 from estimators.model_config import ModelConfig
 from estimators.plan import ParallelPlan, validate_plan
 from estimators.workload import STREAM_KIND, STREAMS, generate
@@ -94,23 +95,6 @@ def narayanan_hw_flops(batch: int, seq: int, layers: int, hidden: int, vocab: in
 
 
 # ------------------------------------------------------------------------------------ breakdown
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals covering the union."""
-    if len(starts) == 0:
-        return np.zeros(0), np.zeros(0)
-    o = np.argsort(starts, kind="stable")
-    s, e = starts[o], ends[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.empty(len(s), bool)
-    new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
-    ids = np.cumsum(new) - 1
-    bs = s[new]
-    be = np.zeros(len(bs))
-    np.maximum.at(be, ids, e)
-    return bs, be
-
-
 def _length(s: np.ndarray, e: np.ndarray) -> float:
     return float(np.sum(e - s)) if len(s) else 0.0
 
@@ -128,7 +112,7 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     # communication occupies only its transfer at the end of the node, not the wait for peers
     xfer_start = np.maximum(start, end - dur)
     comp = node_kind == "compute"
-    cs, ce = _union(start[comp], end[comp])
+    cs, ce = union_intervals(start[comp], end[comp])
     compute = _length(cs, ce)
     covered_s, covered_e = cs, ce
     covered = compute
@@ -139,7 +123,7 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
         if not sel.any():
             out[f"exposed_{k}_comm_s"] = 0.0
             continue
-        us, ue = _union(np.concatenate([covered_s, xfer_start[sel]]), np.concatenate([covered_e, end[sel]]))
+        us, ue = union_intervals(np.concatenate([covered_s, xfer_start[sel]]), np.concatenate([covered_e, end[sel]]))
         now = _length(us, ue)
         out[f"exposed_{k}_comm_s"] = (now - covered) / 1e6
         exposed_total += now - covered

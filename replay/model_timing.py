@@ -104,6 +104,15 @@ class _ModelBase:
     def __init__(self):
         self._memo: dict[tuple, OpEstimate | None] = {}
 
+    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
+                      member_durations: Sequence[float]) -> float:
+        """The target network model's time for the collective; the recorded transfer when the node
+        lacks the attrs to model it."""
+        t = _comm_time(self.network, graph, node, group_ranks)
+        if t is not None:
+            return t
+        return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
+
     def _estimate(self, model: ComputeModel, graph: ExecutionGraph, i: int) -> OpEstimate | None:
         a = graph.attrs.get(i)
         if a and "op" in a:
@@ -163,13 +172,6 @@ class ModelTiming(_ModelBase):
                 cls = kernel_class(graph.name[i])
                 dur[i] *= peak_ratio(src, self.hw, cls, self._dtype(graph, i))
         return dur
-
-    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
-                      member_durations: Sequence[float]) -> float:
-        t = _comm_time(self.network, graph, node, group_ranks)
-        if t is not None:
-            return t
-        return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
         """An idle GPU starts a kernel `kernel_start_after_call_us` after its launch call starts; the
@@ -232,13 +234,6 @@ class TranslatedTiming(_ModelBase):
             if t is not None:
                 dur[i] = t
         return dur
-
-    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
-                      member_durations: Sequence[float]) -> float:
-        t = _comm_time(self.network, graph, node, group_ranks)
-        if t is not None:
-            return t
-        return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
         return recorded_gpu_latency(graph)

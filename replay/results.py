@@ -83,16 +83,12 @@ class ReplayResult:
         }
 
 
-def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
-    """Length of the union of intervals clipped to [lo, hi]."""
-    if len(starts) == 0:
-        return 0.0
-    s = np.clip(starts, lo, hi)
-    e = np.clip(ends, lo, hi)
-    keep = e > s
-    if not keep.any():
-        return 0.0
-    s, e = s[keep], e[keep]
+def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals as disjoint sorted blocks (block starts, block ends)."""
+    keep = ends > starts
+    s, e = starts[keep], ends[keep]
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0)
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
@@ -101,10 +97,15 @@ def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) ->
     new_block[0] = True
     new_block[1:] = s[1:] > run_end[:-1]
     block_ids = np.cumsum(new_block) - 1
-    block_start = s[new_block]
-    block_end = np.zeros(len(block_start))
+    block_end = np.zeros(int(new_block.sum()))
     np.maximum.at(block_end, block_ids, e)
-    return float(np.sum(block_end - block_start))
+    return s[new_block], block_end
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    bs, be = union_intervals(np.clip(starts, lo, hi), np.clip(ends, lo, hi))
+    return float(np.sum(be - bs))
 
 
 def _breakdown(g: ExecutionGraph, run: SimulatedRun, r: int, lo: float, hi: float) -> Breakdown:
