@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from chakra_schema.errors import TraceInputError
+from replay.engine import ReplayError
 
 # Order is the order of `lumos-sim --help`.
 COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif"]
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except TraceInputError as e:
+    except (TraceInputError, ReplayError) as e:
         print(f"lumos-sim {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -90,4 +90,11 @@ def load_graphs(inputs: Sequence[str], et_pattern: str | None = None, kineto_pat
     ranks = [g.rank for g in graphs]
     if len(set(ranks)) != len(ranks):
         raise TraceInputError(" ".join(inputs), f"several inputs claim the same rank: {sorted(ranks)}")
-    return sorted(graphs, key=lambda g: g.rank)
+    graphs = sorted(graphs, key=lambda g: g.rank)
+    # A set PREFIX.0.et .. PREFIX.{n-1}.et is one job of n ranks even when its files do not say so
+    # (ASTRA-sim microbenchmarks carry no world size): collectives without a group span all of them.
+    if [g.rank for g in graphs] == list(range(len(graphs))):
+        for g in graphs:
+            if g.world_size < len(graphs):
+                g.world_size = len(graphs)
+    return graphs

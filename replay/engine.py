@@ -67,6 +67,8 @@ class _Rendezvous:
     last: int = -1                  # the member that arrived last (it sets everyone's end)
     event: simpy.Event | None = None
     label: str = ""
+    sender: int = -1                # send/recv: the send, which does not wait for its receiver
+    send_done: float | None = None
 
 
 def _collective_label(g: ExecutionGraph, i: int) -> str:
@@ -158,9 +160,17 @@ def _plan_rendezvous(graphs: Sequence[ExecutionGraph], offsets: np.ndarray) -> d
                 raise ReplayError(f"collective #{k + 1} of process group {_key_label(key)} differs across "
                                   f"ranks {ranks}: {sorted(labels)}")
             rv = _Rendezvous(members=len(nodes), label=f"{labels.pop()} #{k + 1} of {_key_label(key)}")
+            if key[0] == "p2p":
+                rv.sender = next((gi for gi in nodes if _node_type_at(graphs, offsets, gi) == NodeType.COMM_SEND_NODE),
+                                 -1)
             for gi in nodes:
                 plan[gi] = rv
     return plan
+
+
+def _node_type_at(graphs: Sequence[ExecutionGraph], offsets: np.ndarray, gi: int) -> int:
+    r = int(np.searchsorted(offsets, gi, side="right") - 1)
+    return int(graphs[r].node_type[gi - int(offsets[r])])
 
 
 def _key_label(key: object) -> str:
@@ -273,14 +283,39 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
             ev = waiters[i] = env.event()
         return ev
 
+    def locate(i: int) -> tuple[ExecutionGraph, int]:
+        r = int(np.searchsorted(offsets, i, side="right") - 1)
+        return graphs[r], i - int(offsets[r])
+
     def rendezvous(i: int, arrival: float):
-        """Generator: register arrival of node i at its rendezvous; returns the completion time."""
+        """Generator: register arrival of node i at its rendezvous; returns the completion time.
+
+        Collectives complete for all members once the last arrives, plus the transfer. Point-to-point
+        messages are eager (buffered), as in MSCCL/ASTRA-sim send/recv graphs: the send completes after
+        its own transfer whether or not the receiver is there yet, and the receive completes when both
+        it has been posted and the data has arrived."""
         rv = plan[i]
+        if rv.event is None:
+            rv.event = env.event()
+        if rv.sender >= 0:
+            if i == rv.sender:
+                g, local = locate(i)
+                group = sorted({int(g.rank), int(g.attr(local, "comm_dst", g.rank))})
+                done = arrival + float(timing.collective_us(g, local, group, [dur[i]]))
+                rv.nodes.append(i)
+                rv.arrival, rv.last, rv.send_done = arrival, i, done
+                rv.event.succeed(done)
+                return done
+            rv.nodes.append(i)
+            sent = rv.send_done if rv.send_done is not None else (yield rv.event)
+            if sent > arrival:
+                rv.last = rv.sender
+                return sent
+            rv.last = i
+            return arrival
         rv.nodes.append(i)
         if arrival > rv.arrival:
             rv.arrival, rv.last = arrival, i
-        if rv.event is None:
-            rv.event = env.event()
         if len(rv.nodes) == rv.members:
             member_durs = [dur[j] for j in rv.nodes]
             r0 = int(np.searchsorted(offsets, rv.nodes[0], side="right") - 1)

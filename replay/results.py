@@ -245,7 +245,9 @@ def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResul
             else:
                 lo = float(run.start[sl].min()) if len(g) else 0.0
                 hi = float(run.end[sl].max()) if len(g) else 0.0
-            measured = step.duration_us if step.duration_us > 0 else None
+            # a graph with no recorded timeline (a foreign or generated .et) has nothing measured
+            recorded = step.node >= 0 or bool(g.start_us.any())
+            measured = step.duration_us if step.duration_us > 0 and recorded else None
             b = _breakdown(g, run, r, lo, hi)
             total.add(b)
             cp, nodes = critical_path(run, r, lo, hi, step.node, cols) if with_critical_path else ({}, [])
