@@ -3,6 +3,7 @@ with a reason when it is absent, unless LUMOS_SIM_REQUIRE_SHARED=1 (CI), where t
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,15 @@ def shared_traces() -> Path:
 @pytest.fixture
 def shared_reference() -> Path:
     return require_shared("reference")
+
+
+@pytest.fixture(scope="session")
+def chakra_et(tmp_path_factory) -> Path:
+    """The Chakra converter's sample output (3,664 nodes), extracted from its archive in shared/."""
+    archive = require_shared("traces", "chakra", "feeder_tests_trace.tar.gz")
+    out = tmp_path_factory.mktemp("chakra")
+    with tarfile.open(archive) as tar:
+        member = tar.getmember("tests/data/chakra.0.et")
+        member.name = "chakra.0.et"
+        tar.extract(member, out, filter="data")
+    return out / "chakra.0.et"

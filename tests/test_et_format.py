@@ -34,17 +34,6 @@ def astra_files() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def chakra_et(tmp_path_factory) -> Path:
-    archive = require_shared("traces", "chakra", "feeder_tests_trace.tar.gz")
-    out = tmp_path_factory.mktemp("chakra")
-    with tarfile.open(archive) as tar:
-        member = tar.getmember("tests/data/chakra.0.et")
-        member.name = "chakra.0.et"
-        tar.extract(member, out, filter="data")
-    return out / "chakra.0.et"
-
-
-@pytest.fixture(scope="module")
 def real_files(chakra_et) -> list[Path]:
     files = astra_files() + [chakra_et]
     assert len(files) == 4 + 8 + 16 + 8 + 1

@@ -23,17 +23,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def chakra_et(tmp_path_factory) -> Path:
-    archive = require_shared("traces", "chakra", "feeder_tests_trace.tar.gz")
-    out = tmp_path_factory.mktemp("chakra")
-    with tarfile.open(archive) as tar:
-        member = tar.getmember("tests/data/chakra.0.et")
-        member.name = "chakra.0.et"
-        tar.extract(member, out, filter="data")
-    return out / "chakra.0.et"
-
-
 # ------------------------------------------------------------------ jsonize
 
 
