@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

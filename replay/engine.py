@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
-from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, NodeType, OpKind
+from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, NodeType
 from replay.timing import TimingSource
 
 _SYNC = int(EdgeKind.SYNC)

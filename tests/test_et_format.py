@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-import tarfile
 import tracemalloc
 from pathlib import Path
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from collections import Counter
-from pathlib import Path
-
-import pytest
 
 from chakra_schema.graph import CommType, EdgeKind, GraphBuilder, NodeType, OpKind, ResourceKind
 from chakra_schema.graph_io import write_graph

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import orjson
 import pytest
 
 from conftest import require_shared

@@ -1,7 +1,6 @@
 """Replay of real traces: accuracy suites, synchronization semantics, cross-rank coupling."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
