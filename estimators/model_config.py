@@ -12,14 +12,13 @@ plus attention scores/values 4 * tokens * seq_kv * H * d (full square, as Naraya
 """
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, reject_unknown_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -191,18 +190,10 @@ _TOP_KEYS = {f.name for f in fields(ModelConfig)} - {"moe", "mla"}
 _TABLES = {"moe": MoEConfig, "mla": MLAConfig}
 
 
-def _check_keys(path: str, where: str, data: dict, allowed: set[str]) -> None:
-    for key in data:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise TraceInputError(path, f"unknown key '{where}{key}'{hint}")
-
-
 def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
     """Typed `ModelConfig` from a parsed TOML table; unknown keys and wrong types raise
     `TraceInputError` naming the key."""
-    _check_keys(path, "", data, _TOP_KEYS | set(_TABLES))
+    reject_unknown_keys(path, data, _TOP_KEYS | set(_TABLES))
     kwargs: dict[str, Any] = {}
     types = {f.name: f.type for f in fields(ModelConfig)}
     for key, value in data.items():
@@ -211,7 +202,7 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
                 raise TraceInputError(path, f"'{key}' must be a table")
             cls = _TABLES[key]
             allowed = {f.name for f in fields(cls)}
-            _check_keys(path, f"{key}.", value, allowed)
+            reject_unknown_keys(path, value, allowed, prefix=f"{key}.")
             missing = [f.name for f in fields(cls) if f.name not in value and f.default is MISSING]
             if missing:
                 raise TraceInputError(path, f"missing key '{key}.{missing[0]}'")

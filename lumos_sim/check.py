@@ -34,7 +34,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, reject_unknown_keys
 
 CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
              "mean_tolerance", "measured_ms", "steps", "ranks", "description"}
@@ -120,9 +120,7 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
     shared = find_shared(path.resolve().parent)
     cases = []
     for k, raw in enumerate(doc.get("case", [])):
-        bad = set(raw) - CASE_KEYS
-        if bad:
-            raise TraceInputError(path, f"unknown key '{sorted(bad)[0]}' in case #{k + 1}")
+        reject_unknown_keys(path, raw, CASE_KEYS, where=f" in case #{k + 1}")
         if "name" not in raw or ("inputs" not in raw and "et" not in raw and "kineto" not in raw):
             raise TraceInputError(path, f"case #{k + 1} needs 'name' and 'inputs' (or 'et'/'kineto')")
 

@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, reject_unknown_keys
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -205,9 +205,7 @@ def _build(cls: type, table: Any, section: str, path: str) -> Any:
         raise TraceInputError(path, f"[{section}] must be a table")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in table:
-        if key not in fields:
-            raise TraceInputError(path, f"unknown key '{key}' in [{section}]")
+    reject_unknown_keys(path, table, fields, where=f" in [{section}]")
     kwargs = {}
     for name, f in fields.items():
         if name not in table:
@@ -253,23 +251,16 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
     path = Path(path)
     data = _resolve(path)
     spath = str(path)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise TraceInputError(spath, f"unknown top-level key '{key}'")
+    reject_unknown_keys(spath, data, _TOP_KEYS, what="top-level key")
     # typos first: an unknown key explains a "missing" one better than the other way round
     for sec, cls in _SECTIONS.items():
         table = data.get(sec)
         if isinstance(table, dict):
-            known = {f.name for f in dataclasses.fields(cls)}
-            for key in table:
-                if key not in known:
-                    raise TraceInputError(spath, f"unknown key '{key}' in [{sec}]")
+            reject_unknown_keys(spath, table, (f.name for f in dataclasses.fields(cls)), where=f" in [{sec}]")
     for i, p in enumerate(data.get("protocols") or []):
         if isinstance(p, dict):
-            known = {f.name for f in dataclasses.fields(ProtocolSpec)}
-            for key in p:
-                if key not in known:
-                    raise TraceInputError(spath, f"unknown key '{key}' in [[protocols]] #{i + 1}")
+            reject_unknown_keys(spath, p, (f.name for f in dataclasses.fields(ProtocolSpec)),
+                                where=f" in [[protocols]] #{i + 1}")
     for key in ("name", *_SECTIONS, "protocols"):
         if key not in data:
             what = f"[{key}]" if key in _SECTIONS else ("[[protocols]]" if key == "protocols" else f"'{key}'")
@@ -319,9 +310,7 @@ def _check_values(hw: HardwareConfig, path: str) -> None:
             raise TraceInputError(path, f"{what} must be in (0, 1], got {v}")
     if not hw.gpu.peak_tflops:
         raise TraceInputError(path, "[gpu] peak_tflops is empty")
-    unknown = set(hw.gpu.peak_tflops) - set(_DTYPE_FALLBACK)
-    if unknown:
-        raise TraceInputError(path, f"unknown key '{sorted(unknown)[0]}' in [gpu.peak_tflops]")
+    reject_unknown_keys(path, hw.gpu.peak_tflops, _DTYPE_FALLBACK, where=" in [gpu.peak_tflops]")
     if not hw.compute.gemm_tiles or any(len(t) != 2 or min(t) <= 0 for t in hw.compute.gemm_tiles):
         raise TraceInputError(path, "[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs")
     if hw.node.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
