@@ -147,7 +147,7 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
 
 
 def run_case(suite: str, case: CaseSpec) -> CaseResult:
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
     from lumos_sim.replay_run import run_replay
     from replay.engine import ReplayError
 

@@ -5,7 +5,7 @@ import sys
 
 import orjson
 
-from lumos_sim.inputs import load_graphs
+from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
 from lumos_sim.replay_run import TIMING_MODES, print_result, run_replay
 
