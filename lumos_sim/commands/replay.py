@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="report only the first N steps")
     p.add_argument("--timeline", metavar="OUT.json", help="write the simulated run as a Perfetto/chrome trace")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--report", metavar="OUT.html", help="write an HTML report (per-rank step times, critical path)")
     p.set_defaults(func=main)
 
 
@@ -39,6 +40,9 @@ def main(args) -> int:
     if args.timeline:
         from replay.timeline import write_timeline
         write_timeline(result.run, args.timeline)
+    if args.report:
+        from lumos_sim.report import write_replay_report
+        write_replay_report(result, args.report)
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     else:

@@ -1,0 +1,96 @@
+"""`lumos-sim sweep SPEC.toml -o results.parquet`: evaluate every point of a sweep spec (see
+`lumos_sim.sweeps` for the spec format), locally or on Ray, into one results table."""
+from __future__ import annotations
+
+import sys
+
+import orjson
+
+from lumos_sim.commands.whatif import add_set_argument
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="evaluate a sweep spec (base scenario + axes) into a parquet/CSV table",
+                       description="Evaluate every point of SPEC.toml: a [scenario] table plus [[axes]] "
+                                   "(grid, zip, list, search) combined by product. Points already in the "
+                                   "output file are not evaluated again (resume after Ctrl-C by re-running).")
+    p.add_argument("spec", metavar="SPEC.toml")
+    p.add_argument("-o", "--output", required=True, metavar="RESULTS.parquet",
+                   help="results table (.parquet or .csv); also the cache of finished points")
+    p.add_argument("--executor", default="local", choices=("local", "ray"))
+    p.add_argument("--workers", type=int, default=1,
+                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep")
+    p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001)")
+    p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
+    p.add_argument("--fresh", action="store_true", help="ignore points already in the output file")
+    p.add_argument("--report", metavar="OUT.html", help="also write the HTML report of the results")
+    p.add_argument("--dry-run", action="store_true", help="list the points and exit")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
+    add_set_argument(p)
+    p.epilog = ("--set also edits the spec: axes.N.<kind>.<key>=VALUE (e.g. axes.0.search.gpus=[64,128], "
+                "axes.1.grid.hardware.network.nic_gbps=[200,800]); every other key sets the base scenario.")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from lumos_sim.sweeps import SweepInterrupted, load_spec, sweep
+
+    spec = load_spec(args.spec, args.overrides)
+    if args.dry_run:
+        for pt in spec.points():
+            print(f"{pt.index:6d}  {pt.key}  {pt.label}")
+        return 0
+    try:
+        df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
+                   ray_address=args.ray_address, csv=args.csv, fresh=args.fresh)
+    except SweepInterrupted as e:
+        s = e.stats
+        print(f"lumos-sim sweep: interrupted ({e.signal_name}) after {s['computed']} new points "
+              f"({s['cached']} cached) of {s['points']}; {args.output} holds every finished point; "
+              f"re-run the same command to compute the rest", file=sys.stderr)
+        return 143 if e.signal_name == "SIGTERM" else 130
+    stats = df.attrs["sweep"]
+    if args.report:
+        from lumos_sim.report import write_sweep_report
+        write_sweep_report(df, args.report, title=spec.name or None)
+    summary = {k: stats[k] for k in ("points", "computed", "cached", "failed", "wall_s", "output")}
+    summary["points_per_s"] = stats["computed"] / stats["wall_s"] if stats["wall_s"] > 0 else None
+    summary["report"] = args.report
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        _print_summary(df, summary)
+    return 0
+
+
+def _print_summary(df, summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    ok = df[df["status"] == "ok"]
+    if "tokens_per_s" in ok.columns and len(ok):
+        best = ok.sort_values("tokens_per_s", ascending=False).head(10)
+        t = Table(title=f"best of {len(ok)} points by throughput")
+        for col in ("#", "point", "label", "step s", "tokens/s", "MFU", "mem GiB"):
+            t.add_column(col, justify="left" if col == "label" else "right")
+        for rank, (_, r) in enumerate(best.iterrows(), 1):
+            t.add_row(str(rank), str(r["point"]), str(r["label"]), _fmt(r.get("step_time_s"), ".3f"),
+                      _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(100 * (r.get("mfu") or float("nan")), ".1f") + "%",
+                      _fmt(r.get("memory_gib_per_gpu"), ".1f"))
+        console.print(t)
+    for _, r in df[df["status"] == "error"].head(5).iterrows():
+        console.print(f"point {r['point']} ({r['label']}): error: {r['error']}")
+    rate = f", {summary['points_per_s']:.2f} points/s" if summary["points_per_s"] else ""
+    console.print(f"{summary['points']} points: {summary['computed']} computed, {summary['cached']} cached, "
+                  f"{summary['failed']} failed in {summary['wall_s']:.1f} s{rate} -> {summary['output']}"
+                  + (f"; report {summary['report']}" if summary["report"] else ""))
+
+
+def _fmt(v, spec: str) -> str:
+    try:
+        if v is None or v != v:
+            return "-"
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)

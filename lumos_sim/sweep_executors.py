@@ -1,0 +1,135 @@
+"""Where sweep points are evaluated: one registry of executors, each a context manager whose
+`imap(tasks)` yields `(point index, result columns)` as points finish, in any order.
+
+- `local`: this process (1 worker) or a pool of spawned worker processes (the what-ifs are CPU-bound
+  Python; spawn, not fork, so no thread or lock of the parent is copied into a worker).
+- `ray`: Ray tasks on an existing cluster (`address`, e.g. "ray://head:10001" or "auto") or on a local
+  Ray instance started for the sweep with `workers` CPUs. Needs the optional extra: pip install -e '.[ray]'.
+  The cluster's workers must have the same lumos-sim installed.
+
+A new executor is one class with `__enter__`/`__exit__`/`imap` and one `@register_executor` line.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from typing import Any, Callable, Iterator
+
+from chakra_schema.errors import TraceInputError
+from lumos_sim.sweeps import _evaluate_task
+
+Task = tuple[int, Any]          # (point index, Scenario)
+_EXECUTORS: dict[str, Callable[..., Any]] = {}
+
+
+def register_executor(name: str):
+    def deco(cls):
+        _EXECUTORS[name] = cls
+        return cls
+    return deco
+
+
+def executors() -> list[str]:
+    return sorted(_EXECUTORS)
+
+
+def get_executor(name: str, workers: int = 1, address: str | None = None):
+    if name not in _EXECUTORS:
+        raise TraceInputError(None, f"unknown executor '{name}' (known: {', '.join(executors())})")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise TraceInputError(None, f"--workers must be an integer >= 1, got {workers!r}")
+    return _EXECUTORS[name](workers=workers, address=address)
+
+
+def _worker_init() -> None:
+    # Ctrl-C reaches the whole process group: the parent saves the results and stops the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@register_executor("local")
+class LocalExecutor:
+    def __init__(self, workers: int = 1, address: str | None = None):
+        if address:
+            raise TraceInputError(None, "--ray-address needs --executor ray")
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self) -> "LocalExecutor":
+        if self.workers > 1:
+            self.pool = multiprocessing.get_context("spawn").Pool(self.workers, initializer=_worker_init)
+        return self
+
+    def imap(self, tasks: list[Task]) -> Iterator[tuple[int, dict[str, Any]]]:
+        if self.pool is None:
+            return map(_evaluate_task, tasks)
+        return self.pool.imap_unordered(_evaluate_task, tasks, chunksize=1)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.pool is None:
+            return
+        if exc_type is None:
+            self.pool.close()
+        else:  # interrupted: running points are abandoned (they were never recorded)
+            self.pool.terminate()
+        self.pool.join()
+
+
+@register_executor("ray")
+class RayExecutor:
+    def __init__(self, workers: int = 1, address: str | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise TraceInputError(None, "the ray executor needs Ray: pip install -e '.[ray]' "
+                                        "(or pip install 'ray[default]')") from None
+        self.ray = ray
+        self.workers = workers
+        self.address = address
+        self.started = False
+
+    def __enter__(self) -> "RayExecutor":
+        ray = self.ray
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                                      configure_logging=True)
+            try:
+                if self.address:
+                    ray.init(address=self.address, **kw)
+                else:
+                    ray.init(num_cpus=self.workers, **kw)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                where = f"cluster at {self.address}" if self.address else "a local Ray instance"
+                raise TraceInputError(None, f"could not start {where}: {e}") from None
+            self.started = True
+        return self
+
+    def imap(self, tasks: list[Task]) -> Iterator[tuple[int, dict[str, Any]]]:
+        ray = self.ray
+        remote = ray.remote(num_cpus=1, max_retries=1)(_evaluate_task)
+        in_flight_cap = max(4 * int(ray.cluster_resources().get("CPU", self.workers)), 8)
+        pending: list[Any] = []
+        self._pending = pending
+        queue = iter(tasks)
+        for task in queue:
+            pending.append(remote.remote(task))
+            if len(pending) >= in_flight_cap:
+                break
+        while pending:
+            done, rest = ray.wait(pending, num_returns=1)
+            pending[:] = rest
+            for task in queue:  # keep the cluster busy without queueing every point at once
+                pending.append(remote.remote(task))
+                break
+            yield ray.get(done[0])
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for ref in getattr(self, "_pending", []):
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 -- best effort on the way out
+                pass
+        if self.started:
+            self.ray.shutdown()
