@@ -21,7 +21,10 @@ def rows_frame(rows: list[dict[str, Any]]):
     columns: dict[str, None] = dict.fromkeys(_META)
     for r in rows:
         columns.update(dict.fromkeys(r))
-    return pd.DataFrame.from_records(rows, columns=list(columns))
+    df = pd.DataFrame.from_records(rows, columns=list(columns))
+    for col in df.columns[df.dtypes == object]:  # a missing value is None, as parquet reads it back
+        df[col] = df[col].astype(object).where(df[col].notna(), None)
+    return df
 
 
 def _arrow_safe(df):

@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
     p.add_argument("--fresh", action="store_true", help="ignore points already in the output file")
+    p.add_argument("--flush-every", type=float, default=5.0, metavar="SECONDS",
+                   help="rewrite the results file at most this often while running (default 5)")
     p.add_argument("--report", metavar="OUT.html", help="also write the HTML report of the results")
     p.add_argument("--dry-run", action="store_true", help="list the points and exit")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
@@ -42,7 +44,8 @@ def main(args) -> int:
         return 0
     try:
         df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
-                   ray_address=args.ray_address, csv=args.csv, fresh=args.fresh)
+                   ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
+                   flush_every_s=args.flush_every)
     except SweepInterrupted as e:
         s = e.stats
         print(f"lumos-sim sweep: interrupted ({e.signal_name}) after {s['computed']} new points "
