@@ -185,11 +185,16 @@ def _pareto(ok):
     pts = ok[ok["memory_gib_per_gpu"].notna()] if has_mem else ok.iloc[0:0]
     if len(pts):
         oom = pts["oom"].fillna(False).astype(bool) if "oom" in pts.columns else pts["memory_gib_per_gpu"] < 0
+        by_gpus = pts["gpus"].nunique() > 1  # colour by GPU count: the front is usually one count's
         for mask, name, color in ((~oom, "fits in memory", "#1f77b4"), (oom, "out of memory", "#d62728")):
             g = pts[mask]
             if len(g):
+                marker = dict(size=7, color=color, opacity=0.55)
+                if by_gpus and name == "fits in memory":
+                    marker.update(color=g["gpus"], colorscale="Viridis", cmin=pts["gpus"].min(), cmax=pts["gpus"].max(),
+                                  colorbar=dict(title="GPUs", thickness=12))
                 fig.add_trace(go.Scatter(x=g["memory_gib_per_gpu"], y=g["tokens_per_s"], mode="markers", name=name,
-                                         text=g["label"], marker=dict(size=7, color=color, opacity=0.55),
+                                         text=g["label"], marker=marker,
                                          hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s<extra></extra>"))
         fit = pts[~oom]
         idx = pareto_front(fit["memory_gib_per_gpu"].tolist(), fit["tokens_per_s"].tolist())
@@ -238,18 +243,14 @@ def write_replay_report(result, path: str | os.PathLike, title: str = "lumos-sim
 
 
 def _replay_step_times(result):
+    """Predicted (and measured, where the trace has it) step time of every rank and step, grouped by rank."""
     import plotly.graph_objects as go
 
-    fig = go.Figure()
-    names = list(dict.fromkeys(s.name for s in result.steps))
-    for name in names[:16]:
-        steps = [s for s in result.steps if s.name == name]
-        fig.add_trace(go.Bar(x=[f"rank {s.rank}" for s in steps], y=[s.predicted_us / 1000 for s in steps],
-                             name=f"{name} predicted"))
-        measured = [s for s in steps if s.measured_us]
-        if measured:
-            fig.add_trace(go.Scatter(x=[f"rank {s.rank}" for s in measured], y=[s.measured_us / 1000 for s in measured],
-                                     mode="markers", name=f"{name} measured", marker=dict(symbol="x", size=10)))
+    steps = sorted(result.steps, key=lambda s: s.rank)
+    x = [[f"rank {s.rank}" for s in steps], [s.name for s in steps]]
+    fig = go.Figure(go.Bar(x=x, y=[s.predicted_us / 1000 for s in steps], name="predicted"))
+    if any(s.measured_us for s in steps):
+        fig.add_trace(go.Bar(x=x, y=[(s.measured_us or 0) / 1000 for s in steps], name="measured", opacity=0.6))
     return _layout(fig, "", "step time (ms)", barmode="group")
 
 
