@@ -45,6 +45,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from chakra_schema.errors import TraceInputError, reject_unknown_keys
 from estimators.scenario import Scenario, plan_label
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 SPEC_KEYS = ("sweep", "scenario", "axes")
 STATUS_OK, STATUS_ERROR, STATUS_PENDING = "ok", "error", "pending"
 META_COLUMNS = ("point", "status", "error")
@@ -270,8 +275,6 @@ def load_spec(spec: str | os.PathLike | Mapping[str, Any], overrides: Iterable[s
 
 
 def _read_toml(path: str) -> dict[str, Any]:
-    import tomllib
-
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -299,8 +302,6 @@ def _spec_from_dict(data: dict[str, Any], path: str | None, scenario_sets: Seque
 
 def _toml_value(text: str) -> Any:
     """A `--set` value as TOML would read it (`[64, 128]`, `2`, `"x"`), else the bare string."""
-    import tomllib
-
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
