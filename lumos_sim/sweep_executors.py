@@ -35,11 +35,16 @@ def executors() -> list[str]:
     return sorted(_EXECUTORS)
 
 
-def get_executor(name: str, workers: int = 1, address: str | None = None):
+def check_executor(name: str, workers: int) -> None:
+    """One-line errors for a bad executor name or worker count, before any point runs."""
     if name not in _EXECUTORS:
         raise TraceInputError(None, f"unknown executor '{name}' (known: {', '.join(executors())})")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise TraceInputError(None, f"--workers must be an integer >= 1, got {workers!r}")
+
+
+def get_executor(name: str, workers: int = 1, address: str | None = None):
+    check_executor(name, workers)
     return _EXECUTORS[name](workers=workers, address=address)
 
 

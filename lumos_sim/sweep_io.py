@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from chakra_schema.errors import TraceInputError
 
 FORMATS = (".parquet", ".csv")
@@ -16,15 +19,31 @@ _META = ("point", "status", "error")
 
 def rows_frame(rows: list[dict[str, Any]]):
     """Rows as a DataFrame: point/status/error first, then columns in order of first appearance."""
-    import pandas as pd
-
     columns: dict[str, None] = dict.fromkeys(_META)
     for r in rows:
         columns.update(dict.fromkeys(r))
     df = pd.DataFrame.from_records(rows, columns=list(columns))
     for col in df.columns[df.dtypes == object]:  # a missing value is None, as parquet reads it back
         df[col] = df[col].astype(object).where(df[col].notna(), None)
+    for col in _integer_columns(rows, df.columns):
+        # nullable integers: a pending row must not turn a GPU count into a float (64.0), and the column
+        # must read back from parquet as it was written, so a resumed table equals an uninterrupted one
+        df[col] = df[col].astype("Int64")
     return df
+
+
+def _integer_columns(rows: list[dict[str, Any]], columns) -> list[str]:
+    """Columns whose first present value is an integer (not a bool)."""
+    out = []
+    for col in columns:
+        for r in rows:
+            v = r.get(col)
+            if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+                continue
+            if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+                out.append(col)
+            break
+    return out
 
 
 def _arrow_safe(df):
@@ -39,8 +58,6 @@ def _arrow_safe(df):
 
 def read_results(path: str | os.PathLike):
     """A results table written by `lumos-sim sweep` (parquet or CSV); one-line error otherwise."""
-    import pandas as pd
-
     p = Path(path)
     if not p.is_file():
         raise TraceInputError(p, "results file not found")

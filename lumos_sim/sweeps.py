@@ -149,13 +149,13 @@ class SearchAxis(Axis):
 
 
 # ---------------------------------------------------------------------------- axis parsing
-def _dotted(table: Mapping[str, Any], prefix: str = "", leaf_lists: bool = False) -> dict[str, Any]:
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{hardware = {network = {nic_gbps = [..]}}}` (TOML dotted keys) -> `{"hardware.network.nic_gbps": [..]}`."""
     out: dict[str, Any] = {}
     for k, v in table.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):
-            out.update(_dotted(v, key + ".", leaf_lists))
+            out.update(_dotted(v, key + "."))
         else:
             out[key] = v
     return out
@@ -385,8 +385,10 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec | Iterable[Sce
     `output` (.parquet or .csv; `csv=True` also writes a .csv beside a .parquet) is kept complete and
     readable throughout and is the cache: points already in it are not evaluated again (`fresh=True`
     ignores it). On Ctrl-C / SIGTERM the file is saved and `SweepInterrupted` is raised."""
+    from lumos_sim.sweep_executors import check_executor
     from lumos_sim.sweep_io import ResultsFile, rows_frame
 
+    check_executor(executor, workers)
     sweep_spec = spec if isinstance(spec, SweepSpec) else None
     if sweep_spec is None and (isinstance(spec, (str, os.PathLike, Mapping))):
         sweep_spec = load_spec(spec, overrides)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from lumos_sim.cli import main as cli_main
 from lumos_sim.report import pareto_front, write_sweep_report
 from lumos_sim.sweeps import sweep

@@ -12,7 +12,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from chakra_schema.errors import TraceInputError
 from lumos_sim.cli import main as cli_main
 from lumos_sim.sweeps import load_spec, sweep
 
@@ -120,6 +119,18 @@ def test_missing_spec_and_bad_output_are_one_line_errors(tmp_path, capsys):
     assert "must end in .parquet or .csv" in capsys.readouterr().err
     assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "no" / "r.parquet")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--workers", "0"]) == 2
+    assert "--workers must be an integer >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_dry_run_lists_the_points_and_evaluates_nothing(tmp_path, capsys):
+    spec = write_spec(tmp_path / "s.toml", "[scenario]\nmodel = 'llama3-8b'\nhardware = 'h100-sxm'\n"
+                                           "[[axes]]\ngrid = { 'plan.tp' = [1, 2, 4] }\n")
+    assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[2].endswith("tp=4")
+    assert not (tmp_path / "r.parquet").exists()
 
 
 # ---------------------------------------------------------------------------------------- rows
@@ -257,3 +268,20 @@ def test_sweep_of_scenario_objects_and_the_top_level_api():
     base = Scenario.from_dict(BASE)
     df = lumos_sim.sweep([base, base.override({"plan.micro_batch": 2})], progress=False)
     assert list(df["status"]) == ["ok", "ok"] and df.loc[1, "plan.micro_batch"] == 2
+
+
+def test_resumed_table_equals_an_uninterrupted_one(tmp_path):
+    """Points left pending by an interrupted run are computed on the re-run; the finished table has the
+    same values and dtypes as one computed in one go (nullable integers survive the pending rows)."""
+    out = tmp_path / "r.parquet"
+    fresh = sweep(spec_20_points(), output=out, progress=False)
+    assert str(fresh["plan.tp"].dtype) == "Int64" and str(fresh["gpus_used"].dtype) == "Int64"
+    cut = pd.read_parquet(out)
+    pred_cols = [c for c in cut.columns if c in ("step_time_s", "tokens_per_s", "gpus_used", "wall_s")]
+    cut.loc[cut["point"] % 3 == 0, pred_cols] = None
+    cut.loc[cut["point"] % 3 == 0, "status"] = "pending"
+    cut.to_parquet(out)
+    resumed = sweep(spec_20_points(), output=out, progress=False)
+    assert resumed.attrs["sweep"]["computed"] == 7 and resumed.attrs["sweep"]["cached"] == 13
+    pd.testing.assert_frame_equal(without_timing(resumed), without_timing(fresh))
+    pd.testing.assert_frame_equal(without_timing(pd.read_parquet(out)), without_timing(fresh))
