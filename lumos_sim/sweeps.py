@@ -77,37 +77,42 @@ def _override(s: Scenario, changes: Mapping[str, Any], path: str | None, where: 
 
 
 @dataclass(frozen=True)
-class GridAxis(Axis):
-    """Cartesian product of each key's values."""
+class _KeyValuesAxis(Axis):
+    """Keys with lists of values; subclasses say how the lists combine (`combos`)."""
 
     values: tuple[tuple[str, tuple], ...]
-    kind = "grid"
+
+    def combos(self) -> Iterable[tuple]:
+        raise NotImplementedError
 
     def expand(self, s, path):
         keys = [k for k, _ in self.values]
         out = []
-        for combo in itertools.product(*(v for _, v in self.values)):
+        for combo in self.combos():
             changes = dict(zip(keys, combo))
             label = " ".join(_label_part(k, v) for k, v in changes.items())
-            out.append((label, _override(s, changes, path, f"grid point {label}")))
+            out.append((label, _override(s, changes, path, f"{self.kind} point {label}")))
         return out
 
 
 @dataclass(frozen=True)
-class ZipAxis(Axis):
+class GridAxis(_KeyValuesAxis):
+    """Cartesian product of each key's values."""
+
+    kind = "grid"
+
+    def combos(self):
+        return itertools.product(*(v for _, v in self.values))
+
+
+@dataclass(frozen=True)
+class ZipAxis(_KeyValuesAxis):
     """The i-th value of every key together (all lists the same length)."""
 
-    values: tuple[tuple[str, tuple], ...]
     kind = "zip"
 
-    def expand(self, s, path):
-        keys = [k for k, _ in self.values]
-        out = []
-        for combo in zip(*(v for _, v in self.values)):
-            changes = dict(zip(keys, combo))
-            label = " ".join(_label_part(k, v) for k, v in changes.items())
-            out.append((label, _override(s, changes, path, f"zip point {label}")))
-        return out
+    def combos(self):
+        return zip(*(v for _, v in self.values))
 
 
 @dataclass(frozen=True)
