@@ -23,8 +23,9 @@ def rows_frame(rows: list[dict[str, Any]]):
     for r in rows:
         columns.update(dict.fromkeys(r))
     df = pd.DataFrame.from_records(rows, columns=list(columns))
-    for col in df.columns[df.dtypes == object]:  # a missing value is None, as parquet reads it back
-        df[col] = df[col].astype(object).where(df[col].notna(), None)
+    for col in df.columns:
+        if df[col].dtype == object or df[col].isna().all():  # missing is None (an all-missing column too),
+            df[col] = df[col].astype(object).where(df[col].notna(), None)  # as parquet reads it back
     for col in _integer_columns(rows, df.columns):
         # nullable integers: a pending row must not turn a GPU count into a float (64.0), and the column
         # must read back from parquet as it was written, so a resumed table equals an uninterrupted one
