@@ -15,7 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "sweeps"
 
 
 @pytest.mark.parametrize("spec, reduce, points", [
-    ("llama3_70b_scaling.toml", ["axes.0.search.gpus=[64,1024]", "axes.0.search.max_plans=2"], 4),
+    ("llama3_70b_scaling.toml", ["axes.0.search.gpus=[256,1024]", "axes.0.search.max_plans=2"], 4),
     ("hardware_generations.toml", ["plan.dp=2", "plan.global_batch=64"], 4),
     ("nic_bandwidth.toml", ["axes.1.grid.hardware.network.nic_gbps=[200,800]"], 4),
 ])
@@ -44,11 +44,11 @@ def test_full_example_grids_expand_as_documented():
 def test_best_plan_script_prints_the_best_plan_of_each_gpu_count(tmp_path, capsys, monkeypatch):
     out, report = tmp_path / "a.parquet", tmp_path / "a.html"
     monkeypatch.setattr(sys, "argv", ["best_plan_per_gpu_count.py", "-o", str(out), "--report", str(report),
-                                      "--set", "axes.0.search.gpus=[64,128]", "--set", "axes.0.search.max_plans=2"])
+                                      "--set", "axes.0.search.gpus=[256,1024]", "--set", "axes.0.search.max_plans=2"])
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(EXAMPLES / "best_plan_per_gpu_count.py"), run_name="__main__")
     assert e.value.code == 0
     text = capsys.readouterr().out
-    lines = [line for line in text.splitlines() if line.strip().startswith(("64 ", "128 "))]
+    lines = [line for line in text.splitlines() if line.strip().startswith(("256 ", "1024 "))]
     assert len(lines) == 2 and "100.0%" in lines[0]
     assert report.exists()
