@@ -31,6 +31,7 @@ it back on the next run: points whose scenario key is already there are not eval
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import os
@@ -265,7 +266,7 @@ def load_spec(spec: str | os.PathLike | Mapping[str, Any], overrides: Iterable[s
     `sweep.*` keys edit the spec, every other key the base scenario (as `--set` everywhere)."""
     path = None
     if isinstance(spec, Mapping):
-        data = dict(spec)
+        data = copy.deepcopy(dict(spec))  # --set edits it: never the caller's dict
     else:
         path = str(spec)
         data = _read_toml(path)
@@ -395,6 +396,8 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec | Iterable[Sce
 
     check_executor(executor, workers)
     sweep_spec = spec if isinstance(spec, SweepSpec) else None
+    if sweep_spec is not None and list(overrides):
+        raise TraceInputError(spec.path, "overrides apply to a spec file or dict; this SweepSpec is already built")
     if sweep_spec is None and (isinstance(spec, (str, os.PathLike, Mapping))):
         sweep_spec = load_spec(spec, overrides)
     if sweep_spec is not None:
