@@ -81,11 +81,13 @@ def test_search_axis_gives_the_ranked_plans_of_each_gpu_count():
 
 
 def test_set_edits_the_axes_or_the_base_scenario():
-    spec = load_spec(spec_20_points(), ["axes.0.grid.hardware.network.nic_gbps=[200,400]", "plan.seq_len=2048",
-                                        "axes.1.zip={\"plan.tp\" = [8], \"plan.dp\" = [1]}"])
+    data = spec_20_points()
+    spec = load_spec(data, ["axes.0.grid.hardware.network.nic_gbps=[200,400]", "plan.seq_len=2048",
+                            "axes.1.zip={\"plan.tp\" = [8], \"plan.dp\" = [1]}"])
     pts = spec.points()
     assert len(pts) == 2 * 1 * 2
     assert all(p.scenario.plan.seq_len == 2048 for p in pts)
+    assert data == spec_20_points()  # the caller's dict is not edited
 
 
 @pytest.mark.parametrize("text, problem", [
