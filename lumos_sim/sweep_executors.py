@@ -11,10 +11,12 @@ A new executor is one class with `__enter__`/`__exit__`/`imap` and one `@registe
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 from typing import Any, Callable, Iterator
 
 from chakra_schema.errors import TraceInputError
@@ -35,16 +37,17 @@ def executors() -> list[str]:
     return sorted(_EXECUTORS)
 
 
-def check_executor(name: str, workers: int) -> None:
-    """One-line errors for a bad executor name or worker count, before any point runs."""
+def check_executor(name: str, workers: int, address: str | None = None) -> None:
+    """One-line errors for a bad executor name, worker count or address, before anything is written."""
     if name not in _EXECUTORS:
         raise TraceInputError(None, f"unknown executor '{name}' (known: {', '.join(executors())})")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise TraceInputError(None, f"--workers must be an integer >= 1, got {workers!r}")
+    _EXECUTORS[name].preflight(address)
 
 
 def get_executor(name: str, workers: int = 1, address: str | None = None):
-    check_executor(name, workers)
+    check_executor(name, workers, address)
     return _EXECUTORS[name](workers=workers, address=address)
 
 
@@ -55,9 +58,12 @@ def _worker_init() -> None:
 
 @register_executor("local")
 class LocalExecutor:
-    def __init__(self, workers: int = 1, address: str | None = None):
+    @staticmethod
+    def preflight(address: str | None) -> None:
         if address:
             raise TraceInputError(None, "--ray-address needs --executor ray")
+
+    def __init__(self, workers: int = 1, address: str | None = None):
         self.workers = workers
         self.pool = None
 
@@ -83,12 +89,25 @@ class LocalExecutor:
 
 @register_executor("ray")
 class RayExecutor:
-    def __init__(self, workers: int = 1, address: str | None = None):
+    @staticmethod
+    def preflight(address: str | None) -> None:
+        """Ray importable; a HOST:PORT address answers (Ray itself retries an unreachable one for minutes)."""
         try:
-            import ray
+            importlib.import_module("ray")
         except ImportError:
             raise TraceInputError(None, "the ray executor needs Ray: pip install -e '.[ray]' "
                                         "(or pip install 'ray[default]')") from None
+        host, sep, port = (address or "").rpartition(":")
+        if not sep or "://" in address or not port.isdigit():
+            return  # none (a local instance), "auto", or ray://... (the Ray client times out by itself)
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as e:
+            raise TraceInputError(None, f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+    def __init__(self, workers: int = 1, address: str | None = None):
+        import ray
+
         self.ray = ray
         self.workers = workers
         self.address = address

@@ -394,7 +394,7 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec | Iterable[Sce
     from lumos_sim.sweep_executors import check_executor
     from lumos_sim.sweep_io import ResultsFile, rows_frame
 
-    check_executor(executor, workers)
+    check_executor(executor, workers, ray_address)
     sweep_spec = spec if isinstance(spec, SweepSpec) else None
     if sweep_spec is not None and list(overrides):
         raise TraceInputError(spec.path, "overrides apply to a spec file or dict; this SweepSpec is already built")

@@ -246,21 +246,26 @@ def test_local_pool_and_ray_give_identical_frames_on_20_points():
 
 
 def test_missing_ray_is_one_line(monkeypatch, tmp_path, capsys):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_ray(name, *a, **kw):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real_import(name, *a, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     spec = write_spec(tmp_path / "s.toml", "[scenario]\nmodel = 'llama3-8b'\nhardware = 'h100-sxm'\n"
                                            "plan = { tp = 8, seq_len = 4096, global_batch = 8 }\n")
     assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--executor", "ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "pip install -e '.[ray]'" in err
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_unreachable_ray_cluster_is_one_line_before_anything_is_written(tmp_path, capsys):
+    if os.environ.get("LUMOS_SIM_REQUIRE_SHARED") != "1":
+        pytest.importorskip("ray")
+    spec = write_spec(tmp_path / "s.toml", "[scenario]\nmodel = 'llama3-8b'\nhardware = 'h100-sxm'\n")
+    args = ["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--executor", "ray", "--ray-address", "127.0.0.1:1"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cannot reach the Ray cluster at 127.0.0.1:1" in err
+    assert not (tmp_path / "r.parquet").exists()
+    assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--ray-address", "127.0.0.1:1"]) == 2
+    assert "--ray-address needs --executor ray" in capsys.readouterr().err
 
 
 def test_sweep_of_scenario_objects_and_the_top_level_api():
