@@ -87,9 +87,10 @@ def write_sweep_report(df, path: str | os.PathLike, title: str | None = None) ->
     sections: list[tuple[str, Any]] = []
     if len(ok):
         ok["gpus"] = _gpus_column(ok)
-        sections += [("Throughput vs GPUs", _throughput_vs_gpus(ok)),
+        ok["throughput"], unit = _throughput(ok)
+        sections += [("Throughput vs GPUs", _throughput_vs_gpus(ok, unit)),
                      ("Step-time breakdown per point", _breakdown_per_point(ok)),
-                     ("Throughput vs memory per GPU (Pareto front)", _pareto(ok)),
+                     ("Throughput vs memory per GPU (Pareto front)", _pareto(ok, unit)),
                      ("Best points", _best_table(ok))]
     else:
         sections.append(("No results", "<p class=note>No point has been evaluated successfully yet.</p>"))
@@ -107,6 +108,13 @@ def _gpus_column(ok):
     return [0] * len(ok)
 
 
+def _throughput(ok):
+    """Tokens/s where the what-if gives it, else steps/s (1 / step time)."""
+    if "tokens_per_s" in ok.columns and ok["tokens_per_s"].notna().all():
+        return ok["tokens_per_s"].astype(float), "tokens/s"
+    return 1.0 / ok["step_time_s"].astype(float), "steps/s"
+
+
 def _series_key(ok) -> str | None:
     """A column that splits the points into series (hardware, model) when it takes several values."""
     for col in ("hardware.name", "model.name"):
@@ -115,7 +123,7 @@ def _series_key(ok) -> str | None:
     return None
 
 
-def _throughput_vs_gpus(ok):
+def _throughput_vs_gpus(ok, unit: str):
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -123,16 +131,17 @@ def _throughput_vs_gpus(ok):
     groups = ok.groupby(key, sort=False) if key else [("", ok)]
     for name, g in groups:
         prefix = f"{name}: " if key else ""
-        fig.add_trace(go.Scatter(x=g["gpus"], y=g["tokens_per_s"], mode="markers", name=f"{prefix}every point",
-                                 text=g["label"], hovertemplate="%{text}<br>%{x} GPUs<br>%{y:,.0f} tokens/s<extra></extra>",
-                                 marker=dict(size=7, opacity=0.45)))
-        best = g.loc[g.groupby("gpus")["tokens_per_s"].idxmax()].sort_values("gpus")
-        fig.add_trace(go.Scatter(x=best["gpus"], y=best["tokens_per_s"], mode="lines+markers",
+        if g["gpus"].duplicated().any():  # several points per GPU count: show them all, the best joined
+            fig.add_trace(go.Scatter(x=g["gpus"], y=g["throughput"], mode="markers", name=f"{prefix}every point",
+                                     text=g["label"], marker=dict(size=7, opacity=0.45),
+                                     hovertemplate="%{text}<br>%{x} GPUs<br>%{y:,.4g} " + unit + "<extra></extra>"))
+        best = g.loc[g.groupby("gpus")["throughput"].idxmax()].sort_values("gpus")
+        fig.add_trace(go.Scatter(x=best["gpus"], y=best["throughput"], mode="lines+markers",
                                  name=f"{prefix}best per GPU count", text=best["label"],
-                                 hovertemplate="%{text}<br>%{x} GPUs<br>%{y:,.0f} tokens/s<extra></extra>",
+                                 hovertemplate="%{text}<br>%{x} GPUs<br>%{y:,.4g} " + unit + "<extra></extra>",
                                  marker=dict(size=10), line=dict(width=2)))
     log_x = ok["gpus"].nunique() > 2 and ok["gpus"].max() >= 4 * max(ok["gpus"].min(), 1)
-    return _layout(fig, "GPUs", "tokens/s", xaxis_type="log" if log_x else None)
+    return _layout(fig, "GPUs", unit, xaxis_type="log" if log_x else None)
 
 
 def _breakdown_per_point(ok):
@@ -177,7 +186,7 @@ def pareto_front(memory, throughput) -> list[int]:
     return front
 
 
-def _pareto(ok):
+def _pareto(ok, unit: str):
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -193,23 +202,23 @@ def _pareto(ok):
                 if by_gpus and name == "fits in memory":
                     marker.update(color=g["gpus"], colorscale="Viridis", cmin=pts["gpus"].min(), cmax=pts["gpus"].max(),
                                   colorbar=dict(title="GPUs", thickness=12))
-                fig.add_trace(go.Scatter(x=g["memory_gib_per_gpu"], y=g["tokens_per_s"], mode="markers", name=name,
+                fig.add_trace(go.Scatter(x=g["memory_gib_per_gpu"], y=g["throughput"], mode="markers", name=name,
                                          text=g["label"], marker=marker,
-                                         hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s<extra></extra>"))
+                                         hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
         fit = pts[~oom]
-        idx = pareto_front(fit["memory_gib_per_gpu"].tolist(), fit["tokens_per_s"].tolist())
+        idx = pareto_front(fit["memory_gib_per_gpu"].tolist(), fit["throughput"].tolist())
         front = fit.iloc[idx]
-        fig.add_trace(go.Scatter(x=front["memory_gib_per_gpu"], y=front["tokens_per_s"], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=front["memory_gib_per_gpu"], y=front["throughput"], mode="lines+markers",
                                  name="Pareto front", text=front["label"], line=dict(shape="hv", width=2, color="#2ca02c"),
                                  marker=dict(size=10, color="#2ca02c"),
-                                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s<extra></extra>"))
+                                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
     else:
         fig.add_trace(go.Scatter(x=[], y=[], name="no memory estimate"))
-    return _layout(fig, "memory per GPU (GiB)", "tokens/s")
+    return _layout(fig, "memory per GPU (GiB)", unit)
 
 
 def _best_table(ok) -> str:
-    best = ok.sort_values("tokens_per_s", ascending=False).head(20) if "tokens_per_s" in ok.columns else ok.head(20)
+    best = ok.sort_values("throughput", ascending=False).head(20)
     rows = []
     for _, r in best.iterrows():
         rows.append((r["label"], r["point"], r["gpus"], _num(r.get("step_time_s"), ".3f"),

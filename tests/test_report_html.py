@@ -72,3 +72,12 @@ def test_pareto_front_keeps_points_nothing_beats_on_memory_and_throughput():
     memory = [10, 20, 15, 30, 12]
     tput = [100, 300, 90, 250, 150]
     assert pareto_front(memory, tput) == [0, 4, 1]
+
+
+def test_report_without_token_throughput_plots_steps_per_second(tmp_path):
+    """A what-if that predicts only a step time (e.g. a trace what-if) still gets every plot."""
+    df = sweep_frame()
+    df["tokens_per_s"] = None
+    out = write_sweep_report(df, tmp_path / "r.html")
+    text = out.read_text()
+    assert text.count("steps\\u002fs") >= 2 and "Throughput vs GPUs" in text  # plotly's JSON escapes '/'
