@@ -2,6 +2,7 @@
 what a user would see: console errors, and for every plot whether it drew SVG traces."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -28,9 +29,7 @@ def chromium_path() -> str:
     if not Path(path).exists():
         problem = "chromium not found (apt-get install -y chromium)"
     else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("playwright") is None:
             problem = "playwright not installed (pip install -e '.[dev]')"
     if problem:
         if os.environ.get("LUMOS_SIM_REQUIRE_SHARED") == "1":
