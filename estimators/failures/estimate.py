@@ -113,6 +113,8 @@ def _replicas(opts: FailureOptions, healthy: HealthyJob, nodes: float, defaults:
             raise TraceInputError(None, f"failure.replicas={r} exceeds the plan's data-parallel degree DP={dp}")
         if dp is not None and dp % r:
             raise TraceInputError(None, f"failure.replicas={r} does not divide the plan's data-parallel degree DP={dp}")
+    elif opts.strategy != "ft-hsdp":
+        return 1    # sync: the whole job is one unit of recovery
     elif dp is not None:
         r = dp // healthy.dp_shard if healthy.dp_shard else dp
         defaults["replicas"] = f"{r} (plan DP {dp}" + (f" / dp_shard {healthy.dp_shard})" if healthy.dp_shard else ")")
@@ -150,7 +152,7 @@ def _recovery_times(opts: FailureOptions, job: Job, healthy: HealthyJob, write_h
     if opts.strategy == "ft-hsdp":   # --restart-min is the failed replica's; whole-job failures restart cold
         restart = sync_restart_s * H_PER_S
         replica = pick("restart_min", opts.restart_min, min(DEFAULTS.replica_restart_s, sync_restart_s),
-                       "replica restart, 7 min reported")
+                       "replica restart: 7 min reported, at most the whole job's cold restart")
     else:
         restart = pick("restart_min", opts.restart_min, sync_restart_s, f"cold restart at {job.gpus:,} GPUs")
         replica = 0.0
