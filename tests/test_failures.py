@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 
 import numpy as np
 import pytest
 
 from chakra_schema.errors import TraceInputError
+from conftest import require_shared
 from estimators.failures import FailureOptions, HealthyJob, estimate, resolve
 from estimators.failures.checkpoint import daly_interval, plan_checkpoints, young_interval
 from estimators.failures.closed_form import closed_form
@@ -258,3 +260,17 @@ def test_a_bad_failure_model_file_names_itself(tmp_path):
 def _times() -> RecoveryTimes:
     return RecoveryTimes(detection=1 / 60, restart=0.1, checkpoint_load=0.05, ft_reconfigure=0.0,
                          ft_redo_step=20 / 3600, ft_rejoin=100 / 3600, replica_restart=7 / 60)
+
+
+def test_presets_and_worked_numbers_match_the_shared_reliability_reference():
+    text = require_shared("reference", "reliability.md").read_text()
+    causes = re.search(r"Causes \(count\):(.*?)\.\s", text, re.S).group(1)
+    counts = [int(n) for n in re.findall(r"(\d+)(?:,|$)", " ".join(causes.split()))]
+    preset = [c for c in get_failure_model("llama3-405b").components if c.name != "other"]
+    assert len(counts) == len(preset) == 12
+    m = get_failure_model("llama3-405b")
+    total = m.rate_per_1000_node_days
+    assert [round(c.rate_per_1000_node_days / total * 419) for c in preset] == counts
+    assert "419 unexpected" in text and "54-day" in text and "16K H100" in text
+    for hours, minutes in re.findall(r"M = (\d+) h -> ~(\d+) min", text):
+        assert daly_interval(5 / 60, float(hours)) * 60 == pytest.approx(float(minutes), abs=0.5)

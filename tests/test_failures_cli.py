@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from conftest import ROOT
 
 SEED = ["--gpus", "100000", "--failure-model", "ft-hsdp-100k", "--failure-rate", "6.4", "--checkpoint-write-min", "0",
         "--trials", "200"]

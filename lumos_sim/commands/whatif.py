@@ -3,6 +3,8 @@
 - `whatif parallelism`: a model (zoo name or TOML) on a GPU count with a parallelism plan -> predicted
   step time, throughput, TFLOP/s per GPU, MFU, memory per GPU, breakdown; `--search` ranks every valid
   plan by predicted throughput within memory.
+- `whatif failures`: failure rate, checkpoint policy and recovery strategy (sync / ft-hsdp) -> effective
+  training time ratio and goodput (`lumos_sim/commands/whatif_failures.py`).
 - `whatif trace INPUT`: a converted real trace with a changed data-parallel degree, layer count, or
   hardware (the Lumos way: edit the graph, replay it).
 """
