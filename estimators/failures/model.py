@@ -15,12 +15,11 @@ Every number has a provenance line in the [sources] table, like the hardware pre
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, read_toml, reject_unknown_keys
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 DISTRIBUTIONS = ("exponential", "weibull")
@@ -88,13 +87,7 @@ _COMPONENT_KEYS = {"count", "rate_per_1000_node_days", "scope", "nodes"}
 
 def load_failure_model_file(path: str | os.PathLike) -> FailureModel:
     path = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise TraceInputError(path, "failure model file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
-        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+    data = read_toml(path, "failure model file")
     try:
         return failure_model_from_dict(data, path)
     except TraceInputError as e:

@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
 SPEC = Path(__file__).resolve().with_name("failures_ettr.toml")
@@ -24,10 +23,10 @@ SPEC = Path(__file__).resolve().with_name("failures_ettr.toml")
 
 def load_grid(spec_path: Path = SPEC):
     """(base scenario, [(gpus, global batch)], strategies, intervals) from the sweep spec."""
+    from chakra_schema.errors import read_toml
     from estimators.scenario import Scenario
 
-    with open(spec_path, "rb") as f:
-        spec = tomllib.load(f)
+    spec = read_toml(spec_path, "sweep spec")
     base = Scenario.from_dict(spec["scenario"], path=str(spec_path))
     zipped = next(a["zip"] for a in spec["axes"] if "zip" in a)
     grid = next(a["grid"] for a in spec["axes"] if "grid" in a)
