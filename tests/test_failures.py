@@ -224,6 +224,15 @@ def test_failure_options_are_a_scenario_section_with_dotted_overrides():
     assert p.metrics["strategy"] == "ft-hsdp" and p.metrics["ettr_mc"] is None and math.isnan(p.step_time_s)
     t = Scenario.from_dict({"whatif": "failures", "failure": {"gpus": 1024, "trials": 0}})
     assert evaluate(t).metrics["gpus"] == 1024
+    # without a model the plan still sizes the job (a sweep over plan.gpus)
+    u = Scenario(whatif="failures", failure=FailureOptions(trials=0, strategy="ft-hsdp")).override({"plan.gpus": 4096})
+    assert evaluate(u).metrics["gpus"] == 4096 and evaluate(u).metrics["replicas"] == 4096
+
+
+def test_a_node_failure_takes_every_replica_on_the_node():
+    model = get_failure_model("ft-hsdp-100k")
+    (cls,) = failure_classes("ft-hsdp", Job(gpus=64, gpus_per_node=8, replicas=64), model, _times())
+    assert cls.degraded_fraction == pytest.approx(8 / 64)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -242,8 +251,8 @@ def test_bad_failure_options_are_one_line_errors(field, value, message):
 def test_more_replicas_than_data_parallel_ranks_is_an_error():
     with pytest.raises(TraceInputError, match="exceeds the plan's data-parallel degree DP=8"):
         evaluate(_model_scenario(strategy="ft-hsdp", replicas=16))
-    with pytest.raises(TraceInputError, match="exceeds the job's 128 nodes"):
-        FailureOptions(gpus=1024, replicas=200)
+    with pytest.raises(TraceInputError, match="exceeds the job's 1024 GPUs"):
+        FailureOptions(gpus=1024, replicas=2000)
 
 
 def test_a_bad_failure_model_file_names_itself(tmp_path):

@@ -101,11 +101,12 @@ def _job(opts: FailureOptions, healthy: HealthyJob, defaults: dict[str, str]) ->
     per_node = opts.gpus_per_node or healthy.gpus_per_node or 8
     if opts.gpus_per_node is None:
         defaults["gpus_per_node"] = f"{per_node}"
-    replicas = _replicas(opts, healthy, gpus / per_node, defaults)
+    replicas = _replicas(opts, healthy, gpus, per_node, defaults)
     return Job(gpus=gpus, gpus_per_node=per_node, replicas=replicas)
 
 
-def _replicas(opts: FailureOptions, healthy: HealthyJob, nodes: float, defaults: dict[str, str]) -> int:
+def _replicas(opts: FailureOptions, healthy: HealthyJob, gpus: int, per_node: int, defaults: dict[str, str]) -> int:
+    """FT-HSDP replicas. One may be smaller than a node: a node failure then takes all of its replicas."""
     dp = healthy.dp
     if opts.replicas is not None:
         r = opts.replicas
@@ -119,10 +120,10 @@ def _replicas(opts: FailureOptions, healthy: HealthyJob, nodes: float, defaults:
         r = dp // healthy.dp_shard if healthy.dp_shard else dp
         defaults["replicas"] = f"{r} (plan DP {dp}" + (f" / dp_shard {healthy.dp_shard})" if healthy.dp_shard else ")")
     else:
-        r = max(1, min(DEFAULT_REPLICAS_WITHOUT_MODEL, int(nodes)))
+        r = max(1, min(DEFAULT_REPLICAS_WITHOUT_MODEL, gpus // per_node))
         defaults["replicas"] = f"{r} (~12 replicas at ~100K GPUs, reliability.md)"
-    if r > nodes:
-        raise TraceInputError(None, f"failure.replicas={r} exceeds the job's {nodes:g} nodes (a replica is at least one node)")
+    if r > gpus:
+        raise TraceInputError(None, f"failure.replicas={r} exceeds the job's {gpus} GPUs")
     return r
 
 

@@ -62,11 +62,8 @@ class FailureOptions:
             raise TraceInputError(None, f"failure.spares must be an integer >= 0, got {self.spares!r}")
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
             raise TraceInputError(None, f"failure.trials must be an integer >= 0, got {self.trials!r}")
-        if self.gpus is not None and self.replicas is not None:
-            nodes = self.gpus / (self.gpus_per_node or 8)
-            if self.replicas > nodes:
-                raise TraceInputError(None, f"failure.replicas={self.replicas} exceeds the job's {nodes:g} nodes "
-                                            "(a replica is at least one node)")
+        if self.gpus is not None and self.replicas is not None and self.replicas > self.gpus:
+            raise TraceInputError(None, f"failure.replicas={self.replicas} exceeds the job's {self.gpus} GPUs")
 
 
 def _value(opts: FailureOptions, name: str):

@@ -47,9 +47,11 @@ def _healthy_prediction(scenario: Scenario) -> Prediction | None:
 
 
 def _healthy_job(scenario: Scenario, p: Prediction | None) -> HealthyJob:
-    if p is None:
-        return HealthyJob()
     plan = scenario.plan
+    if p is None:   # no model: a plan of more than one GPU still gives the job size and DP degree
+        if plan.gpus > 1:
+            return HealthyJob(gpus=plan.gpus, gpus_per_node=plan.gpus_per_node, dp=plan.dp, dp_shard=plan.dp_shard)
+        return HealthyJob()
     return HealthyJob(gpus=plan.gpus, gpus_per_node=plan.gpus_per_node, dp=plan.dp, dp_shard=plan.dp_shard,
                       step_time_s=p.step_time_s, tokens_per_s=p.tokens_per_s, params=scenario.model.param_count())
 
