@@ -85,8 +85,11 @@ def scenario_from_args(args):
         raise TraceInputError(None, "with --model, give --seq-len and --global-batch (the plan's step)")
     model = load_model(args.model)
     s = Scenario(whatif="failures", model=model, hardware=get_hardware(args.hardware),
-                 plan=_plan_from_args(args, model), failure=opts)
-    return s.override_strings(args.overrides)
+                 plan=_plan_from_args(args, model), failure=opts).override_strings(args.overrides)
+    if args.overrides:
+        from estimators.plan import validate_plan
+        validate_plan(s.model, s.plan)
+    return s
 
 
 def _interval(text: str) -> float | None:
