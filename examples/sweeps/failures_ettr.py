@@ -64,8 +64,10 @@ def evaluate_grid(base, sizes, strategies, intervals, trials=None, progress=None
 
 def figure(rows: list[dict], title: str):
     import plotly.graph_objects as go
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
+    COLORS = qualitative.Plotly
     goodput = any(r.get("goodput_tokens_per_s") is not None for r in rows)
     fig = make_subplots(rows=1, cols=2 if goodput else 1, horizontal_spacing=0.1,
                         subplot_titles=("ETTR (closed form; Monte Carlo 5-95% band as error bars)",
@@ -76,15 +78,16 @@ def figure(rows: list[dict], title: str):
                     key=lambda r: r["gpus"])
         name = f"{strategy}, checkpoint every {interval:g} min"
         dash = "solid" if strategy == "sync" else "dash"
+        line = dict(dash=dash, color=COLORS[i % len(COLORS)])   # one colour per series in both plots
         x = [r["gpus"] for r in rs]
         err = dict(type="data", symmetric=False, array=[_gap(r["ettr_p95"], r["ettr"]) for r in rs],
                    arrayminus=[_gap(r["ettr"], r["ettr_p05"]) for r in rs])
         fig.add_trace(go.Scatter(x=x, y=[r["ettr"] for r in rs], name=name, legendgroup=name, error_y=err,
-                                 mode="lines+markers", line=dict(dash=dash)), row=1, col=1)
+                                 mode="lines+markers", line=line), row=1, col=1)
         if goodput:
             fig.add_trace(go.Scatter(x=x, y=[r.get("goodput_tokens_per_s") for r in rs], name=name,
-                                     legendgroup=name, showlegend=False, mode="lines+markers",
-                                     line=dict(dash=dash)), row=1, col=2)
+                                     legendgroup=name, showlegend=False, mode="lines+markers", line=line),
+                          row=1, col=2)
     fig.update_xaxes(type="log", title_text="GPUs")
     fig.update_yaxes(title_text="effective training time ratio", range=[0, 1.02], row=1, col=1)
     fig.update_layout(title=title, template="plotly_white", height=520)
