@@ -21,7 +21,7 @@ Times are hours; rates are per hour of wall-clock time (hardware fails whether o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from chakra_schema.errors import TraceInputError
@@ -139,8 +139,8 @@ def ft_hsdp_strategy(job: Job, model: FailureModel, times: RecoveryTimes) -> lis
                         degraded_h=times.replica_restart, degraded_fraction=k / job.replicas,
                         spare_wait_stalls=False)
            for k, rate in sorted(by_k.items())]
-    sync_times = RecoveryTimes(**{**times.__dict__, "stall_override": None})
-    out.append(FailureClass("whole job", whole_job, _sync_stall(sync_times), rollback=True))
+    # --stall-min is the replica stall; a whole-job failure takes the full synchronous recovery
+    out.append(FailureClass("whole job", whole_job, _sync_stall(replace(times, stall_override=None)), rollback=True))
     return out
 
 
