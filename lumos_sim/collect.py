@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-try:  # orjson is a core dependency, but a GPU box that only collects may not have it
-    from orjson import loads as _json_loads
-except ImportError:  # pragma: no cover
-    from json import loads as _json_loads
+import orjson
 
 
 class TorchMissingError(RuntimeError):
@@ -137,7 +134,7 @@ def _load_json(path: str | os.PathLike) -> dict:
         data = f.read()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    return _json_loads(data)
+    return orjson.loads(data)
 
 
 def link_report(host_path: str | os.PathLike, device_path: str | os.PathLike) -> LinkReport:
