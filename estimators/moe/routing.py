@@ -325,3 +325,28 @@ def check_ids(experts: np.ndarray, num_experts: int, path: str, first_token: int
         t, l, _ = np.argwhere(experts == bad)[0]
         raise TraceInputError(path, f"expert id {bad} at token {first_token + int(t)} layer {int(l)} is outside "
                                     f"[0, {num_experts}) for a model with {num_experts} experts")
+
+
+class MaskedSource:
+    """The tokens of `base` where `keep` is true (e.g. only prefill or only decode tokens), in order."""
+
+    def __init__(self, base: RoutingSource, keep: np.ndarray, label: str = ""):
+        self.base, self.keep = base, np.asarray(keep, bool)
+        self.path = base.path + (f" ({label})" if label else "")
+        self.layers, self.top_k, self.domain_names = base.layers, base.top_k, base.domain_names
+        self.tokens = int(self.keep.sum())
+        self.domain = base.domain[self.keep] if base.domain is not None else None
+        self.phase = base.phase[self.keep] if base.phase is not None else None
+        self._before = np.concatenate([[0], np.cumsum(self.keep)])   # kept tokens before each base token
+
+    def chunks(self, start: int = 0, stop: int | None = None, size: int = CHUNK_TOKENS):
+        stop = self.tokens if stop is None else stop
+        lo = int(np.searchsorted(self._before, start, side="right")) - 1   # base token of kept token `start`
+        hi = int(np.searchsorted(self._before, stop, side="left"))
+        for first, ids in self.base.chunks(max(lo, 0), hi, size):
+            sel = self.keep[first:first + len(ids)]
+            out = ids[sel]
+            pos = int(self._before[first])
+            a, b = max(start - pos, 0), min(stop - pos, len(out))
+            if a < b:
+                yield pos + a, out[a:b]

@@ -26,6 +26,7 @@ from chakra_schema.errors import TraceInputError
 
 DOMAIN_NAMES = ("code", "math", "chat", "general", "multilingual", "science", "legal", "medical")
 BLOCK = 65536
+CACHE_BYTES = 256 << 20   # traces up to this size are generated once and kept
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,16 @@ class SyntheticSource:
             yield out_start, rest
 
     def _block(self, b: int, lo: int, hi: int) -> np.ndarray:
+        """Block b (tokens [lo, hi)); small traces keep their blocks, as they are read several times."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if b in cache:
+            return cache[b]
+        out = self._generate(b, lo, hi)
+        if self.tokens * self.layers * self.top_k * 2 <= CACHE_BYTES:
+            cache[b] = out
+        return out
+
+    def _generate(self, b: int, lo: int, hi: int) -> np.ndarray:
         s = self.spec
         rng = np.random.default_rng([s.seed, 3, b])
         n, k, D = hi - lo, s.top_k, s.domains
@@ -205,3 +216,38 @@ def _fill_duplicates(picks: np.ndarray, experts: int) -> np.ndarray:
             seen.add(e)
             picks[r, j] = e
     return picks
+
+
+class LoadSampledSource(SyntheticSource):
+    """Routing sampled from known per-layer expert loads [layers][experts] (`--expert-load`): each token
+    draws its top-k distinct experts in proportion to the layer's loads, independently per token and
+    layer (no domains, co-activation or drift: only the loads are known)."""
+
+    def __init__(self, loads: np.ndarray, top_k: int, tokens: int, seed: int = 0, path: str = "<loads>"):
+        loads = np.asarray(loads, dtype=float)
+        layers, experts = loads.shape
+        super().__init__(SyntheticSpec(tokens=tokens, layers=layers, experts=experts, top_k=top_k, domains=1,
+                                       skew=0.0, skew_jitter=0.0, domain_share=0.0, cluster_affinity=0.0,
+                                       drift=0.0, seed=seed, clusters=1))
+        self.path = path
+        self.domain, self.domain_names = None, ()
+        self._loads = loads
+
+    @cached_property
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        E = self.spec.experts
+        w = self._loads + 1e-12
+        cdf = np.cumsum(w / w.sum(1, keepdims=True), axis=1)
+        cdf[:, -1] = 1.0
+        grid = (np.arange(65536) + 0.5) / 65536
+        rank_of = np.stack([np.minimum(np.searchsorted(c, grid), E - 1) for c in cdf]).astype(np.int32)
+        identity = np.tile(np.arange(E, dtype=np.int32), (self.spec.layers, 3, 1))
+        members = np.tile(np.arange(E, dtype=np.int32), (self.spec.layers, 1, 1))
+        return rank_of, identity, members
+
+    def _generate(self, b: int, lo: int, hi: int) -> np.ndarray:
+        saved, self.domain = self.domain, np.zeros(self.tokens, np.int16)
+        try:
+            return super()._generate(b, lo, hi)
+        finally:
+            self.domain = saved
