@@ -116,7 +116,7 @@ def register_placement(name: str) -> Callable[[PlacementFn], PlacementFn]:
 def fit_placement(name: str, stats: RoutingStats, options: PlacementOptions = PlacementOptions()) -> Placement:
     if name not in PLACEMENTS:
         raise TraceInputError(None, f"unknown placement '{name}' (known: {', '.join(PLACEMENTS)})")
-    if stats.experts % stats.gpus:
+    if stats.experts % stats.gpus and name != "eplb":  # eplb needs its slots (with redundancy) to divide
         raise TraceInputError(None, f"{stats.experts} experts do not divide evenly over EP{stats.gpus}")
     if stats.gpus % stats.gpus_per_node:
         raise TraceInputError(None, f"EP{stats.gpus} is not a multiple of {stats.gpus_per_node} GPUs per node")
@@ -245,10 +245,28 @@ def eplb(stats: RoutingStats, options: PlacementOptions) -> Placement:
         raise TraceInputError(None, f"eplb: {E} experts + {options.redundant_experts} redundant = {slots} slots "
                                     f"do not divide over {G} GPUs")
     groups = options.groups or nodes
-    if E % groups == 0 and groups % nodes == 0 and (slots // nodes) >= E // nodes:
-        return _placement("eplb", rebalance_hierarchical(stats.load, slots, groups, nodes, G), stats,
-                          note=f"hierarchical: {groups} groups on {nodes} nodes")
-    return _placement("eplb", rebalance_hierarchical(stats.load, slots, 1, 1, G), stats, note="global policy")
+    if E % groups == 0 and groups % nodes == 0 and slots % nodes == 0:
+        slot_expert = rebalance_hierarchical(stats.load, slots, groups, nodes, G)
+        note = f"hierarchical: {groups} groups on {nodes} nodes"
+    else:
+        slot_expert, note = rebalance_hierarchical(stats.load, slots, 1, 1, G), "global policy"
+    # packing whole groups onto nodes can lose to Megatron's layout on nearly flat loads: there, use the
+    # global policy, and without redundant slots the contiguous layout if that is still better
+    if E % G:  # no contiguous layout to compare with
+        return _placement("eplb", slot_expert, stats, note=note)
+    contiguous_ratio = max_over_mean(gpu_loads(_placement("", np.tile(np.arange(E), (stats.layers, 1)), stats), stats.load))
+    fallbacks = [rebalance_hierarchical(stats.load, slots, 1, 1, G)]
+    if slots == E:
+        fallbacks.append(np.tile(np.arange(E), (stats.layers, 1)))
+    replaced = np.zeros(stats.layers, bool)
+    for alt in fallbacks:
+        ratio = max_over_mean(gpu_loads(_placement("", slot_expert, stats), stats.load))
+        worse = ratio > contiguous_ratio + 1e-12
+        slot_expert[worse] = alt[worse]
+        replaced |= worse
+    if replaced.any():
+        note += f"; {int(replaced.sum())} layers fell back (global policy / contiguous)"
+    return _placement("eplb", slot_expert, stats, note=note)
 
 
 # --------------------------------------------------------------------------------------- locality

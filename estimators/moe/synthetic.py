@@ -12,7 +12,9 @@ Tokens come in requests of `request_tokens` (the first `prefill_fraction` of the
 arrival order. Blocks of tokens are generated from `seed` and the block index alone, so any chunking
 reads the same trace and a 1M-token trace streams in bounded memory.
 
-`skew=0, cluster_affinity=0` gives balanced (uniform) routing.
+`skew=0, cluster_affinity=0` gives uniformly random routing (balanced up to sampling noise);
+`balanced=1` gives exactly balanced routing (every expert, and every rank pair of a batch whose
+tokens x top-k divide by the experts, gets the same count), the case today's balanced EP path assumes.
 """
 from __future__ import annotations
 
@@ -39,15 +41,18 @@ class SyntheticSpec:
     skew: float = 1.0                  # Zipf exponent of expert popularity
     skew_jitter: float = 0.3           # per-layer exponent = skew * (1 +- jitter)
     domain_share: float = 0.8          # picks that follow the domain's own ranking (else the shared one)
-    clusters: int = 32                 # co-activation clusters per layer
+    clusters: int = 0                  # co-activation clusters per layer (0: experts / 8)
     cluster_affinity: float = 0.25     # picks drawn from the token's cluster
     request_tokens: int = 256
     prefill_fraction: float = 0.5
     decode_correlation: float = 0.9
     drift: float = 0.2
     seed: int = 0
+    balanced: int = 0                  # 1: exactly balanced routing, token t takes experts (t*top_k + j) mod experts
 
     def __post_init__(self) -> None:
+        if self.clusters == 0:
+            object.__setattr__(self, "clusters", max(1, self.experts // 8))
         for name in ("tokens", "layers", "experts", "top_k", "domains", "clusters", "request_tokens"):
             if getattr(self, name) < 1:
                 raise TraceInputError(None, f"synthetic routing: {name} must be >= 1")
@@ -152,6 +157,9 @@ class SyntheticSource:
 
     def _generate(self, b: int, lo: int, hi: int) -> np.ndarray:
         s = self.spec
+        if s.balanced:
+            ids = (np.arange(lo, hi)[:, None] * s.top_k + np.arange(s.top_k)[None, :]) % s.experts
+            return np.repeat(ids[:, None, :], s.layers, axis=1).astype(np.int16)
         rng = np.random.default_rng([s.seed, 3, b])
         n, k, D = hi - lo, s.top_k, s.domains
         rank_of, rankings, members = self._tables

@@ -63,6 +63,9 @@ def register(sub) -> None:
     add_set_argument(sc)
     sc.set_defaults(func=main_scenario)
 
+    from lumos_sim.commands.whatif_moe import register_moe
+    register_moe(wsub)
+
     ls = wsub.add_parser("list", help="list the registered what-ifs")
     ls.set_defaults(func=main_list)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
