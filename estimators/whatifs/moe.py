@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,11 +93,17 @@ def open_routing(opts: MoEOptions, model: ModelConfig) -> RoutingSource:
                                    experts=mo.num_experts, top_k=mo.top_k, seed=opts.seed)
         if spec.experts != mo.num_experts:
             raise TraceInputError(None, f"synthetic routing has {spec.experts} experts, {model.name} has {mo.num_experts}")
-        src = SyntheticSource(spec)
+        src = _synthetic_source(spec)
     else:
         src = load_routing(opts.routing)
     check_against_model(src, mo.num_experts, model.moe_layers, mo.top_k)
     return src
+
+
+@functools.lru_cache(maxsize=2)
+def _synthetic_source(spec: SyntheticSpec) -> SyntheticSource:
+    """Sweeps evaluate one synthetic trace under many placements: generate it once."""
+    return SyntheticSource(spec)
 
 
 def load_expert_loads(path: Path, model: ModelConfig) -> np.ndarray:
