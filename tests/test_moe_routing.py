@@ -16,13 +16,22 @@ def _all(src) -> np.ndarray:
     return np.concatenate([c for _, c in src.chunks(0, None, 7)])
 
 
-def test_npy_routing_is_memory_mapped_and_read_in_chunks(tmp_path):
+def test_npy_routing_is_read_in_chunks(tmp_path):
     arr = np.random.default_rng(0).integers(0, 16, (50, 3, 2)).astype(np.int16)
     np.save(tmp_path / "r.npy", arr)
     src = load_routing(tmp_path / "r.npy")
     assert (src.tokens, src.layers, src.top_k) == (50, 3, 2)
-    assert isinstance(src.experts, np.memmap)
     assert np.array_equal(_all(src), arr)
+    assert np.array_equal(next(src.chunks(13, 20))[1], arr[13:20])
+
+
+def test_npy_of_the_wrong_shape_or_type_is_rejected(tmp_path):
+    np.save(tmp_path / "flat.npy", np.zeros((4, 8), np.int16))
+    np.save(tmp_path / "float.npy", np.zeros((4, 2, 2), np.float32))
+    with pytest.raises(TraceInputError, match="must be \\[tokens, layers, top_k\\]"):
+        load_routing(tmp_path / "flat.npy")
+    with pytest.raises(TraceInputError, match="C-ordered integers"):
+        load_routing(tmp_path / "float.npy")
 
 
 def test_parquet_layer_files_align_rows_and_carry_domains(tmp_path):

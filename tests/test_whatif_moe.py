@@ -73,7 +73,7 @@ def test_decode_and_prefill_report_latency_and_throughput():
 
 def test_fit_on_prefill_evaluates_on_decode_tokens():
     p = evaluate(_scenario(routing=SMALL, fit="prefill", placement="balanced"))
-    assert "prefill tokens" in p.notes[0] and p.metrics["fit_tokens"] + p.metrics["evaluated_tokens"] == 8192
+    assert "prefill tokens" in p.notes[0] and p.metrics["fit_tokens"] == 4096 and p.metrics["evaluated_tokens"] == 4096
 
 
 def test_moe_options_are_validated():
@@ -141,3 +141,14 @@ def test_cli_expert_load_layer_mismatch_is_exit_2(tmp_path, capsys):
     (tmp_path / "loads.json").write_text(json.dumps([[1] * 256] * 3))
     code, _, err = _cli(capsys, "--expert-load", str(tmp_path / "loads.json"))
     assert code == 2 and "3 layers, the model has 2 MoE layers" in err
+
+
+def test_a_trace_shorter_than_one_batch_is_a_clear_error(tmp_path, capsys):
+    np.save(tmp_path / "r.npy", np.tile(np.arange(8, dtype=np.int16), (64, 2, 1)))
+    code, _, err = _cli(capsys, "--routing", str(tmp_path / "r.npy"), "--set", "moe.fit=all")
+    assert code == 2 and "fewer than one batch (EP16 x 128 tokens per GPU)" in err
+
+
+def test_synthetic_routing_grows_to_fit_a_prefill_batch():
+    p = evaluate(_scenario(phase="prefill", tokens=4096))     # 16 x 4096 tokens per batch > 65536 default
+    assert p.metrics["evaluated_tokens"] == 16 * 4096 and p.metrics["batches"] == 1

@@ -13,7 +13,8 @@ all-to-all bytes (a rank's pairs to itself never leave the GPU), split intra-nod
 Times: the all-to-all from its per-pair sizes (`NetworkModel.all_to_all_v_us`), each rank's expert
 GEMMs from its per-expert token counts (`ComputeModel.gemm`, one GEMM per local expert and matrix),
 layer latency = dispatch + slowest rank's experts + combine + router and shared expert. Times are
-averaged over up to `timed_windows` windows spread over the evaluated part; bytes and loads use all.
+averaged over up to `timed_windows` windows spread over the evaluated part; bytes and loads use all
+whole windows (a trailing partial batch is left out).
 """
 from __future__ import annotations
 
@@ -115,23 +116,22 @@ def fit_stats(src: RoutingSource, start: int, stop: int, layout: Layout, experts
     """Per-expert loads, loads by source node and sampled co-activation over tokens [start, stop)."""
     L, E, nodes = src.layers, experts, layout.nodes
     gpus = part_gpus(src, start, stop, layout)
-    load = np.zeros((L, E), np.int64)
     node_load = np.zeros((L, nodes, E), np.int64)
     coact = np.zeros((L, E * E), np.int64) if coactivation_tokens else None
     k = src.top_k
     ii, jj = np.triu_indices(k, 1)
     for first, ids in aligned_chunks(src, start, stop, CHUNK_TOKENS):
         check_ids(ids, E, src.path, first)
-        node = (gpus[first - start:first - start + len(ids)] // layout.gpus_per_node).astype(np.int64)
+        node_base = (gpus[first - start:first - start + len(ids)] // layout.gpus_per_node * E)[:, None]
         for layer in range(L):
-            e = ids[:, layer, :].astype(np.int64)
-            load[layer] += np.bincount(e.ravel(), minlength=E)
-            node_load[layer] += np.bincount((node[:, None] * E + e).ravel(), minlength=nodes * E).reshape(nodes, E)
+            e = ids[:, layer, :]
+            node_load[layer] += np.bincount((node_base + e).ravel(), minlength=nodes * E).reshape(nodes, E)
             if coact is not None and first - start < coactivation_tokens:
-                s = e[:coactivation_tokens - (first - start)]
+                s = e[:coactivation_tokens - (first - start)].astype(np.int64)
                 coact[layer] += np.bincount((s[:, ii] * E + s[:, jj]).ravel(), minlength=E * E)
         if progress:
             progress(first + len(ids) - start, stop - start)
+    load = node_load.sum(axis=1)
     co = None
     if coact is not None:
         co = coact.reshape(L, E, E)
@@ -221,8 +221,13 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
                         progress: Progress = None) -> list[PlacementCost]:
     """Stream tokens [start, stop) once, costing every placement on each batch window."""
     L, G, E, W = src.layers, layout.gpus, experts, layout.window
+    n_win = (stop - start) // W
+    if n_win < 1:
+        raise TraceInputError(src.path, f"the evaluated part has {stop - start} tokens, fewer than one batch "
+                                        f"(EP{G} x {layout.tokens_per_gpu} tokens per GPU): give a longer trace "
+                                        f"or fewer tokens per GPU")
+    stop = start + n_win * W                         # whole batches only
     gpus = part_gpus(src, start, stop, layout)
-    n_win = max(1, (stop - start) // W) if stop - start >= W else 1
     chosen = sorted(set(np.linspace(0, n_win - 1, min(timed_windows, n_win)).round().astype(int).tolist())) if timer else []
     timed = {w: i for i, w in enumerate(chosen)}
     routes = [[p.routes(layer) for layer in range(L)] for p in placements]
@@ -241,7 +246,7 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
         check_ids(ids, E, src.path, first)
         rel = first - start
         g = gpus[rel:rel + len(ids)].astype(np.int64)
-        win = (np.arange(rel, rel + len(ids)) // W).clip(max=n_win - 1)
+        win = np.arange(rel, rel + len(ids)) // W
         w0 = int(win[0])
         nw = int(win[-1]) - w0 + 1
         for layer in range(L):

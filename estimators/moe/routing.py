@@ -7,7 +7,7 @@ memory, and the expert ids read in chunks of tokens (`chunks(start, stop)` -> in
 [n, layers, top_k]), so a 1M-token x 58-layer trace never has to be in memory at once.
 
 Formats:
-- `.npy` (vLLM `--enable-return-routed-experts`): int array [tokens, moe_layers, top_k], memory-mapped.
+- `.npy` (vLLM `--enable-return-routed-experts`): int array [tokens, moe_layers, top_k], read in chunks.
 - directory of `layer_*.parquet` (and `lumos-sim collect --routing`): one file per MoE layer with
   list columns `indices` (top-k ids) and `scores` (gate probabilities), rows aligned across layers;
   optional `domain` (string) and `phase` columns in the first file. Read by row groups.
@@ -101,12 +101,45 @@ def load_routing(path: str | Path) -> RoutingSource:
                              f"directory of layer_*.parquet, or .jsonl)")
 
 
-def load_npy(path: Path) -> ArraySource:
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise TraceInputError(path, f"not a readable .npy array: {e}") from None
-    return ArraySource(arr, path=str(path))
+class NpySource:
+    """A .npy routing array [tokens, layers, top_k] read chunk by chunk with plain file reads (not a
+    memory map: mapped pages would stay resident, so memory would grow with the trace)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                self._offset = f.tell()
+        except (ValueError, OSError) as e:
+            raise TraceInputError(path, f"not a readable .npy array: {e}") from None
+        if len(shape) != 3:
+            raise TraceInputError(path, f"routing array must be [tokens, layers, top_k], got shape {shape}")
+        if fortran or not np.issubdtype(dtype, np.integer):
+            raise TraceInputError(path, f"routing array must be C-ordered integers, got {dtype}"
+                                        + (" (Fortran order)" if fortran else ""))
+        self.tokens, self.layers, self.top_k = (int(x) for x in shape)
+        self.dtype = dtype
+        self.domain, self.domain_names, self.phase, self.scores = None, (), None, None
+
+    def chunks(self, start: int = 0, stop: int | None = None, size: int = CHUNK_TOKENS):
+        stop = self.tokens if stop is None else stop
+        row = self.layers * self.top_k
+        with open(self.path, "rb") as f:
+            for a in range(start, stop, size):
+                n = min(size, stop - a)
+                f.seek(self._offset + a * row * self.dtype.itemsize)
+                ids = np.fromfile(f, dtype=self.dtype, count=n * row)
+                if len(ids) != n * row:
+                    raise TraceInputError(self.path, "the array file is shorter than its header says")
+                yield a, ids.reshape(n, self.layers, self.top_k)
+
+
+def load_npy(path: Path) -> NpySource:
+    return NpySource(path)
 
 
 class ParquetSource:

@@ -120,11 +120,7 @@ class SyntheticSource:
         E, D = s.experts, s.domains
         exps = s.skew * (1 + s.skew_jitter * rng.uniform(-1, 1, s.layers))
         w = np.arange(1, E + 1, dtype=float)[None, :] ** -exps[:, None]
-        cdf = np.cumsum(w / w.sum(1, keepdims=True), axis=1)
-        cdf[:, -1] = 1.0
-        # inverse CDF on a 16-bit grid: rank of each of 65536 equally likely uniform values
-        grid = (np.arange(65536) + 0.5) / 65536
-        rank_of = np.stack([np.minimum(np.searchsorted(c, grid), E - 1) for c in cdf])
+        rank_of = inverse_cdf_table(w)
         rankings = np.stack([np.stack([rng.permutation(E) for _ in range(2 * D + 1)]) for _ in range(s.layers)])
         members = np.stack([rng.permutation(E).reshape(s.clusters, E // s.clusters) for _ in range(s.layers)])
         return rank_of.astype(np.int32), rankings.astype(np.int32), members.astype(np.int32)
@@ -205,6 +201,15 @@ class SyntheticSource:
         return _fill_duplicates(picks, s.experts)
 
 
+def inverse_cdf_table(weights: np.ndarray) -> np.ndarray:
+    """Per row of weights [L, E]: the index drawn for each of 65536 equally likely 16-bit uniform values
+    (inverse CDF on a grid: sampling is one table lookup)."""
+    cdf = np.cumsum(weights / weights.sum(1, keepdims=True), axis=1)
+    cdf[:, -1] = 1.0
+    grid = (np.arange(65536) + 0.5) / 65536
+    return np.stack([np.minimum(np.searchsorted(c, grid), weights.shape[1] - 1) for c in cdf])
+
+
 def _duplicates(picks: np.ndarray) -> np.ndarray:
     """[n, k] mask of entries equal to an earlier entry of their row."""
     dup = np.zeros(picks.shape, bool)
@@ -244,11 +249,7 @@ class LoadSampledSource(SyntheticSource):
     @cached_property
     def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         E = self.spec.experts
-        w = self._loads + 1e-12
-        cdf = np.cumsum(w / w.sum(1, keepdims=True), axis=1)
-        cdf[:, -1] = 1.0
-        grid = (np.arange(65536) + 0.5) / 65536
-        rank_of = np.stack([np.minimum(np.searchsorted(c, grid), E - 1) for c in cdf]).astype(np.int32)
+        rank_of = inverse_cdf_table(self._loads + 1e-12).astype(np.int32)
         identity = np.tile(np.arange(E, dtype=np.int32), (self.spec.layers, 3, 1))
         members = np.tile(np.arange(E, dtype=np.int32), (self.spec.layers, 1, 1))
         return rank_of, identity, members

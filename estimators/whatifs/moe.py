@@ -48,7 +48,8 @@ class MoEOptions:
     context: int = 4096                # inference: prompt / KV length for attention
     fit: str = "first-half"            # first-half | prefill | all
     fit_fraction: float = 0.5
-    synthetic_tokens: int = 65536      # tokens of synthetic / load-sampled routing (unless the spec says)
+    synthetic_tokens: int = 65536      # tokens of synthetic / load-sampled routing (at least 2 batches;
+                                       # a tokens= in the synthetic spec wins)
     timed_windows: int = 4             # batches whose all-to-all and GEMMs are timed
     coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts on one node
     seed: int = 0
@@ -82,14 +83,19 @@ register_options("moe", MoEOptions)
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def open_routing(opts: MoEOptions, model: ModelConfig) -> RoutingSource:
-    """The routing source the options name, checked against the model's MoE layers and top-k."""
+def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> RoutingSource:
+    """The routing source the options name, checked against the model's MoE layers and top-k. Generated
+    routing (synthetic, or sampled from --expert-load) has at least enough tokens for one batch of
+    `window` tokens in each of the fitted and the evaluated parts."""
     mo = model.moe
+    f = opts.fit_fraction
+    need = {"all": window, "prefill": 4 * window}.get(opts.fit, -(-window // max(min(f, 1 - f), 1e-9)))
+    tokens = max(opts.synthetic_tokens, need)
     if opts.expert_load:
         loads = load_expert_loads(Path(opts.expert_load), model)
-        return LoadSampledSource(loads, mo.top_k, opts.synthetic_tokens, opts.seed, path=opts.expert_load)
+        return LoadSampledSource(loads, mo.top_k, tokens, opts.seed, path=opts.expert_load)
     if opts.routing.split(":")[0] == "synthetic":
-        spec = SyntheticSpec.parse(opts.routing, tokens=opts.synthetic_tokens, layers=model.moe_layers,
+        spec = SyntheticSpec.parse(opts.routing, tokens=tokens, layers=model.moe_layers,
                                    experts=mo.num_experts, top_k=mo.top_k, seed=opts.seed)
         if spec.experts != mo.num_experts:
             raise TraceInputError(None, f"synthetic routing has {spec.experts} experts, {model.name} has {mo.num_experts}")
@@ -195,8 +201,8 @@ def moe(scenario: Scenario, progress=None) -> Prediction:
     model = scenario.model
     if model.moe is None:
         raise TraceInputError(None, f"model '{model.name}' has no MoE layers")
-    src = open_routing(opts, model)
     layout = ep_layout(scenario, opts)
+    src = open_routing(opts, model, layout.window)
     split = split_trace(src, opts)
     if opts.phase == "train":  # one routing window per micro-batch (up to timed_windows)
         opts = dataclasses.replace(opts, timed_windows=min(opts.timed_windows, scenario.plan.micro_batches))
@@ -257,7 +263,7 @@ def _prediction(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Spl
         "expert_gemm_us_mean": float(cost.expert_us.mean()),
         "tokens_per_gpu": layout.tokens_per_gpu,
         "ep": layout.gpus, "nodes": layout.nodes,
-        "evaluated_tokens": split.eval_range[1] - split.eval_range[0],
+        "evaluated_tokens": cost.windows * layout.window,
         "fit_tokens": split.fit_range[1] - split.fit_range[0],
         "batches": cost.windows, "timed_batches": len(cost.pair_tokens),
         "physical_experts_per_gpu": cost.placement.slots_per_gpu,
