@@ -64,7 +64,7 @@ def test_eplb_relieves_the_hot_gpu_in_decode():
 
 def test_decode_and_prefill_report_latency_and_throughput():
     for phase, tokens in (("decode", 64), ("prefill", 2048)):
-        p = evaluate(_scenario(routing=SMALL, phase=phase, tokens=tokens))
+        p = evaluate(_scenario(phase=phase, tokens=tokens))
         m = p.metrics
         assert m[f"{phase}_latency_us"] == pytest.approx(m["dense_forward_us"] + m["moe_latency_us"])
         assert p.tokens_per_s == pytest.approx(16 * tokens / (m[f"{phase}_latency_us"] / 1e6))

@@ -89,7 +89,7 @@ def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> Routi
     `window` tokens in each of the fitted and the evaluated parts."""
     mo = model.moe
     f = opts.fit_fraction
-    need = {"all": window, "prefill": 4 * window}.get(opts.fit, -(-window // max(min(f, 1 - f), 1e-9)))
+    need = {"all": window, "prefill": 4 * window}.get(opts.fit, int(np.ceil(window / min(f, 1 - f))))
     tokens = max(opts.synthetic_tokens, need)
     if opts.expert_load:
         loads = load_expert_loads(Path(opts.expert_load), model)
