@@ -68,10 +68,12 @@ class RoutingRecorder:
 
     def save(self, directory: str | os.PathLike) -> list[Path]:
         """Write one parquet file per router; rows must align across layers."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         out = Path(directory)
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise TraceInputError(out, "writing parquet routing needs pyarrow: pip install pyarrow") from None
         out.mkdir(parents=True, exist_ok=True)
         counts = {sum(len(a) for a in chunks) for chunks in self.indices}
         if counts == {0}:

@@ -152,3 +152,8 @@ def test_a_trace_shorter_than_one_batch_is_a_clear_error(tmp_path, capsys):
 def test_synthetic_routing_grows_to_fit_a_prefill_batch():
     p = evaluate(_scenario(phase="prefill", tokens=4096))     # 16 x 4096 tokens per batch > 65536 default
     assert p.metrics["evaluated_tokens"] == 16 * 4096 and p.metrics["batches"] == 1
+
+
+def test_cli_table_names_the_layout_and_the_gpus_per_node_flag_changes_it(capsys):
+    code, out, _ = _cli(capsys, "--routing", SMALL, "--gpus-per-node", "4", "--placement", "balanced")
+    assert code == 0 and "EP16 on 4 x h100-sxm nodes: balanced" in out and "inter-node reduction" in out
