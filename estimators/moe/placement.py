@@ -15,9 +15,10 @@ co-activation) and evaluated on another (`estimators.moe.evaluate`).
 - `eplb`: DeepSeek EPLB: hierarchical (expert groups packed onto nodes, redundant copies of hot experts
   within each node, replicas packed onto the node's GPUs) when groups divide by nodes, else the global
   policy (one group, one node). See `rebalance_hierarchical`.
-- `locality`: experts partitioned onto nodes (capacity E/nodes) to maximise (token, expert) pairs
-  whose expert sits on the token's own node, with co-activated experts (a networkx co-activation graph)
-  kept together as the second objective; then balanced packing onto the node's GPUs.
+- `locality`: experts partitioned onto nodes (capacity E/nodes experts, and a node token load within
+  10% of the mean so no node's links become the hot spot) to maximise (token, expert) pairs whose
+  expert sits on the token's own node, with co-activated experts (a networkx co-activation graph) kept
+  together as the second objective; then balanced packing onto the node's GPUs.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class PlacementOptions:
     redundant_experts: int = 0         # eplb: extra physical slots for hot experts
     groups: int = 0                    # eplb: expert groups (0: one per node when it divides the experts)
     coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts together
+    locality_load_slack: float = 0.1   # locality: node token load at most (1 + slack) x the mean
 
 
 @dataclass(frozen=True)
@@ -286,20 +288,17 @@ def coactivation_graph(coact: np.ndarray, neighbours: int = 16):
     return g
 
 
-def partition_onto_nodes(affinity: np.ndarray, coact: np.ndarray, weight: float, max_swaps: int = 64) -> np.ndarray:
+def partition_onto_nodes(affinity: np.ndarray, coact: np.ndarray, weight: float, load: np.ndarray,
+                         slack: float = 0.1, max_swaps: int = 64) -> np.ndarray:
     """Experts -> nodes with E/nodes experts each, maximising sum affinity[node(e), e] + weight x
-    co-activation inside nodes: greedy assignment by affinity, then best-improvement swaps."""
+    co-activation inside nodes, with each node's token load kept within (1 + slack) x the mean (or not
+    made worse where the greedy start exceeds it): greedy assignment by affinity, then best-improvement
+    swaps."""
     nodes, E = affinity.shape
-    cap = E // nodes
-    part = np.full(E, -1)
-    room = np.full(nodes, cap)
-    for flat in np.argsort(-affinity, axis=None, kind="stable"):
-        n, e = divmod(int(flat), E)
-        if part[e] < 0 and room[n] > 0:
-            part[e] = n
-            room[n] -= 1
-    onehot = np.eye(nodes)[part]                           # [E, nodes]
-    inside = coact @ onehot                                # co-activation of e with each node's experts
+    part = _greedy_partition(affinity, load, (1 + slack) * load.sum() / nodes)
+    node_load = np.bincount(part, weights=load, minlength=nodes)
+    limit = (1 + slack) * load.sum() / nodes
+    inside = coact @ np.eye(nodes)[part]                   # co-activation of e with each node's experts
     for _ in range(max_swaps):
         own_aff = affinity[part, np.arange(E)]
         moved = affinity[part]                             # [b, a]: affinity of expert a to b's node
@@ -308,13 +307,39 @@ def partition_onto_nodes(affinity: np.ndarray, coact: np.ndarray, weight: float,
         to_other = inside[:, part]                         # [a, b]: a's co-activation with b's node
         gain += weight * (to_other - own_in[:, None] + to_other.T - own_in[None, :] - 2 * coact)
         gain[part[:, None] == part[None, :]] = -np.inf
+        # node loads after swapping a (node pa) and b (node pb) must stay within the limit
+        delta = load[None, :] - load[:, None]              # [a, b]: pa gains b, loses a
+        after_a = node_load[part][:, None] + delta
+        after_b = node_load[part][None, :] - delta
+        allowed = np.maximum(limit, np.maximum(node_load[part][:, None], node_load[part][None, :]))
+        gain[np.maximum(after_a, after_b) > allowed + 1e-9] = -np.inf
         a, b = np.unravel_index(int(np.argmax(gain)), gain.shape)
         if gain[a, b] <= 1e-9:
             break
         pa, pb = part[a], part[b]
         part[a], part[b] = pb, pa
+        node_load[pa] += load[b] - load[a]
+        node_load[pb] += load[a] - load[b]
         inside[:, pa] += coact[:, b] - coact[:, a]
         inside[:, pb] += coact[:, a] - coact[:, b]
+    return part
+
+
+def _greedy_partition(affinity: np.ndarray, load: np.ndarray, limit: float) -> np.ndarray:
+    """(node, expert) pairs by affinity, best first: the expert joins the node while the node has room
+    (E/nodes experts) and stays under the load limit; experts left over go to the least loaded node
+    with room."""
+    nodes, E = affinity.shape
+    part = np.full(E, -1)
+    room = np.full(nodes, E // nodes)
+    node_load = np.zeros(nodes)
+    for flat in np.argsort(-affinity, axis=None, kind="stable"):
+        n, e = divmod(int(flat), E)
+        if part[e] < 0 and room[n] > 0 and node_load[n] + load[e] <= limit:
+            part[e], room[n], node_load[n] = n, room[n] - 1, node_load[n] + load[e]
+    for e in np.flatnonzero(part < 0)[np.argsort(-load[part < 0], kind="stable")]:
+        n = int(np.argmin(np.where(room > 0, node_load, np.inf)))
+        part[e], room[n], node_load[n] = n, room[n] - 1, node_load[n] + load[e]
     return part
 
 
@@ -332,7 +357,8 @@ def locality(stats: RoutingStats, options: PlacementOptions) -> Placement:
             g = coactivation_graph(stats.coactivation[layer])
             coact = nx.to_numpy_array(g, nodelist=range(E), weight="weight")
             coact *= (stats.load[layer].sum() or 1.0) / (coact.sum() or 1.0)
-        part = partition_onto_nodes(aff / scale, coact / scale, options.coactivation_weight) if nodes > 1 \
+        part = partition_onto_nodes(aff / scale, coact / scale, options.coactivation_weight,
+                                    stats.load[layer].astype(float), options.locality_load_slack) if nodes > 1 \
             else np.zeros(E, np.int64)
         for n in range(nodes):
             members = np.flatnonzero(part == n)
