@@ -51,6 +51,8 @@ def register(sub) -> None:
 
     from lumos_sim.commands.whatif_failures import register as register_failures
     register_failures(wsub)
+    from lumos_sim.commands.whatif_moe import register_moe
+    register_moe(wsub)
 
     ls = wsub.add_parser("list", help="list the registered what-ifs")
     ls.set_defaults(func=main_list)
