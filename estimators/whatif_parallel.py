@@ -197,13 +197,13 @@ def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
     return m1, m2
 
 
-def _simulate(model, plan, hw, timing, mode, gpn, progress):
+def _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads=None):
     from replay.api import replay
     # Millions of small Python objects: the cyclic GC's full collections would make this quadratic.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn)
+        graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn, moe_loads=moe_loads)
         result = replay(graphs, timing, progress=progress, critical_path=False)
         bd = _breakdown(graphs, result.run)
         out = result.step_time_us / 1e6, bd, result.num_nodes, len(graphs)
@@ -216,10 +216,11 @@ def _simulate(model, plan, hw, timing, mode, gpn, progress):
 
 def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", mode: str = "symmetric",
             timing: Any = None, progress: Callable[[int, int], None] | None = None,
-            extrapolate: bool = True) -> PlanPrediction:
+            extrapolate: bool = True, moe_loads: Any = None) -> PlanPrediction:
     """Generate, replay, and summarize one plan. `mode`: "symmetric" (one rank per stage) or "all".
     With `extrapolate`, many micro-batches are simulated as two short runs and extrapolated linearly
-    (see `steady_state_micro_batches`)."""
+    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.workload.MoELoads`)
+    for the EP layers instead of balanced routing."""
     validate_plan(model, plan)
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware) if hardware is not None else None
@@ -231,13 +232,13 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     ms = steady_state_micro_batches(plan) if extrapolate else None
     extra: dict[str, Any] = {}
     if ms is None:
-        step_s, bd, nodes, nranks = _simulate(model, plan, hw, timing, mode, gpn, progress)
+        step_s, bd, nodes, nranks = _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads)
     else:
         m = plan.micro_batches
         m1, m2 = ms
         gb = lambda k: k * plan.dp * plan.micro_batch  # noqa: E731
-        s1, b1, n1, nranks = _simulate(model, plan.with_(global_batch=gb(m1)), hw, timing, mode, gpn, progress)
-        s2, b2, n2, _ = _simulate(model, plan.with_(global_batch=gb(m2)), hw, timing, mode, gpn, progress)
+        s1, b1, n1, nranks = _simulate(model, plan.with_(global_batch=gb(m1)), hw, timing, mode, gpn, progress, moe_loads)
+        s2, b2, n2, _ = _simulate(model, plan.with_(global_batch=gb(m2)), hw, timing, mode, gpn, progress, moe_loads)
         w = (m - m1) / (m2 - m1)
         step_s = s1 + w * (s2 - s1)
         bd = b1.blend(b2, w)

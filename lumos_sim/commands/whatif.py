@@ -3,6 +3,8 @@
 - `whatif parallelism`: a model (zoo name or TOML) on a GPU count with a parallelism plan -> predicted
   step time, throughput, TFLOP/s per GPU, MFU, memory per GPU, breakdown; `--search` ranks every valid
   plan by predicted throughput within memory.
+- `whatif failures`: failure rate, checkpoint policy and recovery strategy (sync / ft-hsdp) -> effective
+  training time ratio and goodput (`lumos_sim/commands/whatif_failures.py`).
 - `whatif trace INPUT`: a converted real trace with a changed data-parallel degree, layer count, or
   hardware (the Lumos way: edit the graph, replay it).
 """
@@ -22,23 +24,7 @@ def register(sub) -> None:
     wsub = p.add_subparsers(dest="whatif_command", metavar="KIND")
 
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
-    par.add_argument("--model", required=True, help="zoo name (e.g. llama3-405b) or a model TOML path")
-    par.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    par.add_argument("--gpus", type=int, required=True)
-    par.add_argument("--tp", type=int, default=1)
-    par.add_argument("--pp", type=int, default=1)
-    par.add_argument("--cp", type=int, default=1)
-    par.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    par.add_argument("--ep", type=int, default=1)
-    par.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
-    par.add_argument("--seq-len", type=int, required=True)
-    par.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    par.add_argument("--micro-batch", type=int, default=1)
-    par.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    par.add_argument("--recompute", default="none", help="none | selective | full")
-    par.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
-    par.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
-    par.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
+    add_plan_arguments(par)
     par.add_argument("--full-simulation", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slow; for checking)")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
@@ -63,9 +49,36 @@ def register(sub) -> None:
     add_set_argument(sc)
     sc.set_defaults(func=main_scenario)
 
+    from lumos_sim.commands.whatif_failures import register as register_failures
+    register_failures(wsub)
+    from lumos_sim.commands.whatif_moe import register_moe
+    register_moe(wsub)
+
     ls = wsub.add_parser("list", help="list the registered what-ifs")
     ls.set_defaults(func=main_list)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
+
+
+def add_plan_arguments(parser, required: bool = True) -> None:
+    """The model / plan flags of `whatif parallelism`, shared by what-ifs that take a training plan
+    (`required=False`: the model is optional, and so are --seq-len and --global-batch until one is given)."""
+    parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
+    parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    parser.add_argument("--seq-len", type=int, required=required)
+    parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
+    parser.add_argument("--recompute", default="none", help="none | selective | full")
+    parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
+    parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
+    parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
 
 
 def add_set_argument(parser) -> None:
