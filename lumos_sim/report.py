@@ -90,7 +90,9 @@ def write_sweep_report(df, path: str | os.PathLike, title: str | None = None) ->
         ok["throughput"], unit = _throughput(ok)
         sections += [("Throughput vs GPUs", _throughput_vs_gpus(ok, unit)),
                      ("Step-time breakdown per point", _breakdown_per_point(ok)),
-                     ("Throughput vs memory per GPU (Pareto front)", _pareto(ok, unit)),
+                     ("Throughput vs memory per GPU (Pareto front)",
+                      _pareto(ok, unit) if _has(ok, "memory_gib_per_gpu") else
+                      "<p class=note>These what-ifs give no memory estimate.</p>"),
                      ("Best points", _best_table(ok))]
     else:
         sections.append(("No results", "<p class=note>No point has been evaluated successfully yet.</p>"))
@@ -106,6 +108,10 @@ def _gpus_column(ok):
         if col in ok.columns and ok[col].notna().any():
             return ok[col].fillna(0).astype(int)
     return [0] * len(ok)
+
+
+def _has(df, col: str) -> bool:
+    return col in df.columns and bool(df[col].notna().any())
 
 
 def _throughput(ok):
@@ -187,33 +193,30 @@ def pareto_front(memory, throughput) -> list[int]:
 
 
 def _pareto(ok, unit: str):
+    """Points with a memory estimate; the Pareto front among those that fit."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    has_mem = "memory_gib_per_gpu" in ok.columns and ok["memory_gib_per_gpu"].notna().any()
-    pts = ok[ok["memory_gib_per_gpu"].notna()] if has_mem else ok.iloc[0:0]
-    if len(pts):
-        oom = pts["oom"].fillna(False).astype(bool) if "oom" in pts.columns else pts["memory_gib_per_gpu"] < 0
-        by_gpus = pts["gpus"].nunique() > 1  # colour by GPU count: the front is usually one count's
-        for mask, name, color in ((~oom, "fits in memory", "#1f77b4"), (oom, "out of memory", "#d62728")):
-            g = pts[mask]
-            if len(g):
-                marker = dict(size=7, color=color, opacity=0.55)
-                if by_gpus and name == "fits in memory":
-                    marker.update(color=g["gpus"], colorscale="Viridis", cmin=pts["gpus"].min(), cmax=pts["gpus"].max(),
-                                  colorbar=dict(title="GPUs", thickness=12))
-                fig.add_trace(go.Scatter(x=g["memory_gib_per_gpu"], y=g["throughput"], mode="markers", name=name,
-                                         text=g["label"], marker=marker,
-                                         hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
-        fit = pts[~oom]
-        idx = pareto_front(fit["memory_gib_per_gpu"].tolist(), fit["throughput"].tolist())
-        front = fit.iloc[idx]
-        fig.add_trace(go.Scatter(x=front["memory_gib_per_gpu"], y=front["throughput"], mode="lines+markers",
-                                 name="Pareto front", text=front["label"], line=dict(shape="hv", width=2, color="#2ca02c"),
-                                 marker=dict(size=10, color="#2ca02c"),
-                                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
-    else:
-        fig.add_trace(go.Scatter(x=[], y=[], name="no memory estimate"))
+    pts = ok[ok["memory_gib_per_gpu"].notna()]
+    oom = pts["oom"].fillna(False).astype(bool) if "oom" in pts.columns else pts["memory_gib_per_gpu"] < 0
+    by_gpus = pts["gpus"].nunique() > 1  # colour by GPU count: the front is usually one count's
+    for mask, name, color in ((~oom, "fits in memory", "#1f77b4"), (oom, "out of memory", "#d62728")):
+        g = pts[mask]
+        if len(g):
+            marker = dict(size=7, color=color, opacity=0.55)
+            if by_gpus and name == "fits in memory":
+                marker.update(color=g["gpus"], colorscale="Viridis", cmin=pts["gpus"].min(), cmax=pts["gpus"].max(),
+                              colorbar=dict(title="GPUs", thickness=12))
+            fig.add_trace(go.Scatter(x=g["memory_gib_per_gpu"], y=g["throughput"], mode="markers", name=name,
+                                     text=g["label"], marker=marker,
+                                     hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
+    fit = pts[~oom]
+    idx = pareto_front(fit["memory_gib_per_gpu"].tolist(), fit["throughput"].tolist())
+    front = fit.iloc[idx]
+    fig.add_trace(go.Scatter(x=front["memory_gib_per_gpu"], y=front["throughput"], mode="lines+markers",
+                             name="Pareto front", text=front["label"], line=dict(shape="hv", width=2, color="#2ca02c"),
+                             marker=dict(size=10, color="#2ca02c"),
+                             hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.4g} " + unit + "<extra></extra>"))
     return _layout(fig, "memory per GPU (GiB)", unit)
 
 

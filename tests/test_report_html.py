@@ -75,9 +75,12 @@ def test_pareto_front_keeps_points_nothing_beats_on_memory_and_throughput():
 
 
 def test_report_without_token_throughput_plots_steps_per_second(tmp_path):
-    """A what-if that predicts only a step time (e.g. a trace what-if) still gets every plot."""
+    """A what-if that predicts only a step time (e.g. a trace what-if) gets steps/s; one without a memory
+    estimate (e.g. MoE) gets a note instead of an empty Pareto plot."""
     df = sweep_frame()
     df["tokens_per_s"] = None
-    out = write_sweep_report(df, tmp_path / "r.html")
-    text = out.read_text()
+    text = write_sweep_report(df, tmp_path / "r.html").read_text()
     assert text.count("steps\\u002fs") >= 2 and "Throughput vs GPUs" in text  # plotly's JSON escapes '/'
+    df["memory_gib_per_gpu"] = None
+    text = write_sweep_report(df, tmp_path / "r.html").read_text()
+    assert "give no memory estimate" in text and text.count('class="plotly-graph-div"') == 2
