@@ -206,14 +206,19 @@ def _geometry_features(ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
 
 
 def fit_geometry(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float, float]:
-    """Least-absolute-deviation fit of ln t on (1, ln CTAs, ln threads/CTA) by reweighted least squares."""
+    """Least-absolute-deviation fit of ln t on (1, ln CTAs, ln threads/CTA) by reweighted least squares.
+    Slopes are kept physical (a bigger grid never runs faster, nor more than proportionally slower) and
+    dropped where the samples have fewer than three distinct geometries, so a fit extrapolates sanely."""
     x = _geometry_features(ctas, threads)
     y = np.log(measured_us)
+    if len({(a, b) for a, b in zip(ctas.tolist(), threads.tolist())}) < 3:
+        return float(np.median(y)), 0.0, 0.0
     w = np.linalg.lstsq(x, y, rcond=None)[0]
     for _ in range(25):
         r = np.sqrt(1.0 / np.maximum(np.abs(y - x @ w), 0.02))
         w = np.linalg.lstsq(x * r[:, None], y * r, rcond=None)[0]
-    return float(w[0]), float(w[1]), float(w[2])
+    slopes = np.clip(w[1:], 0.0, 1.0)
+    return float(np.median(y - x[:, 1:] @ slopes)), float(slopes[0]), float(slopes[1])
 
 
 def model_key(cls: str, dtype: str) -> str:

@@ -1,0 +1,80 @@
+"""`lumos-sim calibrate TRACE... --hardware BASE -o my-gpu.toml`: fit the per-class kernel models on your
+own traces and write a hardware preset that extends BASE with them (see replay/hardware/kernel_models.py).
+Prints the cross-validated per-class error (folds by trace and by step) next to the uncalibrated model's."""
+from __future__ import annotations
+
+import sys
+
+import orjson
+
+from chakra_schema.errors import TraceInputError
+from lumos_sim.inputs import load_graphs
+from lumos_sim.progress import progress_bar
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit kernel models on your traces; write a preset extending --hardware",
+                       description="Fit per-class kernel models (fixed cost, roofline efficiency, launch-geometry "
+                                   "regression) on GPU traces and write a hardware preset that extends BASE.")
+    p.add_argument("inputs", nargs="+", metavar="TRACE", help="Kineto traces (or .et / prefixes) of one GPU type")
+    p.add_argument("--hardware", required=True, metavar="BASE", help="preset the traces' GPU is (name or TOML)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.toml", help="calibrated preset to write")
+    p.add_argument("--name", help="preset name (default: the output file's stem)")
+    p.add_argument("--json", action="store_true", help="print the fit and cross-validation as JSON")
+    p.set_defaults(func=main)
+
+
+def load_samples(inputs, hw, progress=None):
+    """Kernel samples of every rank of every input, one trace label per input file and rank."""
+    from pathlib import Path
+
+    from replay.hardware.kernel_models import KernelSamples, kernel_samples
+
+    parts = []
+    for n, path in enumerate(inputs):
+        for g in load_graphs([path]):
+            label = Path(path).name + (f"#rank{g.rank}" if g.world_size > 1 else "")
+            parts.append(kernel_samples(g, hw, label))
+        if progress:
+            progress(n + 1, len(inputs))
+    return KernelSamples.concat(parts)
+
+
+def main(args) -> int:
+    from lumos_sim import __version__
+    from replay.hardware.calibration import calibrate, write_preset
+    from replay.hardware.config import get_hardware
+
+    if not str(args.output).endswith(".toml"):
+        raise TraceInputError(args.output, "the calibrated preset must be a .toml file")
+    hw = get_hardware(args.hardware)
+    with progress_bar("reading traces") as cb:
+        samples = load_samples(args.inputs, hw, cb)
+    result = calibrate(samples, hw)
+    out = write_preset(result, args.output, args.name, tool=f"lumos-sim {__version__} calibrate")
+    if args.json:
+        sys.stdout.write(orjson.dumps(result.to_json() | {"output": str(out)}).decode() + "\n")
+        return 0
+    print_accuracy(result.by_trace, result.by_step)
+    print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
+          f"{len(samples.trace_names)} trace(s), extends {hw.name}")
+    return 0
+
+
+def print_accuracy(by_trace, by_step, title: str = "cross-validated per-class GMAE") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title + " (uncalibrated -> calibrated)")
+    for col in ("folds", "class", "held-out", "uncalibrated n", "uncalibrated GMAE", "calibrated n",
+                "calibrated GMAE"):
+        t.add_column(col, justify="left" if col in ("folds", "class") else "right")
+    for label, rows in (("by trace", by_trace), ("by step", by_step)):
+        for r in rows:
+            t.add_row(label, r.kernel_class, str(r.kernels), str(r.before_kernels), _pct(r.before_gmae),
+                      str(r.after_kernels), _pct(r.after_gmae))
+    Console().print(t)
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.1f}%"
