@@ -1,0 +1,67 @@
+"""Accuracy suite of the compute model on the shared A100 / V100 traces (issue 13), cross-validated:
+per-class GMAE of the calibrated kernel models on held-out ProfilerSteps (never the kernels they were
+fitted on), and GPU-bound step accuracy (compute-busy time, CPU gaps removed) within 10%.
+The issue's goal is <= 25% per class; the bounds here are what the models reach today (see
+benchmarks/model_accuracy.py), so a regression fails. Noise floor: identical kernels of
+trace_diff_control vary by ~20% GMAE between steps (interference from concurrent streams)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lumos_sim.api import load
+from replay.hardware.config import trace_hardware
+from replay.hardware.kernel_models import (KernelSamples, cross_validate, fit_class_models, folds_by_step,
+                                           kernel_samples)
+from replay.kernel_accuracy import gpu_busy_steps
+from replay.model_timing import ModelTiming
+
+A100 = ["trace_diff_control_control.json.gz", "nccl_parser_config_nccl_data.json.gz",
+        "critical_path_alexnet_trace.json.gz"]
+V100 = ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]
+BOUNDS = {"a100-sxm-40gb": {"gemm": 0.35, "conv": 0.25, "elementwise": 0.55, "reduction": 0.45, "norm": 0.55,
+                            "copy": 0.45},
+          "v100-sxm2": {"gemm": 0.30, "conv": 0.25, "elementwise": 0.30, "norm": 0.50, "copy": 0.15}}
+
+
+@pytest.fixture(scope="module")
+def traces(request):
+    from conftest import require_shared
+    hta = require_shared("traces", "hta")
+    out = {}
+    for name in A100 + V100:
+        g = load([str(hta / name)])[0]
+        out[name] = (g, trace_hardware(g.metadata))
+    return out
+
+
+def _samples(traces, names):
+    return KernelSamples.concat([kernel_samples(g, hw, n) for n, (g, hw) in traces.items() if n in names])
+
+
+@pytest.mark.parametrize("names", [A100, V100], ids=["a100", "v100"])
+def test_cross_validated_class_gmae_by_step_beats_the_uncalibrated_model(traces, names):
+    s = _samples(traces, names)
+    hw = traces[names[0]][1].name
+    rows = {r.kernel_class: r for r in cross_validate(s, folds_by_step(s))}
+    lines = [f"{c}: before {r.before_gmae:.3f} (n={r.before_kernels}) after {r.after_gmae:.3f} (n={r.after_kernels})"
+             for c, r in rows.items()]
+    for cls, bound in BOUNDS[hw].items():
+        r = rows[cls]
+        assert r.after_kernels == r.kernels, f"{cls}: some held-out kernels got no prediction"
+        assert r.after_gmae <= bound, "\n".join(lines)
+        if r.before_kernels:
+            assert r.after_gmae < r.before_gmae, "\n".join(lines)
+
+
+@pytest.mark.parametrize("trace", A100[:2])
+def test_gpu_bound_step_error_within_10_percent_calibrated_on_other_steps(traces, trace):
+    s = _samples(traces, A100)
+    g, hw = traces[trace]
+    t = s.trace_names.index(trace)
+    steps = [st for st in g.steps if st.node >= 0]
+    for k, st in enumerate(steps):
+        cal = dataclasses.replace(hw, kernel_models=fit_class_models(s.subset(~((s.trace == t) & (s.step == k)))))
+        busy = {b.step: b for b in gpu_busy_steps(g, ModelTiming(cal), trace)}[st.name]
+        assert abs(busy.error) <= 0.10, f"{trace} {st.name}: busy {busy.measured_us:.0f} us, predicted {busy.predicted_us:.0f} us"
