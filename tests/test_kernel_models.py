@@ -67,6 +67,7 @@ def _samples(n_steps=3, per_step=40) -> KernelSamples:
                          measured_us=2.0 + roof / 0.5 * np.exp(rng.normal(0, 0.02, n)), roofline_us=roof,
                          base_us=roof, ctas=np.zeros(n), threads=np.zeros(n),
                          name=np.full(n, "void at::native::vectorized_elementwise_kernel<4>()", object),
+                         tensor_fraction=np.full(n, np.nan),
                          trace_names=["t"])
 
 
@@ -119,4 +120,7 @@ def test_calibrate_cli_writes_a_preset_that_extends_the_base(shared_traces, tmp_
     assert "gemm_tf32" in hw.kernel_models and hw.kernel_models["gemm_tf32"].kernels > 1000
     assert all(k in hw.sources for k in (f"kernel_models.{m}" for m in hw.kernel_models))
     assert "by step" in capsys.readouterr().out
+    # the preset's sustained tensor fraction is this measurement, not a hand-chosen number
+    assert hw.compute.sustained_tensor_fraction == pytest.approx(
+        get_hardware("a100-sxm-40gb").compute.sustained_tensor_fraction, abs=0.01)
     assert cli_main(["calibrate", str(trace), "--hardware", "a100-sxm-40gb", "-o", str(tmp_path / "x.txt")]) == 2

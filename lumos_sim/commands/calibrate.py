@@ -24,38 +24,39 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def load_samples(inputs, hw, progress=None):
-    """Kernel samples of every rank of every input, one trace label per input file and rank."""
+def load_labelled(inputs, progress=None):
+    """(label, graph) of every rank of every input: one trace per input file and rank."""
     from pathlib import Path
 
-    from replay.hardware.kernel_models import KernelSamples, kernel_samples
-
-    parts = []
+    out = []
     for n, path in enumerate(inputs):
         for g in load_graphs([path]):
-            label = Path(path).name + (f"#rank{g.rank}" if g.world_size > 1 else "")
-            parts.append(kernel_samples(g, hw, label))
+            out.append((Path(path).name + (f"#rank{g.rank}" if g.world_size > 1 else ""), g))
         if progress:
             progress(n + 1, len(inputs))
-    return KernelSamples.concat(parts)
+    return out
 
 
 def main(args) -> int:
     from lumos_sim import __version__
-    from replay.hardware.calibration import calibrate, write_preset
+    from replay.hardware.calibration import calibrate_traces, write_preset
     from replay.hardware.config import get_hardware
 
     if not str(args.output).endswith(".toml"):
         raise TraceInputError(args.output, "the calibrated preset must be a .toml file")
     hw = get_hardware(args.hardware)
     with progress_bar("reading traces") as cb:
-        samples = load_samples(args.inputs, hw, cb)
-    result = calibrate(samples, hw)
+        graphs = load_labelled(args.inputs, cb)
+    result = calibrate_traces(graphs, hw)
+    samples = result.samples
     out = write_preset(result, args.output, args.name, tool=f"lumos-sim {__version__} calibrate")
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json() | {"output": str(out)}).decode() + "\n")
         return 0
     print_accuracy(result.by_trace, result.by_step)
+    if result.sustained_tensor_fraction is not None:
+        print(f"sustained tensor throughput: {result.sustained_tensor_fraction:.3f} of dense peak "
+              f"(preset {hw.name}: {hw.compute.sustained_tensor_fraction:.3f})")
     print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
           f"{len(samples.trace_names)} trace(s), extends {hw.name}")
     return 0

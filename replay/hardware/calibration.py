@@ -2,13 +2,14 @@
 the base preset with them, with provenance (trace names, kernel counts, fit and cross-validated error)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -16,7 +17,10 @@ from chakra_schema.errors import TraceInputError
 
 from .config import HardwareConfig, KernelClassModel, get_hardware
 from .kernel_models import (ClassAccuracy, KernelSamples, cross_validate, fit_class_models, folds_by_step,
-                            folds_by_trace)
+                            folds_by_trace, kernel_samples, sustained_tensor_fraction)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from chakra_schema.graph import ExecutionGraph
 
 
 @dataclass
@@ -26,12 +30,29 @@ class CalibrationResult:
     models: dict[str, KernelClassModel]
     by_trace: list[ClassAccuracy]      # empty with a single trace
     by_step: list[ClassAccuracy]       # empty without two ProfilerSteps in some trace
+    sustained_tensor_fraction: float | None = None   # measured on the traces' large tensor-core GEMMs
 
     def to_json(self) -> dict:
         return {"base": self.base.name, "traces": self.samples.trace_names, "kernels": len(self.samples),
+                "sustained_tensor_fraction": self.sustained_tensor_fraction,
                 "models": {k: dict(m.__dict__) for k, m in self.models.items()},
                 "cross_validation": {"by_trace": [r.to_json() for r in self.by_trace],
                                      "by_step": [r.to_json() for r in self.by_step]}}
+
+
+def calibrate_traces(graphs: Sequence[tuple[str, "ExecutionGraph"]], base: HardwareConfig | str) -> CalibrationResult:
+    """The whole calibration of (label, graph) pairs: measure the sustained tensor fraction on the large
+    tensor-core GEMMs, put it into the base, then fit the kernel models on that roofline."""
+    base = get_hardware(base)
+    samples = KernelSamples.concat([kernel_samples(g, base, label) for label, g in graphs])
+    measured = sustained_tensor_fraction(samples)
+    if measured is not None and abs(measured - base.compute.sustained_tensor_fraction) > 1e-3:
+        base = dataclasses.replace(base, compute=dataclasses.replace(base.compute,
+                                                                     sustained_tensor_fraction=round(measured, 3)))
+        samples = KernelSamples.concat([kernel_samples(g, base, label) for label, g in graphs])
+    result = calibrate(samples, base)
+    result.sustained_tensor_fraction = round(measured, 3) if measured is not None else None
+    return result
 
 
 def calibrate(samples: KernelSamples, base: HardwareConfig | str) -> CalibrationResult:
@@ -71,6 +92,8 @@ def preset_toml(result: CalibrationResult, name: str, tool: str) -> str:
              "[calibration]", f"base = {_toml_value(base_name)}",
              f"traces = {_toml_value(list(result.samples.trace_names))}",
              f"kernels = {len(result.samples)}", f"tool = {_toml_value(tool)}", ""]
+    if result.sustained_tensor_fraction is not None:
+        lines += ["[compute]", f"sustained_tensor_fraction = {_toml_value(result.sustained_tensor_fraction)}", ""]
     for key, m in sorted(result.models.items()):
         lines += [f"[kernel_models.{_toml_value(key)}]", f"overhead_us = {_toml_value(m.overhead_us)}",
                   f"efficiency = {_toml_value(m.efficiency)}", f"geometry = {_toml_value(list(m.geometry))}",
@@ -78,6 +101,10 @@ def preset_toml(result: CalibrationResult, name: str, tool: str) -> str:
     cv = {r.kernel_class: r for r in (result.by_trace or result.by_step)}
     fold = "by trace" if result.by_trace else "by step"
     lines.append("[sources]")
+    if result.sustained_tensor_fraction is not None:
+        n = int(np.isfinite(result.samples.tensor_fraction).sum())
+        lines.append(f"{_toml_value('compute.sustained_tensor_fraction')} = "
+                     f"{_toml_value(f'measured by lumos-sim calibrate: 99th percentile of the achieved fraction of dense tensor peak over {n} compute-bound tensor-core GEMMs of >= 1 GFLOP in ' + ', '.join(result.samples.trace_names))}")
     for key, m in sorted(result.models.items()):
         cls = key.split("/")[0].split("_")[0]
         held = cv.get(cls)

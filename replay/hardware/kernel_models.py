@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 MIN_US = 1.0            # kernels shorter than this are left out (1 us trace resolution makes them noise)
 MIN_KERNELS = 8         # fewer kernels than this in a class: no fit
 MIN_FAMILY_KERNELS = 4  # a kernel family (one implementation) varies less: fewer samples suffice
+TENSOR_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustained tensor fraction
 _OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
 _EFFICIENCIES = np.geomspace(0.02, 3.0, 120)
 
@@ -108,6 +110,8 @@ class KernelSamples:
     ctas: np.ndarray         # float [n] 0 when not recorded
     threads: np.ndarray      # float [n] threads per CTA, 0 when not recorded
     name: np.ndarray         # object[n] kernel name
+    tensor_fraction: np.ndarray  # float [n] achieved fraction of the dense tensor peak (compute-bound
+                                 # tensor-core GEMMs of >= 1 GFLOP), nan otherwise
     trace_names: list[str]
 
     def __len__(self) -> int:
@@ -157,16 +161,22 @@ def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str)
         geo = launch_geometry(a.get("grid"), a.get("block")) or (0.0, 0.0)
         t0 = float(graph.start_us[i])
         step = next((j for j, (lo, hi) in enumerate(steps) if lo <= t0 < hi), -1)
-        rows.append((step, cls, dtype, float(graph.duration_us[i]),
+        dur = float(graph.duration_us[i])
+        tensor = np.nan
+        if (est is not None and cls in ("gemm", "conv") and dtype in TENSOR_DTYPES and est.flops >= 1e9
+                and est.bound == "compute"):
+            tensor = est.flops / (dur * 1e-6) / hw.peak_flops(dtype)
+        rows.append((step, cls, dtype, dur,
                      max(est.compute_us, est.memory_us) if est is not None else np.nan,
-                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i]))
+                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i], tensor))
     n = len(rows)
-    cols = list(zip(*rows)) if rows else [[]] * 9
+    cols = list(zip(*rows)) if rows else [[]] * 10
     return KernelSamples(trace=np.zeros(n, np.int64), step=np.asarray(cols[0], np.int64),
                          cls=np.asarray(cols[1], object), dtype=np.asarray(cols[2], object),
                          measured_us=np.asarray(cols[3], float), roofline_us=np.asarray(cols[4], float),
                          base_us=np.asarray(cols[5], float), ctas=np.asarray(cols[6], float),
                          threads=np.asarray(cols[7], float), name=np.asarray(cols[8], object),
+                         tensor_fraction=np.asarray(cols[9], float),
                          trace_names=[trace_name])
 
 
@@ -314,6 +324,15 @@ def predict_all(models: dict[str, KernelClassModel], s: KernelSamples) -> np.nda
             got = predict(models[key], s.subset(m))
             out[m] = np.where(np.isfinite(got), got, out[m])
     return out
+
+
+def sustained_tensor_fraction(s: KernelSamples) -> float | None:
+    """The tensor throughput the GPU sustained in the traces, as a fraction of the dense peak: the 99th
+    percentile of the achieved fraction over large compute-bound tensor-core GEMMs (None: too few)."""
+    f = s.tensor_fraction[np.isfinite(s.tensor_fraction)]
+    if len(f) < MIN_TENSOR_KERNELS:
+        return None
+    return float(min(np.percentile(f, 99), 1.0))
 
 
 # -------------------------------------------------------------------------------- cross-validation
