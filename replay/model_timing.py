@@ -122,7 +122,9 @@ class _ModelBase:
         key = (model.hw.name, int(graph.kind[i]), graph.name[i],
                graph.name[host] if host >= 0 else "",
                repr(ha.get("input_shapes")) if ha else "", repr(ha.get("input_types")) if ha else "",
-               repr(a.get("bytes")) if a else "")
+               repr(a.get("bytes")) if a else "",
+               # a calibrated launch-geometry model times kernels without shapes by their grid
+               repr(a.get("grid")) + repr(a.get("block")) if a and model.hw.kernel_models else "")
         if key in self._memo:
             return self._memo[key]
         est = model.kernel_estimate(graph, i)

@@ -113,11 +113,12 @@ class ProtocolSpec:
 class KernelClassModel:
     """A kernel class's fitted timing model (see replay/hardware/kernel_models.py): time = overhead_us +
     roofline time / efficiency when the launching op's shapes are known, else the launch-geometry
-    regression exp(g0 + g1 ln CTAs + g2 ln threads-per-CTA). Written by `lumos-sim calibrate`."""
+    regression: a + b * CTAs * threads-per-CTA (2 numbers) or exp(g0 + g1 ln CTAs + g2 ln threads-per-CTA)
+    (3 numbers). Written by `lumos-sim calibrate`."""
 
     overhead_us: float = 0.0                # fixed per-kernel cost (launch-to-retire, tail of the last wave)
     efficiency: float = 1.0                 # achieved / preset roofline rate (above 1: the preset is pessimistic)
-    geometry: tuple[float, ...] = ()        # (g0, g1, g2) of the launch-geometry regression; () = none
+    geometry: tuple[float, ...] = ()        # launch-geometry regression: (a, b) or (g0, g1, g2); () = none
     kernels: int = 0                        # kernels the fit used
     fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
 
@@ -348,9 +349,9 @@ def _check_values(hw: HardwareConfig, path: str) -> None:
         if not 0 < v <= 1:
             raise TraceInputError(path, f"{what} must be in (0, 1], got {v}")
     for cls, km in hw.kernel_models.items():
-        if not km.overhead_us >= 0 or not km.efficiency > 0 or len(km.geometry) not in (0, 3):
+        if not km.overhead_us >= 0 or not km.efficiency > 0 or len(km.geometry) not in (0, 2, 3):
             raise TraceInputError(path, f"[kernel_models.{cls}] needs overhead_us >= 0, efficiency > 0 and "
-                                        "geometry of 3 numbers or none")
+                                        "geometry of 2 or 3 numbers or none")
     for d, v in hw.compute.gemm_efficiency_by_dtype.items():
         if not 0 < v <= 1:
             raise TraceInputError(path, f"[compute] gemm_efficiency_by_dtype.{d} must be in (0, 1], got {v}")

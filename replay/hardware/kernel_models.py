@@ -9,10 +9,12 @@ kernel class we fit
 
 which is a roofline whose achieved bandwidth / FLOP rate rises with size, r / (r + overhead*efficiency),
 the efficiency curve over bytes or FLOPs. Kernels recorded without shapes (traces taken with
-record_shapes=False) still carry their launch geometry, so the class also gets a small log-linear
-regression on it (the seeds' GPU model does the same for embeddings, whose traffic no roofline tells):
+record_shapes=False) still carry their launch geometry, so the class also gets a small regression on
+it (the seeds' GPU model does the same for embeddings, whose traffic no roofline tells), whichever of two
+forms fits its kernels better:
 
-    ln t = g0 + g1 ln(CTAs) + g2 ln(threads per CTA)
+    t = a + b * CTAs * threads per CTA               (streaming kernels: fixed cost + work per thread)
+    ln t = g0 + g1 ln(CTAs) + g2 ln(threads per CTA) (tiled kernels whose per-CTA work varies)
 
 Fits minimise the mean |ln(pred / measured)| -- the GMAE the accuracy reports use -- by a grid search
 over (overhead, efficiency) and iteratively reweighted least squares for the regression.
@@ -90,8 +92,7 @@ def geometry_estimate(model: KernelClassModel, grid: Any, block: Any, dtype: str
     geo = launch_geometry(grid, block)
     if not model.geometry or geo is None:
         return None
-    g0, g1, g2 = model.geometry
-    t = float(math.exp(g0 + g1 * math.log(geo[0]) + g2 * math.log(geo[1])))
+    t = float(geometry_time(model.geometry, np.asarray([geo[0]]), np.asarray([geo[1]]))[0])
     return OpEstimate(t, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "calibrated launch-geometry regression")
 
 
@@ -199,17 +200,47 @@ def gmae(pred: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit_roofline(roofline_us: np.ndarray, measured_us: np.ndarray) -> tuple[float, float]:
-    """(overhead_us, efficiency) minimising mean |ln((o + r/e) / t)| on a grid (vectorised over e)."""
-    best = (float("inf"), 0.0, 1.0)
+    """(overhead_us, efficiency) minimising mean |ln((o + r/e) / t)|: a coarse grid, then a finer one
+    around the best point (vectorised over e)."""
     log_t = np.log(measured_us)
-    inv = 1.0 / _EFFICIENCIES
-    for o in _OVERHEADS:
-        pred = o + np.outer(inv, roofline_us)
-        err = np.mean(np.abs(np.log(np.maximum(pred, 1e-9)) - log_t), axis=1)
-        j = int(np.argmin(err))
-        if err[j] < best[0]:
-            best = (float(err[j]), float(o), float(_EFFICIENCIES[j]))
-    return best[1], best[2]
+
+    def search(overheads: np.ndarray, effs: np.ndarray) -> tuple[float, float, float]:
+        best = (float("inf"), 0.0, 1.0)
+        inv = 1.0 / effs
+        for o in overheads:
+            err = np.mean(np.abs(np.log(np.maximum(o + np.outer(inv, roofline_us), 1e-9)) - log_t), axis=1)
+            j = int(np.argmin(err))
+            if err[j] < best[0]:
+                best = (float(err[j]), float(o), float(effs[j]))
+        return best
+
+    _, o, e = search(_OVERHEADS[::4], _EFFICIENCIES[::6])
+    fine_o = np.unique(np.clip(np.concatenate([[0.0], o * np.geomspace(0.6, 1.6, 11)]), 0.0, None))
+    _, o, e = search(fine_o, e * np.geomspace(0.7, 1.4, 25))
+    return o, e
+
+
+def geometry_time(geometry: Sequence[float], ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
+    """Durations from a launch-geometry model: (a, b) linear in total threads, (g0, g1, g2) log-linear."""
+    if len(geometry) == 2:
+        return geometry[0] + geometry[1] * ctas * threads
+    return np.exp(_geometry_features(ctas, threads) @ np.asarray(geometry))
+
+
+def fit_geometry_linear(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float]:
+    """(a, b) of t = a + b * total threads, minimising mean |ln(pred/t)| (the roofline grid, rescaled)."""
+    x = ctas * threads
+    scale = float(np.median(x / measured_us))
+    a, eff = fit_roofline(x / scale, measured_us)
+    return a, 1.0 / (scale * eff)
+
+
+def fit_launch_model(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, ...]:
+    """The better-fitting (in sample) of the linear and the log-linear launch-geometry forms."""
+    forms = [fit_geometry_linear(ctas, threads, measured_us), fit_geometry(ctas, threads, measured_us)]
+    errs = [float(np.mean(np.abs(np.log(np.maximum(geometry_time(f, ctas, threads), 1e-9) / measured_us))))
+            for f in forms]
+    return tuple(forms[int(np.argmin(errs))])
 
 
 def _geometry_features(ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
@@ -238,12 +269,22 @@ def model_key(cls: str, dtype: str) -> str:
 
 
 def kernel_family(name: str) -> str:
-    """A kernel's implementation family: its function name without template arguments, digits folded
-    ('at::native::reduce_kernel', 'cutlass::Kernel', 'ampere_sgemm_#x#_nn'). Kernels of one family share
-    a per-thread work pattern, so a class splits into families where the traces have enough of each."""
+    """A kernel's implementation family: its function name with template arguments, without the
+    parameter list, digits folded ('at::native::reduce_kernel<#, #, ...>', 'ampere_sgemm_#x#_nn'). Kernels
+    of one family share a per-thread work pattern, so a class splits into families where the traces have
+    enough of each."""
     base = name[5:] if name.startswith("void ") else name
-    base = base.split("(", 1)[0].strip()
-    return "".join("#" if ch.isdigit() else ch for ch in base)[:160] or "?"
+    base = base.replace("(anonymous namespace)::", "")
+    depth = 0
+    for j, ch in enumerate(base):  # the parameter list is the first '(' outside template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth <= 0:
+            base = base[:j]
+            break
+    return "".join("#" if ch.isdigit() else ch for ch in base.strip())[:160] or "?"
 
 
 def sample_keys(s: KernelSamples) -> tuple[np.ndarray, np.ndarray]:
@@ -268,34 +309,22 @@ def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[st
         m = keys == key
         roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
         geo = m & (s.ctas > 0) & (s.threads > 0)
+        if (geo & ~roof).sum() >= min_kernels:
+            geo &= ~roof  # the geometry model times kernels without shapes: fit it on those
         overhead, eff, geometry = 0.0, 1.0, ()
         n_roof, n_geo = int(roof.sum()), int(geo.sum())
         if n_roof >= min_kernels:
             overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
         if n_geo >= min_kernels:
-            geometry = fit_geometry(s.ctas[geo], s.threads[geo], s.measured_us[geo])
+            geometry = fit_launch_model(s.ctas[geo], s.threads[geo], s.measured_us[geo])
         if n_roof < min_kernels and not geometry:
             continue
-        model = KernelClassModel(overhead_us=overhead, efficiency=eff, geometry=tuple(geometry),
-                                 kernels=int(m.sum()))
-        model = _unbias(model, s.subset(m))
+        model = KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
+                                 geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()))
         pred = predict(model, s.subset(m))
         ok = np.isfinite(pred)
         out[key] = dataclasses.replace(model, fit_gmae=round(gmae(pred[ok], s.measured_us[m][ok]), 4))
     return out
-
-
-def _unbias(model: KernelClassModel, s: KernelSamples) -> KernelClassModel:
-    """Scale a median (GMAE) fit so that its summed time matches the measured sum: durations are skewed
-    (interference only ever slows a kernel down), and a step's time is a sum of kernels."""
-    pred = predict(model, s)
-    ok = np.isfinite(pred)
-    if not ok.any():
-        return model
-    c = float(np.clip(s.measured_us[ok].sum() / pred[ok].sum(), 0.8, 1.25))
-    geometry = (model.geometry[0] + math.log(c), *model.geometry[1:]) if model.geometry else ()
-    return dataclasses.replace(model, overhead_us=round(model.overhead_us * c, 3),
-                               efficiency=round(model.efficiency / c, 4), geometry=tuple(round(g, 5) for g in geometry))
 
 
 def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
@@ -307,7 +336,7 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
     out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
     geo = ~roof & (s.ctas > 0) & (s.threads > 0)
     if model.geometry and geo.any():
-        out[geo] = np.exp(_geometry_features(s.ctas[geo], s.threads[geo]) @ np.asarray(model.geometry))
+        out[geo] = geometry_time(model.geometry, s.ctas[geo], s.threads[geo])
     return out
 
 
