@@ -97,7 +97,9 @@ def preset_toml(result: CalibrationResult, name: str, tool: str) -> str:
     for key, m in sorted(result.models.items()):
         lines += [f"[kernel_models.{_toml_value(key)}]", f"overhead_us = {_toml_value(m.overhead_us)}",
                   f"efficiency = {_toml_value(m.efficiency)}", f"geometry = {_toml_value(list(m.geometry))}",
-                  f"kernels = {m.kernels}", f"fit_gmae = {_toml_value(m.fit_gmae)}", ""]
+                  f"kernels = {m.kernels}", f"fit_gmae = {_toml_value(m.fit_gmae)}"]
+        lines += ["shaped_by_geometry = true"] if m.shaped_by_geometry else []
+        lines += ["times_shaped = false", ""] if not m.times_shaped else [""]
     cv = {r.kernel_class: r for r in (result.by_trace or result.by_step)}
     fold = "by trace" if result.by_trace else "by step"
     lines.append("[sources]")

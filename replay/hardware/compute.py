@@ -240,9 +240,11 @@ class ComputeModel:
         est = self.roofline_kernel_estimate(graph, i)
         if model is None:
             return est
-        if est is not None:
-            return apply_class_model(est, model, self._min)
-        return geometry_estimate(model, a.get("grid"), a.get("block"), dtype)
+        if est is None or model.shaped_by_geometry:
+            geo = geometry_estimate(model, a.get("grid"), a.get("block"), dtype)
+            if geo is not None or est is None:
+                return geo
+        return apply_class_model(est, model, self._min) if model.times_shaped else est
 
     def roofline_kernel_estimate(self, graph: ExecutionGraph, i: int) -> OpEstimate | None:
         """`kernel_estimate` from the physics alone: kernel name + the launching op's shapes."""

@@ -121,6 +121,8 @@ class KernelClassModel:
     geometry: tuple[float, ...] = ()        # launch-geometry regression: (a, b) or (g0, g1, g2); () = none
     kernels: int = 0                        # kernels the fit used
     fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
+    shaped_by_geometry: bool = False        # the geometry model times kernels with shapes too (it fit them better)
+    times_shaped: bool = True               # fitted on kernels with shapes: times them (else they keep the physics)
 
 
 @dataclass(frozen=True)

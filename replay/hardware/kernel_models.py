@@ -307,24 +307,44 @@ def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[st
     out: dict[str, KernelClassModel] = {}
     for key in sorted(set(keys.tolist())):
         m = keys == key
-        roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
-        geo = m & (s.ctas > 0) & (s.threads > 0)
-        if (geo & ~roof).sum() >= min_kernels:
-            geo &= ~roof  # the geometry model times kernels without shapes: fit it on those
-        overhead, eff, geometry = 0.0, 1.0, ()
-        n_roof, n_geo = int(roof.sum()), int(geo.sum())
-        if n_roof >= min_kernels:
-            overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
-        if n_geo >= min_kernels:
-            geometry = fit_launch_model(s.ctas[geo], s.threads[geo], s.measured_us[geo])
-        if n_roof < min_kernels and not geometry:
-            continue
-        model = KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
-                                 geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()))
-        pred = predict(model, s.subset(m))
-        ok = np.isfinite(pred)
-        out[key] = dataclasses.replace(model, fit_gmae=round(gmae(pred[ok], s.measured_us[m][ok]), 4))
+        model = _fit_group(s, m, min_kernels)
+        if model is not None:
+            pred = predict(model, s.subset(m))
+            ok = np.isfinite(pred)
+            out[key] = dataclasses.replace(model, fit_gmae=round(gmae(pred[ok], s.measured_us[m][ok]), 4))
     return out
+
+
+def _mean_log_error(pred: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-9) / measured))))
+
+
+def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClassModel | None:
+    """Roofline form on the kernels with shapes, launch-geometry form on those without; where the
+    geometry explains even the kernels with shapes better (custom ops whose traffic the shapes do not
+    tell, e.g. fbgemm embeddings), it times those too."""
+    roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    has_geo = m & (s.ctas > 0) & (s.threads > 0)
+    shapeless = has_geo & ~roof
+    overhead, eff, geometry, shaped_by_geometry = 0.0, 1.0, (), False
+    if roof.sum() >= min_kernels:
+        overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
+        both = roof & has_geo
+        if both.sum() >= min_kernels:
+            g_all = fit_launch_model(s.ctas[has_geo], s.threads[has_geo], s.measured_us[has_geo])
+            by_geo = _mean_log_error(geometry_time(g_all, s.ctas[both], s.threads[both]), s.measured_us[both])
+            by_roof = _mean_log_error(overhead + s.roofline_us[both] / eff, s.measured_us[both])
+            if by_geo < by_roof:
+                geometry, shaped_by_geometry = g_all, True
+    if not geometry:
+        fit_on = shapeless if shapeless.sum() >= min_kernels else has_geo
+        if fit_on.sum() >= min_kernels:
+            geometry = fit_launch_model(s.ctas[fit_on], s.threads[fit_on], s.measured_us[fit_on])
+    if roof.sum() < min_kernels and not geometry:
+        return None
+    return KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
+                            geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()),
+                            shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels))
 
 
 def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
@@ -333,8 +353,10 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
     if model is None:
         return out
     roof = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
-    out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
-    geo = ~roof & (s.ctas > 0) & (s.threads > 0)
+    if model.times_shaped:
+        out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
+    geo = (s.ctas > 0) & (s.threads > 0)
+    geo &= np.ones(len(s), bool) if model.shaped_by_geometry else ~roof
     if model.geometry and geo.any():
         out[geo] = geometry_time(model.geometry, s.ctas[geo], s.threads[geo])
     return out
@@ -402,6 +424,8 @@ def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
         models = fit(s.subset(~test))
         pred[test] = predict_all(models, s.subset(test))
         tested |= test
+    # where no fitted model applies, replay keeps the uncalibrated estimate: so does the evaluation
+    pred = np.where(np.isfinite(pred), pred, s.base_us)
     rows = []
     for cls in sorted(set(s.cls[tested].tolist())):
         m = tested & (s.cls == cls)
