@@ -49,10 +49,14 @@ def main(args) -> int:
         graphs = load_labelled(args.inputs, cb)
     result = calibrate_traces(graphs, hw)
     samples = result.samples
+    classes, unknown_share, unknown = kernel_report(graphs)
     out = write_preset(result, args.output, args.name, tool=f"lumos-sim {__version__} calibrate")
     if args.json:
-        sys.stdout.write(orjson.dumps(result.to_json() | {"output": str(out)}).decode() + "\n")
+        report = {"classes": classes, "unclassified_share": unknown_share,
+                  "unclassified": [u.__dict__ for u in unknown]}
+        sys.stdout.write(orjson.dumps(result.to_json() | {"output": str(out), "kernels": report}).decode() + "\n")
         return 0
+    print_classes(classes, unknown_share, unknown)
     print_accuracy(result.by_trace, result.by_step)
     if result.sustained_tensor_fraction is not None:
         print(f"sustained tensor throughput: {result.sustained_tensor_fraction:.3f} of dense peak "
@@ -60,6 +64,51 @@ def main(args) -> int:
     print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
           f"{len(samples.trace_names)} trace(s), extends {hw.name}")
     return 0
+
+
+def kernel_report(graphs):
+    """Per kernel class: kernels, GPU time, libraries seen; plus the kernels no class covers."""
+    from collections import Counter, defaultdict
+
+    import numpy as np
+
+    from replay.hardware.compute import launching_op
+    from replay.hardware.kernel_classes import classify_kernel, unclassified_report
+
+    triples = []
+    for _, g in graphs:
+        for i in np.flatnonzero(g.is_gpu()).tolist():
+            host = launching_op(g, i)
+            triples.append((g.name[i], g.name[host] if host >= 0 else "", float(g.duration_us[i])))
+    stats: dict = defaultdict(lambda: {"kernels": 0, "time_us": 0.0, "libraries": Counter(), "by_op": 0})
+    for name, op, dur in triples:
+        k = classify_kernel(name, op)
+        st = stats[k.cls]
+        st["kernels"] += 1
+        st["time_us"] += dur
+        st["libraries"][k.library] += 1
+        st["by_op"] += int(k.by_op)
+    classes = {c: {**v, "libraries": dict(v["libraries"].most_common())} for c, v in sorted(stats.items())}
+    share, unknown = unclassified_report(triples)
+    return classes, share, unknown
+
+
+def print_classes(classes, unknown_share, unknown) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    total = sum(c["time_us"] for c in classes.values()) or 1.0
+    t = Table(title="GPU kernels by class (name first, launching op where the name says nothing)")
+    for col in ("class", "kernels", "GPU time", "share", "by launching op", "libraries"):
+        t.add_column(col, justify="left" if col in ("class", "libraries") else "right")
+    for c, v in classes.items():
+        t.add_row(c, str(v["kernels"]), f"{v['time_us'] / 1e3:.1f} ms", f"{100 * v['time_us'] / total:.1f}%",
+                  str(v["by_op"]), ", ".join(f"{k} {n}" for k, n in list(v["libraries"].items())[:4]))
+    console = Console()
+    console.print(t)
+    console.print(f"unclassified kernels: {100 * unknown_share:.2f}% of GPU time")
+    for u in unknown[:10]:
+        console.print(f"  {u.count:>5} x {u.total_us / 1e3:8.2f} ms  {u.name[:90]}  (launched by {u.host_op or '?'})")
 
 
 def print_accuracy(by_trace, by_step, title: str = "cross-validated per-class GMAE") -> None:

@@ -68,7 +68,7 @@ _LIBRARIES: list[tuple[str, re.Pattern]] = [
                           r"splitkreduce|nvjet|epilogue::|^kernel2", re.I)),
     ("fbgemm", re.compile(r"fbgemm|split_embedding|bounds_check|linearize_index", re.I)),
     ("aten", re.compile(r"at::native|at::|cub::", re.I)),
-    ("memcpy", re.compile(r"^memcpy|^memset", re.I)),
+    ("runtime", re.compile(r"^memcpy|^memset", re.I)),
 ]
 
 COMPUTE_CLASSES = frozenset({"gemm", "conv", "attention"})
