@@ -2,8 +2,9 @@
 per-class GMAE of the calibrated kernel models on held-out ProfilerSteps (never the kernels they were
 fitted on), and GPU-bound step accuracy (compute-busy time, CPU gaps removed) within 10%.
 The issue's goal is <= 25% per class; the bounds here are what the models reach today (see
-benchmarks/model_accuracy.py), so a regression fails. Noise floor: identical kernels of
-trace_diff_control vary by ~20% GMAE between steps (interference from concurrent streams)."""
+benchmarks/model_accuracy.py), so a regression fails; A100 elementwise / reduction / norm / copy miss the
+goal. Their run-to-run floor (identical kernels of other steps predicting each other) is 12-20%: the
+trace_diff_control kernels share the GPU with concurrent streams (a 1-CTA kernel takes 3 to 36 us)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,9 +21,9 @@ from replay.model_timing import ModelTiming
 A100 = ["trace_diff_control_control.json.gz", "nccl_parser_config_nccl_data.json.gz",
         "critical_path_alexnet_trace.json.gz"]
 V100 = ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]
-BOUNDS = {"a100-sxm-40gb": {"gemm": 0.26, "conv": 0.14, "elementwise": 0.30, "reduction": 0.37, "norm": 0.36,
-                            "copy": 0.29, "embedding": 0.15},
-          "v100-sxm2": {"gemm": 0.23, "conv": 0.15, "elementwise": 0.16, "norm": 0.34, "copy": 0.12}}
+BOUNDS = {"a100-sxm-40gb": {"gemm": 0.25, "conv": 0.14, "elementwise": 0.30, "reduction": 0.34, "norm": 0.35,
+                            "copy": 0.29, "embedding": 0.12},
+          "v100-sxm2": {"gemm": 0.23, "conv": 0.15, "elementwise": 0.12, "norm": 0.34, "copy": 0.12}}
 
 
 @pytest.fixture(scope="module")

@@ -117,12 +117,12 @@ def print_accuracy(by_trace, by_step, title: str = "cross-validated per-class GM
 
     t = Table(title=title + " (uncalibrated -> calibrated)")
     for col in ("folds", "class", "held-out", "uncalibrated n", "uncalibrated GMAE", "calibrated n",
-                "calibrated GMAE"):
+                "calibrated GMAE", "repeat floor"):
         t.add_column(col, justify="left" if col in ("folds", "class") else "right")
     for label, rows in (("by trace", by_trace), ("by step", by_step)):
         for r in rows:
             t.add_row(label, r.kernel_class, str(r.kernels), str(r.before_kernels), _pct(r.before_gmae),
-                      str(r.after_kernels), _pct(r.after_gmae))
+                      str(r.after_kernels), _pct(r.after_gmae), _pct(r.floor_gmae))
     Console().print(t)
 
 
