@@ -15,61 +15,66 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
+def _compile(table: list[tuple[str, str]]) -> list[tuple[str, re.Pattern]]:
+    """(label, case-insensitive pattern) pairs, in match order."""
+    return [(label, re.compile(pattern, re.I)) for label, pattern in table]
+
+
 # Order matters: the first matching class wins (NCCL before 'reduce', attention before gemm since flash
 # kernels contain 'gemm'-like substrings in template arguments, copy before elementwise).
-_CLASS_PATTERNS: list[tuple[str, re.Pattern]] = [
-    ("communication", re.compile(r"nccl|rccl|c10d::|gloo", re.I)),
+_CLASS_PATTERNS = _compile([
+    ("communication", r"nccl|rccl|c10d::|gloo"),
     # cuBLAS's split-K partial-sum reduction: a pass over the output, not a GEMM mainloop
-    ("reduction", re.compile(r"splitkreduce|reduce_splitk|reducesplitk", re.I)),
-    ("attention", re.compile(r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd", re.I)),
-    ("memset", re.compile(r"^memset|\bmemset\b", re.I)),
-    ("embedding", re.compile(r"embedding|indexselect|index_select", re.I)),
-    ("copy", re.compile(r"^memcpy|memcpy (htod|dtoh|dtod|htoh)|copy_kernel|direct_copy|catarraybatchedcopy"
-                        r"|nchwtonhwc|nhwctonchw|transpose|permute|contiguous|scatter_gather"
-                        r"|gather_kernel|\bcopy\b", re.I)),
-    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd_|\blamb_|lamb_kernel|fused_optimizer|optimizer", re.I)),
-    ("conv", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
-                        r"cask_cudnn|cudnn_infer|cudnn_train", re.I)),
-    ("gemm", re.compile(r"(?<!fb)gemm|cutlass|xmma|cublas|ampere_|volta_|turing_|hopper_|sm\d\d_|^kernel2"
-                        r"|matmul|gemv|dot_kernel|nvjet|epilogue::", re.I)),
-    ("norm", re.compile(r"layer_norm|layernorm|rms_?norm|batch_?norm|group_?norm|bn_fw|bn_bw|"
-                        r"gammabetabackward|instance_?norm|norm_kernel", re.I)),
-    ("softmax", re.compile(r"softmax", re.I)),
-    ("embedding", re.compile(r"embedding|index_put|indexing_backward|embedding_bag", re.I)),
-    ("reduction", re.compile(r"reduce|reduction|sum_kernel|mean_kernel|argmax|max_kernel|cub::|scan|"
-                             r"norm_two|nll_loss|cross_entropy|topk|sort", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|functor|fill|add|mul|relu|gelu|silu|"
-                               r"sigmoid|tanh|dropout|clamp|where|cast|pool|upsample|distribution|"
-                               r"triton_", re.I)),
-]
+    ("reduction", r"splitkreduce|reduce_splitk|reducesplitk"),
+    ("attention", r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd"),
+    ("memset", r"^memset|\bmemset\b"),
+    ("embedding", r"embedding|indexselect|index_select"),
+    ("copy", r"^memcpy|memcpy (htod|dtoh|dtod|htoh)|copy_kernel|direct_copy|catarraybatchedcopy"
+     r"|nchwtonhwc|nhwctonchw|transpose|permute|contiguous|scatter_gather"
+     r"|gather_kernel|\bcopy\b"),
+    ("optimizer", r"multi_tensor_apply|adam|sgd_|\blamb_|lamb_kernel|fused_optimizer|optimizer"),
+    ("conv", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
+     r"cask_cudnn|cudnn_infer|cudnn_train"),
+    ("gemm", r"(?<!fb)gemm|cutlass|xmma|cublas|ampere_|volta_|turing_|hopper_|sm\d\d_|^kernel2"
+     r"|matmul|gemv|dot_kernel|nvjet|epilogue::"),
+    ("norm", r"layer_norm|layernorm|rms_?norm|batch_?norm|group_?norm|bn_fw|bn_bw|"
+     r"gammabetabackward|instance_?norm|norm_kernel"),
+    ("softmax", r"softmax"),
+    ("embedding", r"embedding|index_put|indexing_backward|embedding_bag"),
+    ("reduction", r"reduce|reduction|sum_kernel|mean_kernel|argmax|max_kernel|cub::|scan|"
+     r"norm_two|nll_loss|cross_entropy|topk|sort"),
+    ("elementwise", r"elementwise|vectorized|unrolled|functor|fill|add|mul|relu|gelu|silu|"
+     r"sigmoid|tanh|dropout|clamp|where|cast|pool|upsample|distribution|"
+     r"triton_"),
+])
 
 # A kernel no name pattern knows: the launching op's name says what it computes.
-_OP_PATTERNS: list[tuple[str, re.Pattern]] = [
-    ("embedding", re.compile(r"embedding|lookup|bounds_check_indices|linearize_index|index_select|"
-                             r"to_dense_representation|offsets_range", re.I)),
-    ("attention", re.compile(r"attention|sdpa|flash", re.I)),
-    ("conv", re.compile(r"conv", re.I)),
-    ("gemm", re.compile(r"::(mm|addmm|bmm|baddbmm|linear|matmul|_scaled_mm)\b", re.I)),
-    ("norm", re.compile(r"norm", re.I)),
-    ("softmax", re.compile(r"softmax", re.I)),
-    ("reduction", re.compile(r"::(sum|mean|amax|max|min|prod|cumsum|var|std|argmax|topk|sort)\b|cumsum", re.I)),
-    ("copy", re.compile(r"copy|::cat\b|::stack\b|permute|recat|::to\b|contiguous", re.I)),
-    ("elementwise", re.compile(r"^aten::", re.I)),
-]
+_OP_PATTERNS = _compile([
+    ("embedding", r"embedding|lookup|bounds_check_indices|linearize_index|index_select|"
+     r"to_dense_representation|offsets_range"),
+    ("attention", r"attention|sdpa|flash"),
+    ("conv", r"conv"),
+    ("gemm", r"::(mm|addmm|bmm|baddbmm|linear|matmul|_scaled_mm)\b"),
+    ("norm", r"norm"),
+    ("softmax", r"softmax"),
+    ("reduction", r"::(sum|mean|amax|max|min|prod|cumsum|var|std|argmax|topk|sort)\b|cumsum"),
+    ("copy", r"copy|::cat\b|::stack\b|permute|recat|::to\b|contiguous"),
+    ("elementwise", r"^aten::"),
+])
 
-_LIBRARIES: list[tuple[str, re.Pattern]] = [
-    ("nccl", re.compile(r"nccl|rccl", re.I)),
-    ("flash", re.compile(r"flash", re.I)),
-    ("sdpa", re.compile(r"fmha|efficient_attention|mem_eff|_sdpa", re.I)),
-    ("triton", re.compile(r"triton", re.I)),
-    ("cudnn", re.compile(r"cudnn|cask_|implicit_gemm|scudnn|bn_fw|bn_bw", re.I)),
-    ("cutlass", re.compile(r"cutlass", re.I)),
-    ("cublas", re.compile(r"ampere_|volta_|turing_|hopper_|sm\d\d_xmma_gemm|cublas|gemv|gemmk1|"
-                          r"splitkreduce|nvjet|epilogue::|^kernel2", re.I)),
-    ("fbgemm", re.compile(r"fbgemm|split_embedding|bounds_check|linearize_index", re.I)),
-    ("aten", re.compile(r"at::native|at::|cub::", re.I)),
-    ("runtime", re.compile(r"^memcpy|^memset", re.I)),
-]
+_LIBRARIES = _compile([
+    ("nccl", r"nccl|rccl"),
+    ("flash", r"flash"),
+    ("sdpa", r"fmha|efficient_attention|mem_eff|_sdpa"),
+    ("triton", r"triton"),
+    ("cudnn", r"cudnn|cask_|implicit_gemm|scudnn|bn_fw|bn_bw"),
+    ("cutlass", r"cutlass"),
+    ("cublas", r"ampere_|volta_|turing_|hopper_|sm\d\d_xmma_gemm|cublas|gemv|gemmk1|"
+     r"splitkreduce|nvjet|epilogue::|^kernel2"),
+    ("fbgemm", r"fbgemm|split_embedding|bounds_check|linearize_index"),
+    ("aten", r"at::native|at::|cub::"),
+    ("runtime", r"^memcpy|^memset"),
+])
 
 COMPUTE_CLASSES = frozenset({"gemm", "conv", "attention"})
 MEMORY_CLASSES = frozenset({"elementwise", "norm", "softmax", "reduction", "embedding", "copy", "memset",
