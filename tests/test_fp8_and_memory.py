@@ -94,3 +94,14 @@ def test_whatif_json_has_memory_breakdown(capsys):
     b = d["memory_breakdown_gib"]
     assert set(b) >= {"weights", "gradients", "optimizer_states", "activations", "total", "capacity"}
     assert b["total"] == pytest.approx(b["weights"] + b["gradients"] + b["optimizer_states"] + b["activations"])
+
+
+def test_interleaved_schedule_holds_korthikanti_in_flight_activations():
+    """Korthikanti et al. Sec. 4.2.3: the first stage of the interleaved 1F1B schedule holds
+    L * (1 + (p-1)/(p*v)) layers' activations of one micro-batch (L without interleaving)."""
+    model = load_model("llama3-70b")
+    p, v = 4, 2
+    base = dict(tp=8, pp=p, dp=1, seq_len=4096, global_batch=64, micro_batch=1, recompute="none", zero=1)
+    one = estimate_memory(model, ParallelPlan(**base, vp=1)).activations_gib
+    inter = estimate_memory(model, ParallelPlan(**base, vp=v)).activations_gib
+    assert inter / one == pytest.approx(1 + (p - 1) / (p * v), rel=0.03)

@@ -124,3 +124,5 @@ def test_calibrate_cli_writes_a_preset_that_extends_the_base(shared_traces, tmp_
     assert hw.compute.sustained_tensor_fraction == pytest.approx(
         get_hardware("a100-sxm-40gb").compute.sustained_tensor_fraction, abs=0.01)
     assert cli_main(["calibrate", str(trace), "--hardware", "a100-sxm-40gb", "-o", str(tmp_path / "x.txt")]) == 2
+    assert cli_main(["calibrate", str(trace), "--hardware", "h100-sxm", "-o", str(tmp_path / "h.toml")]) == 2
+    assert "recorded on A100" in capsys.readouterr().err and not (tmp_path / "h.toml").exists()

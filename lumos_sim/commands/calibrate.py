@@ -47,6 +47,7 @@ def main(args) -> int:
     hw = get_hardware(args.hardware)
     with progress_bar("reading traces") as cb:
         graphs = load_labelled(args.inputs, cb)
+    check_same_gpu(graphs, hw)
     result = calibrate_traces(graphs, hw)
     samples = result.samples
     classes, unknown_share, unknown = kernel_report(graphs)
@@ -64,6 +65,17 @@ def main(args) -> int:
     print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
           f"{len(samples.trace_names)} trace(s), extends {hw.name}")
     return 0
+
+
+def check_same_gpu(graphs, hw) -> None:
+    """A fit only means something on the GPU the traces ran on: refuse a trace recorded on another one."""
+    from replay.hardware.config import trace_hardware
+
+    for label, g in graphs:
+        got = trace_hardware(g.metadata)
+        if got is not None and (got.gpu.sm_count, got.gpu.peak_tflops) != (hw.gpu.sm_count, hw.gpu.peak_tflops):
+            raise TraceInputError(label, f"recorded on {got.gpu.model}, not on --hardware {hw.name} "
+                                         f"({hw.gpu.model}): calibrate each GPU type on its own traces")
 
 
 def kernel_report(graphs):
