@@ -299,6 +299,15 @@ def launching_op(graph: ExecutionGraph, i: int) -> int:
     return -1
 
 
+def _type_key(t: Any) -> str:
+    """Kineto writes a tensor's type as 'c10::BFloat16', the Execution Trace as 'Tensor(c10::BFloat16)':
+    both must find the same _TORCH_TYPES entry (else every ET-linked bf16 op was costed as fp32)."""
+    key = str(t).lower()
+    if key.startswith("tensor(") and key.endswith(")"):
+        key = key[len("tensor("):-1]
+    return key
+
+
 def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
     """Compute dtype and element size: kernel-name hints first (TF32 tensor cores run fp32 tensors)."""
     k = kernel.lower()
@@ -309,8 +318,8 @@ def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
     if "e4m3" in k or "fp8" in k:
         return "fp8", 1
     for t in types:
-        got = _TORCH_TYPES.get(str(t).lower())
-        if got and got[0] in ("fp32", "bf16", "fp16", "fp64", "fp8") and str(t).lower() not in (
+        got = _TORCH_TYPES.get(_type_key(t))
+        if got and got[0] in ("fp32", "bf16", "fp16", "fp64", "fp8") and _type_key(t) not in (
                 "long int", "int64_t", "int", "bool", "unsigned char", "signed char", "short int"):
             return got
     if "h884" in k or "h1688" in k or "h16816" in k or "fp16" in k:
@@ -319,7 +328,7 @@ def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
 
 
 def _elem_bytes(t: str) -> int:
-    got = _TORCH_TYPES.get(str(t).lower())
+    got = _TORCH_TYPES.get(_type_key(t))
     return got[1] if got else 4
 
 
