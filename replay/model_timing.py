@@ -21,7 +21,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 
 from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
-                               launching_op, peak_ratio)
+                               launching_op, peak_ratio, traced_kernel_class)
 from .hardware.config import HardwareConfig, get_hardware, trace_hardware
 from .hardware.network import NetworkModel
 from .trace_timing import recorded_gpu_latency
@@ -55,7 +55,7 @@ def node_classes(graph: ExecutionGraph) -> list[str]:
             out.append("memset")
         elif gpu[i] or k == OpKind.KERNEL:
             op = graph.attr(i, "op")
-            out.append(str(op) if op else kernel_class(graph.name[i]))
+            out.append(str(op) if op else traced_kernel_class(graph, i)[0])
         else:
             out.append("cpu")
     return out

@@ -16,12 +16,34 @@ def register(sub) -> None:
     p = sub.add_parser("calibrate", help="fit kernel models on your traces; write a preset extending --hardware",
                        description="Fit per-class kernel models (fixed cost, roofline efficiency, launch-geometry "
                                    "regression) on GPU traces and write a hardware preset that extends BASE.")
-    p.add_argument("inputs", nargs="+", metavar="TRACE", help="Kineto traces (or .et / prefixes) of one GPU type")
+    p.add_argument("inputs", nargs="+", metavar="TRACE",
+                   help="traces of one GPU type: Kineto files, .et files / prefixes, or directories holding "
+                        "NAME.<rank>.json.gz Kineto + Execution Trace pairs")
     p.add_argument("--hardware", required=True, metavar="BASE", help="preset the traces' GPU is (name or TOML)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.toml", help="calibrated preset to write")
     p.add_argument("--name", help="preset name (default: the output file's stem)")
     p.add_argument("--json", action="store_true", help="print the fit and cross-validation as JSON")
     p.set_defaults(func=main)
+
+
+def _load_one(path: str):
+    """One trace set: a file / .et prefix / pattern as `replay` takes it, or a directory holding a Kineto
+    and an Execution Trace file per rank (NAME.<rank>.json.gz), linked together."""
+    import os
+    import re
+    from glob import glob
+
+    from lumos_sim.inputs import sniff_trace_kind
+
+    if not os.path.isdir(path):
+        return load_graphs([path])
+    patterns: dict[str, str] = {}
+    for f in sorted(glob(os.path.join(path, "*.json*"))):
+        if re.search(r"\.\d+\.json(\.gz)?$", f):
+            patterns.setdefault(sniff_trace_kind(f), re.sub(r"\.\d+\.json", ".{rank}.json", f))
+    if not patterns:
+        raise TraceInputError(path, "directory holds no NAME.<rank>.json(.gz) trace files")
+    return load_graphs([], et_pattern=patterns.get("et"), kineto_pattern=patterns.get("kineto"))
 
 
 def load_labelled(inputs, progress=None):
@@ -30,7 +52,7 @@ def load_labelled(inputs, progress=None):
 
     out = []
     for n, path in enumerate(inputs):
-        for g in load_graphs([path]):
+        for g in _load_one(path):
             out.append((Path(path).name + (f"#rank{g.rank}" if g.world_size > 1 else ""), g))
         if progress:
             progress(n + 1, len(inputs))

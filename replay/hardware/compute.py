@@ -22,6 +22,7 @@ Every kernel takes at least `min_kernel_us`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
@@ -371,6 +372,10 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
         return model.conv(nb, cin, h, w, cout, kh, kw, 1, groups, dtype)
     if cls == "attention" or "attention" in op_l:
         q = tens[0]
+        if len(q) == 4 and _ATTENTION_HELPER.search(kernel):
+            # a pre/post pass of the flash backward (rowsum of dO*O, dQ fp32 -> 16 bit, GQA head
+            # reduction): a stream over Q-sized tensors, not the attention FLOPs again
+            return model.memory_op(3.0 * _numel(q) * e, dtype)
         if len(q) == 4 and len(tens) >= 2:
             b, h, sq, d = q
             kv = tens[1]
@@ -404,6 +409,9 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
     else:
         nbytes = sum(sizes) + max(sizes)
     return model.memory_op(nbytes, dtype)
+
+
+_ATTENTION_HELPER = re.compile(r"dot_do_o|convert_dq|convert_dkv|reduce_head|clear_dkv|dq_accum", re.I)
 
 
 def _gemm_dims(op: str, tens: list[list[int]]) -> tuple[int, int, int, int] | None:

@@ -26,14 +26,14 @@ _CLASS_PATTERNS = _compile([
     ("communication", r"nccl|rccl|c10d::|gloo"),
     # cuBLAS's split-K partial-sum reduction: a pass over the output, not a GEMM mainloop
     ("reduction", r"splitkreduce|reduce_splitk|reducesplitk"),
-    ("attention", r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd"),
+    ("attention", r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd|dot_do_o|convert_dq"),
     ("memset", r"^memset|\bmemset\b"),
     ("embedding", r"embedding|indexselect|index_select"),
     ("copy", r"^memcpy|memcpy (htod|dtoh|dtod|htoh)|copy_kernel|direct_copy|catarraybatchedcopy"
      r"|nchwtonhwc|nhwctonchw|transpose|permute|contiguous|scatter_gather"
      r"|gather_kernel|\bcopy\b"),
     ("optimizer", r"multi_tensor_apply|adam|sgd_|\blamb_|lamb_kernel|fused_optimizer|optimizer"),
-    ("conv", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
+    ("conv", r"conv(?!ert)|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
      r"cask_cudnn|cudnn_infer|cudnn_train"),
     ("gemm", r"(?<!fb)gemm|cutlass|xmma|cublas|ampere_|volta_|turing_|hopper_|sm\d\d_|^kernel2"
      r"|matmul|gemv|dot_kernel|nvjet|epilogue::"),
@@ -53,7 +53,7 @@ _OP_PATTERNS = _compile([
     ("embedding", r"embedding|lookup|bounds_check_indices|linearize_index|index_select|"
      r"to_dense_representation|offsets_range"),
     ("attention", r"attention|sdpa|flash"),
-    ("conv", r"conv"),
+    ("conv", r"conv(?!ert)"),
     ("gemm", r"::(mm|addmm|bmm|baddbmm|linear|matmul|_scaled_mm)\b"),
     ("norm", r"norm"),
     ("softmax", r"softmax"),
