@@ -447,11 +447,21 @@ def folds_by_trace(s: KernelSamples) -> list[np.ndarray]:
     return [s.trace == t for t in np.unique(s.trace)] if len(np.unique(s.trace)) > 1 else []
 
 
-def folds_by_step(s: KernelSamples) -> list[np.ndarray]:
-    """Each (trace, step) is one test fold; kernels outside any step are never tested."""
-    return [(s.trace == t) & (s.step == k) for t, k in sorted(set(zip(s.trace.tolist(), s.step.tolist())))
-            if k >= 0 and ((s.trace == t) & (s.step >= 0)).any()
-            and len(set(s.step[(s.trace == t) & (s.step >= 0)].tolist())) > 1]
+def folds_by_step(s: KernelSamples, k: int = 10) -> list[np.ndarray]:
+    """k-fold by ProfilerStep within each trace (step i is in fold i mod k; a trace with a few steps gets one
+    fold per step). Kernels outside any step are never tested; traces with one step are not folded."""
+    folds = []
+    for t in np.unique(s.trace).tolist():
+        in_trace = (s.trace == t) & (s.step >= 0)
+        steps = np.unique(s.step[in_trace])
+        if len(steps) < 2:
+            continue
+        n = min(k, len(steps))
+        fold_of = {int(st): j % n for j, st in enumerate(steps.tolist())}
+        ids = np.full(len(s), -1)
+        ids[in_trace] = [fold_of[int(x)] for x in s.step[in_trace].tolist()]
+        folds += [ids == j for j in range(n)]
+    return folds
 
 
 def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
