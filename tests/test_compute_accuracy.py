@@ -21,7 +21,7 @@ from replay.model_timing import ModelTiming
 A100 = ["trace_diff_control_control.json.gz", "nccl_parser_config_nccl_data.json.gz",
         "critical_path_alexnet_trace.json.gz"]
 V100 = ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]
-BOUNDS = {"a100-sxm-40gb": {"gemm": 0.25, "conv": 0.14, "elementwise": 0.30, "reduction": 0.34, "norm": 0.35,
+BOUNDS = {"a100-sxm-40gb": {"gemm": 0.25, "conv": 0.14, "elementwise": 0.30, "reduction": 0.36, "norm": 0.35,
                             "copy": 0.29, "embedding": 0.12},
           "v100-sxm2": {"gemm": 0.23, "conv": 0.15, "elementwise": 0.12, "norm": 0.34, "copy": 0.12}}
 

@@ -123,8 +123,6 @@ class KernelClassModel:
     fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
     shaped_by_geometry: bool = False        # the geometry model times kernels with shapes too (it fit them better)
     times_shaped: bool = True               # fitted on kernels with shapes: times them (else they keep the physics)
-    mixed: tuple[float, ...] = ()           # (c0, c1, c2, c3): ln t = c0 + c1 ln roofline + c2 ln CTAs + c3 ln threads,
-                                            # for kernels with shapes where it fits clearly better
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ MIN_US = 1.0            # kernels shorter than this are left out (1 us trace res
 MIN_KERNELS = 8         # fewer kernels than this in a class: no fit
 MIN_FAMILY_KERNELS = 4  # a kernel family (one implementation) varies less: fewer samples suffice
 TENSOR_DTYPES = ("tf32", "bf16", "fp16", "fp8")
-MIXED_GAIN = 0.97       # the 4-coefficient mixed form must beat the 2-coefficient ones by 10% in sample
 MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustained tensor fraction
 _OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
 _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
@@ -316,25 +315,6 @@ def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[st
     return out
 
 
-def _mixed_features(roofline_us: np.ndarray, ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
-    return np.stack([np.ones(len(ctas)), np.log(roofline_us), np.log(ctas), np.log(threads)], axis=1)
-
-
-def mixed_time(coef: Sequence[float], roofline_us: np.ndarray, ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
-    return np.exp(_mixed_features(roofline_us, ctas, threads) @ np.asarray(coef))
-
-
-def fit_mixed(roofline_us: np.ndarray, ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple:
-    """Least-absolute-deviation fit of ln t on (1, ln roofline, ln CTAs, ln threads/CTA)."""
-    x = _mixed_features(roofline_us, ctas, threads)
-    y = np.log(measured_us)
-    w = np.linalg.lstsq(x, y, rcond=None)[0]
-    for _ in range(25):
-        r = np.sqrt(1.0 / np.maximum(np.abs(y - x @ w), 0.02))
-        w = np.linalg.lstsq(x * r[:, None], y * r, rcond=None)[0]
-    return tuple(float(v) for v in w)
-
-
 def _mean_log_error(pred: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-9) / measured))))
 
@@ -346,7 +326,7 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClass
     roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
     has_geo = m & (s.ctas > 0) & (s.threads > 0)
     shapeless = has_geo & ~roof
-    overhead, eff, geometry, shaped_by_geometry, mixed = 0.0, 1.0, (), False, ()
+    overhead, eff, geometry, shaped_by_geometry = 0.0, 1.0, (), False
     if roof.sum() >= min_kernels:
         overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
         both = roof & has_geo
@@ -356,12 +336,6 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClass
             by_roof = _mean_log_error(overhead + s.roofline_us[both] / eff, s.measured_us[both])
             if by_geo < by_roof:
                 geometry, shaped_by_geometry = g_all, True
-            if both.sum() >= 3 * MIN_FAMILY_KERNELS:
-                mix = fit_mixed(s.roofline_us[both], s.ctas[both], s.threads[both], s.measured_us[both])
-                by_mix = _mean_log_error(mixed_time(mix, s.roofline_us[both], s.ctas[both], s.threads[both]),
-                                         s.measured_us[both])
-                if by_mix < min(by_geo, by_roof) * MIXED_GAIN:
-                    mixed = mix
     if not geometry:
         fit_on = shapeless if shapeless.sum() >= min_kernels else has_geo
         if fit_on.sum() >= min_kernels:
@@ -370,8 +344,7 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClass
         return None
     return KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
                             geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()),
-                            shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels),
-                            mixed=tuple(float(f"{g:.6g}") for g in mixed))
+                            shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels))
 
 
 def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
@@ -382,9 +355,6 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
     roof = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
     if model.times_shaped:
         out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
-    mix = roof & (s.ctas > 0) & (s.threads > 0)
-    if model.mixed and mix.any():
-        out[mix] = mixed_time(model.mixed, s.roofline_us[mix], s.ctas[mix], s.threads[mix])
     geo = (s.ctas > 0) & (s.threads > 0)
     geo &= np.ones(len(s), bool) if model.shaped_by_geometry else ~roof
     if model.geometry and geo.any():
