@@ -25,6 +25,13 @@ from estimators.model_config import ModelConfig
 from estimators.plan import ParallelPlan, stage_layers
 
 GIB = 1024 ** 3
+
+
+def hbm_capacity_gib(hw) -> float:
+    """Usable HBM per GPU in GiB. HBM capacities are binary: an "80 GB" H100 or A100 is five 16 GiB
+    stacks (nvidia-smi reports 81559 MiB on H100 SXM, 81920 MiB on A100 80GB), so the preset's
+    memory_gb is read as GiB -- reading it as 1e9 bytes would take 5.5 GiB away from every GPU."""
+    return float(hw.gpu.memory_gb)
 WEIGHT_BYTES = 2.0
 GRAD_BYTES = 4.0
 OPTIM_BYTES = 12.0
@@ -46,6 +53,12 @@ class MemoryEstimate:
     @property
     def oom(self) -> bool:
         return self.capacity_gib > 0 and self.total_gib > self.capacity_gib
+
+    def breakdown_gib(self) -> dict:
+        """Per-GPU memory of the most loaded stage by term, GiB (what `whatif parallelism --json` reports)."""
+        return {"weights": self.weights_gib, "gradients": self.grads_gib, "optimizer_states": self.optimizer_gib,
+                "activations": self.activations_gib, "total": self.total_gib, "capacity": self.capacity_gib,
+                "headroom": self.capacity_gib - self.total_gib if self.capacity_gib else None}
 
     def to_json(self) -> dict:
         return {"weights_gib": self.weights_gib, "grads_gib": self.grads_gib, "optimizer_gib": self.optimizer_gib,

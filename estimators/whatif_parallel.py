@@ -24,7 +24,7 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
-from estimators.memory import MemoryEstimate, estimate_memory
+from estimators.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import COMM_KINDS, Breakdown, union_intervals
 from estimators.model_config import ModelConfig
 from estimators.plan import ParallelPlan, validate_plan
@@ -66,7 +66,8 @@ class PlanPrediction:
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu, "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
             "mfu": self.mfu, "memory_gib_per_gpu": self.memory.total_gib, "oom": self.oom,
-            "memory": self.memory.to_json(), "breakdown": legacy_breakdown_json(self.breakdown),
+            "memory": self.memory.to_json(), "memory_breakdown_gib": self.memory.breakdown_gib(),
+            "breakdown": legacy_breakdown_json(self.breakdown),
             "simulated_ranks": self.simulated_ranks, "num_nodes": self.num_nodes, "wall_s": self.wall_s,
             **self.extra,
         }
@@ -251,7 +252,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     mflops = model_flops_per_step(model, plan)
     hflops = hw_flops_per_step(model, plan)
     peak = hw.peak_flops(plan.precision) if hw is not None else 0.0
-    mem = estimate_memory(model, plan, hw.gpu.memory_gb * 1e9 / 1024 ** 3 if hw is not None else 0.0)
+    mem = estimate_memory(model, plan, hbm_capacity_gib(hw) if hw is not None else 0.0)
     tflops = mflops / step_s / gpus / 1e12
     return PlanPrediction(
         model=model.name, hardware=hw.name if hw is not None else getattr(timing, "name", "timing"), plan=plan,
@@ -300,7 +301,7 @@ def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: 
     cheapest recomputation that fits is used (none, then selective, then full); layouts are ordered by a
     proxy preferring the least pipeline bubble and TP."""
     hw = resolve_hardware(hardware)
-    cap = hw.gpu.memory_gb * 1e9 / 1024 ** 3
+    cap = hbm_capacity_gib(hw)
     fitting: list[ParallelPlan] = []
     for plan in candidate_plans(model, gpus, seq_len, global_batch, precision, hw.node.gpus_per_node):
         for rc in ("none", "selective", "full"):

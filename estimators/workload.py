@@ -64,6 +64,12 @@ FSDP_GRAD_COMM_BYTES = 2  # FSDP mixed precision reduces in bf16
 # Adam step per parameter: read fp32 param, grad, m, v (16 B); write param, m, v (12 B) + bf16 copy (2 B)
 OPTIM_BYTES_PER_PARAM = 30.0
 OPTIM_FLOPS_PER_PARAM = 12.0
+# FP8 training (Transformer Engine recipe, delayed scaling): every FP8 GEMM's input operand is cast from
+# bf16 with a fused cast+transpose (read 2 B, write the fp8 copy and its transpose, 1 B each) whose amax is
+# recorded on the way; weight-grad GEMMs reuse those transposes. Once per layer and pass the amax histories
+# (1024 steps, Megatron's --fp8-amax-history-len default) and scales of its FP8 tensors are updated.
+FP8_CAST_BYTES_PER_ELEM = 4.0
+FP8_AMAX_HISTORY = 1024
 
 
 # ----------------------------------------------------------------------------- op attribute helpers
@@ -143,6 +149,11 @@ class _Template:
 
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
         d = (self.head,) if deps is None else tuple(deps)
+        if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
+            # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
+            elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
+            self.ops.append((name + "_fp8_cast", slot, elementwise(elems, 1, 1, op="fp8_cast"), d))
+            d = (len(self.ops) - 1,)
         self.ops.append((name, slot, attrs, d))
         i = len(self.ops) - 1
         if chain:
@@ -355,6 +366,11 @@ class _RankBuilder:
             self._layer_fwd(tpl, moe)
         else:
             self._layer_bwd(tpl, moe)
+        if self.sh.dtype == "fp8":
+            # delayed scaling: roll the amax history and recompute the scale of every FP8 tensor of the layer
+            tensors = sum(1 for _, _, a, _ in tpl.ops if a.get("op") == "gemm" and a.get("dtype") == "fp8") * 3
+            tpl.add("fp8_amax_scale_update", COMPUTE,
+                    elementwise(tensors * FP8_AMAX_HISTORY, 1, 1, op="fp8_scale", elem_bytes=4))
         return tpl
 
     def _layer_fwd(self, tpl: _Template, moe: bool) -> None:
@@ -568,6 +584,9 @@ class _RankBuilder:
             self._norm(tpl, "final_norm", Ts)
             if sh.sp:
                 self.tp_coll(tpl, "output_allgather", CommType.ALL_GATHER, full)
+            # the output layer stays in bf16 under FP8 training (Megatron/TE keep first and last layers
+            # in higher precision): part of the step's BF16 remainder with attention, norms, softmax
+            dt = "bf16" if dt == "fp8" else dt
             tpl.add("logits", COMPUTE, gemm(T, V, h, dt))
             # Megatron's vocab-parallel cross entropy runs unfused in fp32 over the logits: cast fp16->fp32
             # (2+4 B), max (4), subtract max (4+4), exp (4+4), sum (4), divide by the sum -> softmax kept
@@ -577,6 +596,7 @@ class _RankBuilder:
         else:
             # grad = softmax - one-hot, scaled in place (4+4 B), then cast back to 16 bit (4+2 B)
             tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 4, 3, op="softmax", flops_per=3))
+            dt = "bf16" if dt == "fp8" else dt
             tpl.add("logits_dgrad", COMPUTE, gemm(T, h, V, dt))
             dg = tpl.head
             self.tp_coll(tpl, "output_reducescatter_grad" if sh.sp else "output_allreduce_grad",
@@ -865,6 +885,9 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     opt = rb.node("optimizer_step", COMPUTE,
                   {"op": "optimizer", "dtype": "fp32", "flops": OPTIM_FLOPS_PER_PARAM * opt_params,
                    "bytes": OPTIM_BYTES_PER_PARAM * opt_params}, dp_nodes + ([step_end] if step_end >= 0 else []))
+    if p.precision == "fp8":
+        # the updated bf16 weights get their fp8 copies (+ transposes) once per step, before the next forward
+        opt = rb.node("fp8_weight_cast", COMPUTE, elementwise(params + expert_params, 1, 1, op="fp8_cast"), [opt])
     if p.zero in (1, 2) and len(rb.shard_g) > 1:
         rb.node("param_allgather", DP_AG, coll(CommType.ALL_GATHER, params * 2, rb.shard_g, pg_dp), [opt])
         if expert_params and len(rb.edp_g) > 1:

@@ -10,7 +10,8 @@ A suite is a TOML file:
     name = "trace_diff_control"
     inputs = ["{shared}/traces/hta/trace_diff_control_control.json.gz"]   # as `lumos-sim replay` takes them
     timing = "trace"            # or "model"
-    hardware = "a100-sxm"       # optional (model timing, or translation of a trace)
+    hardware = "a100-sxm"       # optional (model timing, or translation of a trace); a .toml path (e.g. a
+                                # `lumos-sim calibrate` preset) is resolved like the inputs
     tolerance = 0.05            # max |error| of any step
     mean_tolerance = 0.02       # max mean |error| over the case's steps (optional)
     measured_ms = {"ProfilerStep#5" = 219.7}   # optional: overrides the traces' ProfilerStep durations
@@ -136,7 +137,7 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
             name=str(raw["name"]), inputs=[resolve(p) for p in raw.get("inputs", [])],
             et=resolve(raw["et"]) if raw.get("et") else None,
             kineto=resolve(raw["kineto"]) if raw.get("kineto") else None,
-            timing=str(raw.get("timing", "trace")), hardware=raw.get("hardware"),
+            timing=str(raw.get("timing", "trace")), hardware=_hardware_ref(raw.get("hardware"), resolve),
             source_hardware=raw.get("source_hardware"), tolerance=float(raw.get("tolerance", 0.05)),
             mean_tolerance=float(raw["mean_tolerance"]) if "mean_tolerance" in raw else None,
             measured_ms={str(k): float(v) for k, v in raw.get("measured_ms", {}).items()},
@@ -144,6 +145,13 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
             ranks=[int(r) for r in raw["ranks"]] if "ranks" in raw else None,
             description=str(raw.get("description", ""))))
     return suite_name, cases
+
+
+def _hardware_ref(value: Any, resolve) -> Any:
+    """A preset name stays a name; a .toml (e.g. a `lumos-sim calibrate` output) is a path like the inputs."""
+    if isinstance(value, str) and value.endswith(".toml"):
+        return resolve(value)
+    return value
 
 
 def run_case(suite: str, case: CaseSpec) -> CaseResult:

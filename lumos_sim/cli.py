@@ -10,7 +10,8 @@ from chakra_schema.errors import TraceInputError
 from replay.engine import ReplayError
 
 # Order is the order of `lumos-sim --help`.
-COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif", "sweep", "report"]
+COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif", "sweep", "report",
+            "calibrate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

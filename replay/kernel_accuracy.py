@@ -56,3 +56,41 @@ def kernel_class_errors(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                               float(np.exp(np.mean(np.abs(np.log(pred / meas)))) - 1.0),
                               float(np.abs(pred - meas).sum()) / total_abs))
     return sorted(out, key=lambda c: -c.abs_error_share)
+
+
+@dataclass
+class BusyStep:
+    """GPU compute-busy time of one step (union of GPU kernel, copy and memset intervals; collectives,
+    whose recorded time includes waiting for peers that are not traced, are left out): recorded vs
+    replayed. CPU gaps do not count, so a CPU-bound trace still measures the compute model."""
+
+    trace: str
+    step: str
+    measured_us: float
+    predicted_us: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_us - self.measured_us) / self.measured_us if self.measured_us else float("nan")
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__) | {"error": self.error}
+
+
+def gpu_busy_steps(graph: ExecutionGraph, timing: TimingSource, trace: str = "") -> list[BusyStep]:
+    """Per ProfilerStep of `graph`: recorded GPU-busy time and the replay's under `timing`."""
+    from replay.api import replay
+    from replay.results import _union_length
+
+    res = replay([graph], timing, critical_path=False)
+    gpu = graph.is_gpu() & np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])
+    start, end = graph.start_us[gpu], graph.start_us[gpu] + graph.duration_us[gpu]
+    out = []
+    by_name = {s.name: s for s in res.steps}
+    for st in graph.steps:
+        if st.node < 0 or st.name not in by_name:
+            continue
+        measured = _union_length(start, end, st.start_us, st.start_us + st.duration_us)
+        b = by_name[st.name].breakdown
+        out.append(BusyStep(trace, st.name, measured, b.compute_us))
+    return out

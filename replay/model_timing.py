@@ -21,7 +21,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 
 from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
-                               launching_op, peak_ratio)
+                               launching_op, peak_ratio, traced_kernel_class)
 from .hardware.config import HardwareConfig, get_hardware, trace_hardware
 from .hardware.network import NetworkModel
 from .trace_timing import recorded_gpu_latency
@@ -55,7 +55,7 @@ def node_classes(graph: ExecutionGraph) -> list[str]:
             out.append("memset")
         elif gpu[i] or k == OpKind.KERNEL:
             op = graph.attr(i, "op")
-            out.append(str(op) if op else kernel_class(graph.name[i]))
+            out.append(str(op) if op else traced_kernel_class(graph, i)[0])
         else:
             out.append("cpu")
     return out
@@ -125,7 +125,9 @@ class _ModelBase:
         key = (model.hw.name, int(graph.kind[i]), graph.name[i],
                graph.name[host] if host >= 0 else "",
                repr(ha.get("input_shapes")) if ha else "", repr(ha.get("input_types")) if ha else "",
-               repr(a.get("bytes")) if a else "")
+               repr(a.get("bytes")) if a else "",
+               # a calibrated launch-geometry model times kernels without shapes by their grid
+               repr(a.get("grid")) + repr(a.get("block")) if a and model.hw.kernel_models else "")
         if key in self._memo:
             return self._memo[key]
         est = model.kernel_estimate(graph, i)

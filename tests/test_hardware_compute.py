@@ -206,3 +206,14 @@ def test_pageable_copies_are_slower_than_pinned(h100):
     hw = get_hardware("h100-sxm")
     assert pageable.time_us == pytest.approx(1e9 / (hw.gpu.pcie_bw_gbs * hw.compute.pageable_copy_efficiency * 1e3))
     assert pageable.time_us > 2 * pinned.time_us
+
+
+def test_execution_trace_tensor_types_give_the_same_dtype_as_kineto_types():
+    # The ET writes 'Tensor(c10::BFloat16)' where Kineto writes 'c10::BFloat16'; a bf16 GEMM linked to its
+    # ET op was costed as fp32 (16x too slow on the H100 traces in tests/data/h100) before both matched.
+    from replay.hardware.compute import _dtype_of, _elem_bytes
+    for et, kineto, want in (("Tensor(c10::BFloat16)", "c10::BFloat16", ("bf16", 2)),
+                             ("Tensor(c10::Float8_e4m3fn)", "c10::Float8_e4m3fn", ("fp8", 1)),
+                             ("Tensor(float)", "float", ("fp32", 4))):
+        assert _dtype_of([et], "nvjet_sm90_tst_256x128") == _dtype_of([kineto], "nvjet_sm90_tst_256x128") == want
+        assert _elem_bytes(et) == want[1]

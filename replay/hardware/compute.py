@@ -32,6 +32,8 @@ import numpy as np
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 
 from .config import HardwareConfig, get_hardware
+from .kernel_classes import COMPUTE_CLASSES, MEMORY_CLASSES, classify_kernel, kernel_class  # noqa: F401
+from .kernel_models import apply_class_model, class_model, geometry_estimate
 
 DTYPE_BYTES = {"fp8": 1, "bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4, "fp64": 8}
 
@@ -65,50 +67,6 @@ class OpEstimate:
         return {"time_us": self.time_us, "compute_us": self.compute_us, "memory_us": self.memory_us,
                 "bound": self.bound, "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops,
                 "efficiency": self.efficiency, "detail": self.detail}
-
-
-# ------------------------------------------------------------------------------ kernel classification
-# Order matters: the first matching class wins (NCCL before 'reduce', attention before gemm since flash
-# kernels contain 'gemm'-like substrings in template arguments, copy before elementwise).
-_CLASS_PATTERNS: list[tuple[str, re.Pattern]] = [
-    ("communication", re.compile(r"nccl|rccl|c10d::|gloo", re.I)),
-    # cuBLAS's split-K partial-sum reduction: a pass over the output, not a GEMM mainloop
-    ("reduction", re.compile(r"splitkreduce|reduce_splitk|reducesplitk", re.I)),
-    ("attention", re.compile(r"flash|fmha|attention|attn|_sdpa|mha_fwd|mha_bwd", re.I)),
-    ("memset", re.compile(r"^memset|\bmemset\b", re.I)),
-    ("embedding", re.compile(r"embedding|indexselect|index_select", re.I)),
-    ("copy", re.compile(r"^memcpy|memcpy (htod|dtoh|dtod|htoh)|copy_kernel|direct_copy|catarraybatchedcopy"
-                        r"|nchwtonhwc|nhwctonchw|transpose|permute|contiguous|scatter_gather"
-                        r"|gather_kernel|\bcopy\b", re.I)),
-    ("optimizer", re.compile(r"multi_tensor_apply|adam|sgd_|\blamb_|lamb_kernel|fused_optimizer|optimizer", re.I)),
-    ("conv", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|fft2d|cudnn::detail|"
-                        r"cask_cudnn|cudnn_infer|cudnn_train", re.I)),
-    ("gemm", re.compile(r"gemm|cutlass|xmma|cublas|ampere_|volta_|turing_|hopper_|sm\d\d_|kernel2"
-                        r"|matmul|gemv|dot_kernel|nvjet|epilogue::", re.I)),
-    ("norm", re.compile(r"layer_norm|layernorm|rms_?norm|batch_?norm|group_?norm|bn_fw|bn_bw|"
-                        r"gammabetabackward|instance_?norm|norm_kernel", re.I)),
-    ("softmax", re.compile(r"softmax", re.I)),
-    ("embedding", re.compile(r"embedding|index_put|indexing_backward|embedding_bag", re.I)),
-    ("reduction", re.compile(r"reduce|reduction|sum_kernel|mean_kernel|argmax|max_kernel|cub::|scan|"
-                             r"norm_two|nll_loss|cross_entropy|topk|sort", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|functor|fill|add|mul|relu|gelu|silu|"
-                               r"sigmoid|tanh|dropout|clamp|where|cast|pool|upsample|distribution|"
-                               r"triton_", re.I)),
-]
-
-COMPUTE_CLASSES = frozenset({"gemm", "conv", "attention"})
-MEMORY_CLASSES = frozenset({"elementwise", "norm", "softmax", "reduction", "embedding", "copy", "memset",
-                            "optimizer"})
-
-
-@lru_cache(maxsize=65536)
-def kernel_class(name: str) -> str:
-    """The class of a GPU kernel from its name: gemm, conv, attention, elementwise, norm, softmax,
-    reduction, embedding, copy, memset, optimizer, communication, or 'other'."""
-    for cls, pat in _CLASS_PATTERNS:
-        if pat.search(name):
-            return cls
-    return "other"
 
 
 # --------------------------------------------------------------------------------------- the model
@@ -161,7 +119,7 @@ class ComputeModel:
         e = DTYPE_BYTES.get(dtype, 2)
         flops = 2.0 * batch * m * n * k
         base_bytes = float(batch) * (m * k + k * n + m * n) * e + extra_bytes
-        peak = self.hw.peak_flops(dtype) / 1e6 * c.gemm_efficiency          # flops per us
+        peak = self.hw.peak_flops(dtype) / 1e6 * c.gemm_efficiency_for(dtype)  # flops per us
         # a board at its power limit clocks down: no tile shape sustains more than this for long
         cap = self.hw.peak_flops(dtype) / 1e6 * c.sustained_tensor_fraction
         # The knee is the operand reuse a 16-bit tensor-core tile needs; a dtype needs reuse in
@@ -254,7 +212,13 @@ class ComputeModel:
     # ------------------------------------------------------------------ entry point (a): node attrs
     def op_estimate(self, attrs: Mapping[str, Any]) -> OpEstimate:
         """Estimate from the generated-node attrs contract (op, flops, bytes, dtype, m/n/k/batch,
-        attention dims)."""
+        attention dims), with the preset's fitted class model (fixed cost, efficiency) when it has one."""
+        est = self.roofline_op_estimate(attrs)
+        model = class_model(self.hw, str(attrs.get("op", "elementwise")), str(attrs.get("dtype", "bf16")))
+        return apply_class_model(est, model, self._min) if model is not None else est
+
+    def roofline_op_estimate(self, attrs: Mapping[str, Any]) -> OpEstimate:
+        """`op_estimate` from the physics alone (no fitted class model)."""
         op = str(attrs.get("op", "elementwise"))
         dtype = str(attrs.get("dtype", "bf16"))
         if op == "gemm" and all(k in attrs for k in ("m", "n", "k")):
@@ -275,7 +239,7 @@ class ComputeModel:
         # generic roofline: FLOPs at the GEMM mainloop rate (gemm/attention without shapes) or nothing
         compute_us = 0.0
         if flops > 0:
-            eff = (min(self.hw.compute.gemm_efficiency, self.hw.compute.sustained_tensor_fraction)
+            eff = (min(self.hw.compute.gemm_efficiency_for(dtype), self.hw.compute.sustained_tensor_fraction)
                    if op in ("gemm", "attention") else 1.0)
             peak = self.hw.peak_flops(dtype if op in ("gemm", "attention") else "fp32")
             compute_us = flops / (peak * eff) * 1e6
@@ -286,8 +250,27 @@ class ComputeModel:
 
     # ------------------------------------------------------------------ entry point (b): traced kernels
     def kernel_estimate(self, graph: ExecutionGraph, i: int) -> OpEstimate | None:
-        """Estimate a traced GPU node from its kernel name and its launching host op's shapes; None when
-        the shapes are unknown (callers then scale the recorded duration, see `peak_ratio`)."""
+        """Estimate a traced GPU node: the roofline from its launching op's shapes with the preset's fitted
+        class model applied, or (no shapes) the class's launch-geometry regression; None when neither
+        applies (callers then scale the recorded duration, see `peak_ratio`)."""
+        if not self.hw.kernel_models:
+            return self.roofline_kernel_estimate(graph, i)
+        a = graph.attrs.get(i) or {}
+        if "op" in a:
+            return self.op_estimate(a)
+        cls, dtype = traced_kernel_class(graph, i)
+        model = class_model(self.hw, cls, dtype, graph.name[i])
+        est = self.roofline_kernel_estimate(graph, i)
+        if model is None:
+            return est
+        if est is None or model.shaped_by_geometry:
+            geo = geometry_estimate(model, a.get("grid"), a.get("block"), dtype)
+            if geo is not None or est is None:
+                return geo
+        return apply_class_model(est, model, self._min) if model.times_shaped else est
+
+    def roofline_kernel_estimate(self, graph: ExecutionGraph, i: int) -> OpEstimate | None:
+        """`kernel_estimate` from the physics alone: kernel name + the launching op's shapes."""
         kind = int(graph.kind[i])
         a = graph.attrs.get(i) or {}
         if kind == OpKind.MEMSET and a.get("bytes"):
@@ -296,7 +279,7 @@ class ComputeModel:
             return self.memcpy(float(a["bytes"]), _copy_direction(graph.name[i], a),
                                pageable="pageable" in graph.name[i].lower())
         if "op" in a:  # a generated node carrying the attrs contract
-            return self.op_estimate(a)
+            return self.roofline_op_estimate(a)
         host = launching_op(graph, i)
         if host < 0:
             return None
@@ -305,6 +288,19 @@ class ComputeModel:
         if not shapes:
             return None
         return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, ha.get("input_types") or [])
+
+
+def traced_kernel_class(graph: ExecutionGraph, i: int) -> tuple[str, str]:
+    """(class, dtype) of a traced GPU node: copies and memsets by kind, kernels by name + launching op."""
+    kind = int(graph.kind[i])
+    if kind == OpKind.MEMCPY:
+        return "copy", "fp32"
+    if kind == OpKind.MEMSET:
+        return "memset", "fp32"
+    host = launching_op(graph, i)
+    op = graph.name[host] if host >= 0 else ""
+    types = (graph.attrs.get(host) or {}).get("input_types") or [] if host >= 0 else []
+    return classify_kernel(graph.name[i], op).cls, _dtype_of(types, graph.name[i])[0]
 
 
 def _copy_direction(name: str, attrs: Mapping[str, Any]) -> str:
@@ -326,6 +322,15 @@ def launching_op(graph: ExecutionGraph, i: int) -> int:
     return -1
 
 
+def _type_key(t: Any) -> str:
+    """Kineto writes a tensor's type as 'c10::BFloat16', the Execution Trace as 'Tensor(c10::BFloat16)':
+    both must find the same _TORCH_TYPES entry (else every ET-linked bf16 op was costed as fp32)."""
+    key = str(t).lower()
+    if key.startswith("tensor(") and key.endswith(")"):
+        key = key[len("tensor("):-1]
+    return key
+
+
 def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
     """Compute dtype and element size: kernel-name hints first (TF32 tensor cores run fp32 tensors)."""
     k = kernel.lower()
@@ -336,8 +341,8 @@ def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
     if "e4m3" in k or "fp8" in k:
         return "fp8", 1
     for t in types:
-        got = _TORCH_TYPES.get(str(t).lower())
-        if got and got[0] in ("fp32", "bf16", "fp16", "fp64", "fp8") and str(t).lower() not in (
+        got = _TORCH_TYPES.get(_type_key(t))
+        if got and got[0] in ("fp32", "bf16", "fp16", "fp64", "fp8") and _type_key(t) not in (
                 "long int", "int64_t", "int", "bool", "unsigned char", "signed char", "short int"):
             return got
     if "h884" in k or "h1688" in k or "h16816" in k or "fp16" in k:
@@ -346,7 +351,7 @@ def _dtype_of(types: Sequence[str], kernel: str) -> tuple[str, int]:
 
 
 def _elem_bytes(t: str) -> int:
-    got = _TORCH_TYPES.get(str(t).lower())
+    got = _TORCH_TYPES.get(_type_key(t))
     return got[1] if got else 4
 
 
@@ -389,6 +394,10 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
         return model.conv(nb, cin, h, w, cout, kh, kw, 1, groups, dtype)
     if cls == "attention" or "attention" in op_l:
         q = tens[0]
+        if len(q) == 4 and _ATTENTION_HELPER.search(kernel):
+            # a pre/post pass of the flash backward (rowsum of dO*O, dQ fp32 -> 16 bit, GQA head
+            # reduction): a stream over Q-sized tensors, not the attention FLOPs again
+            return model.memory_op(3.0 * _numel(q) * e, dtype)
         if len(q) == 4 and len(tens) >= 2:
             b, h, sq, d = q
             kv = tens[1]
@@ -422,6 +431,9 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
     else:
         nbytes = sum(sizes) + max(sizes)
     return model.memory_op(nbytes, dtype)
+
+
+_ATTENTION_HELPER = re.compile(r"dot_do_o|convert_dq|convert_dkv|reduce_head|clear_dkv|dq_accum", re.I)
 
 
 def _gemm_dims(op: str, tens: list[list[int]]) -> tuple[int, int, int, int] | None:

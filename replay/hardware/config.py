@@ -62,6 +62,11 @@ class ComputeSpec:
     pageable_copy_efficiency: float = 0.35  # pageable host memory: fraction of PCIe (staged via a bounce buffer)
     sustained_tensor_fraction: float = 1.0  # tensor throughput the board sustains at its power limit (long runs),
                                             # as a fraction of the dense peak: caps GEMM / attention rates
+    gemm_efficiency_by_dtype: dict[str, float] = field(default_factory=dict)  # per-dtype mainloop fraction
+                                            # (bf16, fp8, tf32, ...); a dtype not listed uses gemm_efficiency
+
+    def gemm_efficiency_for(self, dtype: str) -> float:
+        return self.gemm_efficiency_by_dtype.get(dtype, self.gemm_efficiency)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,32 @@ class ProtocolSpec:
 
 
 @dataclass(frozen=True)
+class KernelClassModel:
+    """A kernel class's fitted timing model (see replay/hardware/kernel_models.py): time = overhead_us +
+    roofline time / efficiency when the launching op's shapes are known, else the launch-geometry
+    regression: a + b * CTAs * threads-per-CTA (2 numbers) or exp(g0 + g1 ln CTAs + g2 ln threads-per-CTA)
+    (3 numbers). Written by `lumos-sim calibrate`."""
+
+    overhead_us: float = 0.0                # fixed per-kernel cost (launch-to-retire, tail of the last wave)
+    efficiency: float = 1.0                 # achieved / preset roofline rate (above 1: the preset is pessimistic)
+    geometry: tuple[float, ...] = ()        # launch-geometry regression: (a, b) or (g0, g1, g2); () = none
+    kernels: int = 0                        # kernels the fit used
+    fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
+    shaped_by_geometry: bool = False        # the geometry model times kernels with shapes too (it fit them better)
+    times_shaped: bool = True               # fitted on kernels with shapes: times them (else they keep the physics)
+
+
+@dataclass(frozen=True)
+class CalibrationInfo:
+    """Provenance of a calibrated preset."""
+
+    base: str = ""                          # the preset it extends
+    traces: tuple[str, ...] = ()            # trace file names fitted on
+    kernels: int = 0                        # GPU kernels used by the fits
+    tool: str = ""                          # what wrote it (lumos-sim version, date)
+
+
+@dataclass(frozen=True)
 class HardwareConfig:
     name: str
     description: str
@@ -116,6 +147,8 @@ class HardwareConfig:
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
+    kernel_models: dict[str, KernelClassModel] = field(default_factory=dict)  # class -> fitted model
+    calibration: CalibrationInfo | None = None
 
     # -------- derived figures used by the models (GB/s are 1e9 bytes/s)
     @property
@@ -148,7 +181,8 @@ _DTYPE_FALLBACK = {
 
 # top-level TOML table -> spec class
 _SECTIONS: dict[str, type] = {"gpu": GPUSpec, "compute": ComputeSpec, "node": NodeSpec, "network": NetworkSpec}
-_TOP_KEYS = {"name", "description", "extends", "aliases", "sources", "protocols", *_SECTIONS}
+_TOP_KEYS = {"name", "description", "extends", "aliases", "sources", "protocols", "kernel_models", "calibration",
+             *_SECTIONS}
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -271,6 +305,12 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
         raise TraceInputError(spath, "[[protocols]] must be a non-empty array of tables")
     protocols = tuple(_build(ProtocolSpec, p, f"protocols.{i}", spath) for i, p in enumerate(protos))
     name = _convert(data["name"], str, "'name'", spath)
+    kernel_models = data.get("kernel_models", {})
+    if not isinstance(kernel_models, dict):
+        raise TraceInputError(spath, "[kernel_models] must be a table of kernel classes")
+    models = {str(k): _build(KernelClassModel, v, f"kernel_models.{k}", spath) for k, v in kernel_models.items()}
+    calibration = (_build(CalibrationInfo, data["calibration"], "calibration", spath)
+                   if "calibration" in data else None)
     hw = HardwareConfig(
         name=name,
         description=_convert(data.get("description", ""), str, "'description'", spath),
@@ -278,6 +318,8 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
         aliases=_convert(data.get("aliases", []), tuple[str, ...], "'aliases'", spath),
         sources=_convert(data.get("sources", {}), dict[str, str], "'sources'", spath),
         path=spath,
+        kernel_models=models,
+        calibration=calibration,
         **specs,
     )
     _check_values(hw, spath)
@@ -308,6 +350,13 @@ def _check_values(hw: HardwareConfig, path: str) -> None:
                     ("[network] nic_efficiency", hw.network.nic_efficiency)):
         if not 0 < v <= 1:
             raise TraceInputError(path, f"{what} must be in (0, 1], got {v}")
+    for cls, km in hw.kernel_models.items():
+        if not km.overhead_us >= 0 or not km.efficiency > 0 or len(km.geometry) not in (0, 2, 3):
+            raise TraceInputError(path, f"[kernel_models.{cls}] needs overhead_us >= 0, efficiency > 0 and "
+                                        "geometry of 2 or 3 numbers or none")
+    for d, v in hw.compute.gemm_efficiency_by_dtype.items():
+        if not 0 < v <= 1:
+            raise TraceInputError(path, f"[compute] gemm_efficiency_by_dtype.{d} must be in (0, 1], got {v}")
     if not hw.gpu.peak_tflops:
         raise TraceInputError(path, "[gpu] peak_tflops is empty")
     reject_unknown_keys(path, hw.gpu.peak_tflops, _DTYPE_FALLBACK, where=" in [gpu.peak_tflops]")

@@ -1,0 +1,463 @@
+"""Per-class kernel models fitted from traces (`lumos-sim calibrate`) and their honest evaluation.
+
+The physics in compute.py gives each kernel a roofline time r = max(compute, memory) from its launching
+op's shapes. Real kernels also pay a fixed cost per launch (grid launch-to-retire, the tail of the last
+wave, tiny grids that cannot fill the GPU) and reach a class-specific fraction of the roofline rate. Per
+kernel class we fit
+
+    t = overhead_us + r / efficiency                 (kernels whose shapes are known)
+
+which is a roofline whose achieved bandwidth / FLOP rate rises with size, r / (r + overhead*efficiency),
+the efficiency curve over bytes or FLOPs. Kernels recorded without shapes (traces taken with
+record_shapes=False) still carry their launch geometry, so the class also gets a small regression on
+it (the seeds' GPU model does the same for embeddings, whose traffic no roofline tells), whichever of two
+forms fits its kernels better:
+
+    t = a + b * CTAs * threads per CTA               (streaming kernels: fixed cost + work per thread)
+    ln t = g0 + g1 ln(CTAs) + g2 ln(threads per CTA) (tiled kernels whose per-CTA work varies)
+
+Fits minimise the mean |ln(pred / measured)| -- the GMAE the accuracy reports use -- by a grid search
+over (overhead, efficiency) and iteratively reweighted least squares for the regression.
+
+Evaluation (`cross_validate`) is k-fold with folds by trace (fit on the other traces of the same GPU) and
+by step (fit on the other ProfilerSteps): a kernel is never in the fit that predicts it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .config import HardwareConfig, KernelClassModel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from chakra_schema.graph import ExecutionGraph
+
+    from .compute import OpEstimate
+
+MIN_US = 1.0            # kernels shorter than this are left out (1 us trace resolution makes them noise)
+MIN_KERNELS = 8         # fewer kernels than this in a class: no fit
+MIN_FAMILY_KERNELS = 4  # a kernel family (one implementation) varies less: fewer samples suffice
+TENSOR_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustained tensor fraction
+_OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
+_EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
+
+
+# ------------------------------------------------------------------------------------ applying a model
+def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "") -> KernelClassModel | None:
+    """The fitted model for a kernel: its family's ('elementwise/at::native::...'), else its class's (a
+    dtype-specific one like 'gemm_tf32' first)."""
+    models = hw.kernel_models
+    if not models:
+        return None
+    key = model_key(cls, dtype)
+    if kernel:
+        fam = models.get(f"{key}/{kernel_family(kernel)}")
+        if fam is not None:
+            return fam
+    return models.get(key) or models.get(cls)
+
+
+def apply_class_model(est: "OpEstimate", model: KernelClassModel, min_us: float = 0.0) -> "OpEstimate":
+    """A roofline estimate with the class's fixed cost and achieved efficiency applied."""
+    if model.efficiency == 1.0 and model.overhead_us == 0.0:
+        return est
+    roof = max(est.compute_us, est.memory_us)
+    t = max(model.overhead_us + roof / model.efficiency, min_us)
+    scale = t / est.time_us if est.time_us > 0 else 1.0
+    return dataclasses.replace(est, time_us=t, compute_us=est.compute_us / model.efficiency,
+                               memory_us=est.memory_us / model.efficiency,
+                               efficiency=est.efficiency / scale if scale > 0 else est.efficiency,
+                               detail=(est.detail + " " if est.detail else "") + "calibrated")
+
+
+def launch_geometry(grid: Any, block: Any) -> tuple[float, float] | None:
+    """(CTAs, threads per CTA) from Kineto's grid / block triples, None when not recorded."""
+    try:
+        ctas = math.prod(int(x) for x in grid)
+        threads = math.prod(int(x) for x in block)
+    except (TypeError, ValueError):
+        return None
+    return (float(ctas), float(threads)) if ctas > 0 and threads > 0 else None
+
+
+def geometry_estimate(model: KernelClassModel, grid: Any, block: Any, dtype: str = "fp32") -> "OpEstimate | None":
+    """The class's launch-geometry regression for a kernel recorded without shapes."""
+    from .compute import OpEstimate
+
+    geo = launch_geometry(grid, block)
+    if not model.geometry or geo is None:
+        return None
+    t = float(geometry_time(model.geometry, np.asarray([geo[0]]), np.asarray([geo[1]]))[0])
+    return OpEstimate(t, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "calibrated launch-geometry regression")
+
+
+# ------------------------------------------------------------------------------------------- samples
+@dataclass
+class KernelSamples:
+    """Columns over the GPU kernels of some traces: what the fits and the evaluation need."""
+
+    trace: np.ndarray        # int   [n] index into `trace_names`
+    step: np.ndarray         # int   [n] ProfilerStep index within its trace, -1 outside every step
+    cls: np.ndarray          # object[n] kernel class ('gemm_tf32' style keys are built from dtype)
+    dtype: np.ndarray        # object[n]
+    measured_us: np.ndarray  # float [n]
+    roofline_us: np.ndarray  # float [n] max(compute, memory) of the uncalibrated physics; nan: no shapes
+    base_us: np.ndarray      # float [n] the uncalibrated model's prediction; nan: none
+    ctas: np.ndarray         # float [n] 0 when not recorded
+    threads: np.ndarray      # float [n] threads per CTA, 0 when not recorded
+    name: np.ndarray         # object[n] kernel name
+    tensor_fraction: np.ndarray  # float [n] achieved fraction of the dense tensor peak (compute-bound
+                                 # tensor-core GEMMs of >= 1 GFLOP), nan otherwise
+    trace_names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.measured_us)
+
+    def subset(self, mask: np.ndarray) -> "KernelSamples":
+        return KernelSamples(**{f.name: (getattr(self, f.name)[mask] if f.name != "trace_names" else self.trace_names)
+                                for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def concat(parts: Sequence["KernelSamples"]) -> "KernelSamples":
+        names: list[str] = []
+        cols: dict[str, list[np.ndarray]] = {f.name: [] for f in dataclasses.fields(KernelSamples)}
+        for p in parts:
+            for f in dataclasses.fields(KernelSamples):
+                if f.name == "trace_names":
+                    continue
+                v = getattr(p, f.name)
+                cols[f.name].append(v + len(names) if f.name == "trace" else v)
+            names += p.trace_names
+        return KernelSamples(**{k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()
+                                if k != "trace_names"}, trace_names=names)
+
+
+def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str) -> KernelSamples:
+    """One sample per measured GPU kernel / copy / memset of `graph` (communication excluded: the
+    network model times it), with the uncalibrated physics of `hw`."""
+    from chakra_schema.graph import OpKind
+
+    from .compute import ComputeModel, traced_kernel_class
+
+    base = ComputeModel(dataclasses.replace(hw, kernel_models={}))
+    kinds = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET))
+    sel = np.flatnonzero(graph.is_gpu() & np.isin(graph.kind, kinds) & (graph.duration_us >= MIN_US))
+    steps = [(s.start_us, s.start_us + s.duration_us) for s in graph.steps if s.node >= 0]
+    rows: list[tuple] = []
+    memo: dict[tuple, Any] = {}
+    for i in sel.tolist():
+        cls, dtype = traced_kernel_class(graph, i)
+        if cls == "communication":
+            continue
+        a = graph.attrs.get(i) or {}
+        key = _shape_key(graph, i)
+        if key not in memo:
+            memo[key] = base.roofline_kernel_estimate(graph, i)
+        est = memo[key]
+        geo = launch_geometry(a.get("grid"), a.get("block")) or (0.0, 0.0)
+        t0 = float(graph.start_us[i])
+        step = next((j for j, (lo, hi) in enumerate(steps) if lo <= t0 < hi), -1)
+        dur = float(graph.duration_us[i])
+        tensor = np.nan
+        if (est is not None and cls in ("gemm", "conv") and dtype in TENSOR_DTYPES and est.flops >= 1e9
+                and est.bound == "compute"):
+            tensor = est.flops / (dur * 1e-6) / hw.peak_flops(dtype)
+        rows.append((step, cls, dtype, dur,
+                     max(est.compute_us, est.memory_us) if est is not None else np.nan,
+                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i], tensor))
+    n = len(rows)
+    cols = list(zip(*rows)) if rows else [[]] * 10
+    return KernelSamples(trace=np.zeros(n, np.int64), step=np.asarray(cols[0], np.int64),
+                         cls=np.asarray(cols[1], object), dtype=np.asarray(cols[2], object),
+                         measured_us=np.asarray(cols[3], float), roofline_us=np.asarray(cols[4], float),
+                         base_us=np.asarray(cols[5], float), ctas=np.asarray(cols[6], float),
+                         threads=np.asarray(cols[7], float), name=np.asarray(cols[8], object),
+                         tensor_fraction=np.asarray(cols[9], float),
+                         trace_names=[trace_name])
+
+
+def _shape_key(graph: "ExecutionGraph", i: int) -> tuple:
+    from .compute import launching_op
+
+    host = launching_op(graph, i)
+    ha = graph.attrs.get(host) or {} if host >= 0 else {}
+    a = graph.attrs.get(i) or {}
+    return (int(graph.kind[i]), graph.name[i], graph.name[host] if host >= 0 else "",
+            repr(ha.get("input_shapes")), repr(ha.get("input_types")), repr(a.get("bytes")))
+
+
+# ---------------------------------------------------------------------------------------------- fits
+def gmae(pred: np.ndarray, measured: np.ndarray) -> float:
+    """Geometric-mean absolute error exp(mean |ln(pred/measured)|) - 1 (nan when empty)."""
+    if len(pred) == 0:
+        return float("nan")
+    return float(np.exp(np.mean(np.abs(np.log(pred / measured)))) - 1.0)
+
+
+def fit_roofline(roofline_us: np.ndarray, measured_us: np.ndarray) -> tuple[float, float]:
+    """(overhead_us, efficiency) minimising mean |ln((o + r/e) / t)|: a coarse grid, then a finer one
+    around the best point (vectorised over e)."""
+    log_t = np.log(measured_us)
+
+    def search(overheads: np.ndarray, effs: np.ndarray) -> tuple[float, float, float]:
+        best = (float("inf"), 0.0, 1.0)
+        inv = 1.0 / effs
+        for o in overheads:
+            err = np.mean(np.abs(np.log(np.maximum(o + np.outer(inv, roofline_us), 1e-9)) - log_t), axis=1)
+            j = int(np.argmin(err))
+            if err[j] < best[0]:
+                best = (float(err[j]), float(o), float(effs[j]))
+        return best
+
+    _, o, e = search(_OVERHEADS[::4], _EFFICIENCIES[::6])
+    fine_o = np.unique(np.clip(np.concatenate([[0.0], o * np.geomspace(0.6, 1.6, 11)]), 0.0, None))
+    _, o, e = search(fine_o, e * np.geomspace(0.7, 1.4, 25))
+    return o, e
+
+
+def geometry_time(geometry: Sequence[float], ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
+    """Durations from a launch-geometry model: (a, b) linear in total threads, (g0, g1, g2) log-linear."""
+    if len(geometry) == 2:
+        return geometry[0] + geometry[1] * ctas * threads
+    return np.exp(_geometry_features(ctas, threads) @ np.asarray(geometry))
+
+
+def fit_geometry_linear(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float]:
+    """(a, b) of t = a + b * total threads, minimising mean |ln(pred/t)| (the roofline grid, rescaled)."""
+    x = ctas * threads
+    scale = float(np.percentile(x / measured_us, 95))  # the largest kernels run near the fitted rate
+    a, eff = fit_roofline(x / scale, measured_us)
+    return a, 1.0 / (scale * eff)
+
+
+def fit_launch_model(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, ...]:
+    """The better-fitting (in sample) of the linear and the log-linear launch-geometry forms."""
+    forms = [fit_geometry_linear(ctas, threads, measured_us), fit_geometry(ctas, threads, measured_us)]
+    errs = [float(np.mean(np.abs(np.log(np.maximum(geometry_time(f, ctas, threads), 1e-9) / measured_us))))
+            for f in forms]
+    return tuple(forms[int(np.argmin(errs))])
+
+
+def _geometry_features(ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
+    return np.stack([np.ones(len(ctas)), np.log(ctas), np.log(threads)], axis=1)
+
+
+def fit_geometry(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float, float]:
+    """Least-absolute-deviation fit of ln t on (1, ln CTAs, ln threads/CTA) by reweighted least squares.
+    Slopes are kept physical (a bigger grid never runs faster, nor more than proportionally slower) and
+    dropped where the samples have fewer than three distinct geometries, so a fit extrapolates sanely."""
+    x = _geometry_features(ctas, threads)
+    y = np.log(measured_us)
+    if len({(a, b) for a, b in zip(ctas.tolist(), threads.tolist())}) < 3:
+        return float(np.median(y)), 0.0, 0.0
+    w = np.linalg.lstsq(x, y, rcond=None)[0]
+    for _ in range(25):
+        r = np.sqrt(1.0 / np.maximum(np.abs(y - x @ w), 0.02))
+        w = np.linalg.lstsq(x * r[:, None], y * r, rcond=None)[0]
+    slopes = np.clip(w[1:], 0.0, 1.0)
+    return float(np.median(y - x[:, 1:] @ slopes)), float(slopes[0]), float(slopes[1])
+
+
+def model_key(cls: str, dtype: str) -> str:
+    """GEMM efficiency depends on the dtype (BF16, FP8, TF32 tensor cores, FP32 SIMT): fit it per dtype."""
+    return f"{cls}_{dtype}" if cls in ("gemm", "conv") else cls
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's implementation family: its function name with template arguments, without the
+    parameter list, digits folded ('at::native::reduce_kernel<#, #, ...>', 'ampere_sgemm_#x#_nn'). Kernels
+    of one family share a per-thread work pattern, so a class splits into families where the traces have
+    enough of each."""
+    base = name[5:] if name.startswith("void ") else name
+    base = base.replace("(anonymous namespace)::", "")
+    depth = 0
+    for j, ch in enumerate(base):  # the parameter list is the first '(' outside template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth <= 0:
+            base = base[:j]
+            break
+    return "".join("#" if ch.isdigit() else ch for ch in base.strip())[:160] or "?"
+
+
+def sample_keys(s: KernelSamples) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample: its class key and its family key ('class key/family')."""
+    cls = np.asarray([model_key(c, d) for c, d in zip(s.cls, s.dtype)], object)
+    fam = np.asarray([f"{c}/{kernel_family(n)}" for c, n in zip(cls, s.name)], object)
+    return cls, fam
+
+
+def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
+    """One model per class key and one per kernel family with at least MIN_KERNELS samples."""
+    cls_keys, fam_keys = sample_keys(s)
+    out: dict[str, KernelClassModel] = {}
+    out.update(_fit_groups(s, cls_keys, MIN_KERNELS))
+    out.update(_fit_groups(s, fam_keys, MIN_FAMILY_KERNELS))
+    return out
+
+
+def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[str, KernelClassModel]:
+    out: dict[str, KernelClassModel] = {}
+    for key in sorted(set(keys.tolist())):
+        m = keys == key
+        model = _fit_group(s, m, min_kernels)
+        if model is not None:
+            pred = predict(model, s.subset(m))
+            ok = np.isfinite(pred)
+            out[key] = dataclasses.replace(model, fit_gmae=round(gmae(pred[ok], s.measured_us[m][ok]), 4))
+    return out
+
+
+def _mean_log_error(pred: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-9) / measured))))
+
+
+def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClassModel | None:
+    """Roofline form on the kernels with shapes, launch-geometry form on those without; where the
+    geometry explains even the kernels with shapes better (custom ops whose traffic the shapes do not
+    tell, e.g. fbgemm embeddings), it times those too."""
+    roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    has_geo = m & (s.ctas > 0) & (s.threads > 0)
+    shapeless = has_geo & ~roof
+    overhead, eff, geometry, shaped_by_geometry = 0.0, 1.0, (), False
+    if roof.sum() >= min_kernels:
+        overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
+        both = roof & has_geo
+        if both.sum() >= min_kernels:
+            g_all = fit_launch_model(s.ctas[has_geo], s.threads[has_geo], s.measured_us[has_geo])
+            by_geo = _mean_log_error(geometry_time(g_all, s.ctas[both], s.threads[both]), s.measured_us[both])
+            by_roof = _mean_log_error(overhead + s.roofline_us[both] / eff, s.measured_us[both])
+            if by_geo < by_roof:
+                geometry, shaped_by_geometry = g_all, True
+    if not geometry:
+        fit_on = shapeless if shapeless.sum() >= min_kernels else has_geo
+        if fit_on.sum() >= min_kernels:
+            geometry = fit_launch_model(s.ctas[fit_on], s.threads[fit_on], s.measured_us[fit_on])
+    if roof.sum() < min_kernels and not geometry:
+        return None
+    return KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
+                            geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()),
+                            shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels))
+
+
+def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
+    """Predicted durations of samples of one class key (nan where the model cannot say)."""
+    out = np.full(len(s), np.nan)
+    if model is None:
+        return out
+    roof = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    if model.times_shaped:
+        out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
+    geo = (s.ctas > 0) & (s.threads > 0)
+    geo &= np.ones(len(s), bool) if model.shaped_by_geometry else ~roof
+    if model.geometry and geo.any():
+        out[geo] = geometry_time(model.geometry, s.ctas[geo], s.threads[geo])
+    return out
+
+
+def predict_all(models: dict[str, KernelClassModel], s: KernelSamples) -> np.ndarray:
+    """Each sample by its family's model where fitted, else by its class's."""
+    cls_keys, fam_keys = sample_keys(s)
+    out = np.full(len(s), np.nan)
+    for key in set(cls_keys.tolist()):
+        m = cls_keys == key
+        out[m] = predict(models.get(key), s.subset(m))
+    for key in set(fam_keys.tolist()):
+        if key in models:
+            m = fam_keys == key
+            got = predict(models[key], s.subset(m))
+            out[m] = np.where(np.isfinite(got), got, out[m])
+    return out
+
+
+def sustained_tensor_fraction(s: KernelSamples) -> float | None:
+    """The tensor throughput the GPU sustained in the traces, as a fraction of the dense peak: the 99th
+    percentile of the achieved fraction over large compute-bound tensor-core GEMMs (None: too few)."""
+    f = s.tensor_fraction[np.isfinite(s.tensor_fraction)]
+    if len(f) < MIN_TENSOR_KERNELS:
+        return None
+    return float(min(np.percentile(f, 99), 1.0))
+
+
+# -------------------------------------------------------------------------------- cross-validation
+@dataclass
+class ClassAccuracy:
+    """Held-out accuracy of one kernel class: the uncalibrated model vs the fitted one."""
+
+    kernel_class: str
+    kernels: int              # held-out kernels of the class
+    before_kernels: int       # of them, those the uncalibrated model estimates (it has shapes)
+    before_gmae: float
+    after_kernels: int        # those the fitted model estimates (shapes or launch geometry)
+    after_gmae: float
+    floor_gmae: float = float("nan")  # repeat noise: each kernel predicted by the median of identical kernels
+                                      # (name, shapes, grid) in the fit folds -- what no class model can beat
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _repeat_median(keys: np.ndarray, log_t: np.ndarray, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """ln-duration of each test kernel predicted by the median over identical training kernels (nan: none)."""
+    groups: dict[str, list[float]] = {}
+    for k, v in zip(keys[train].tolist(), log_t[train].tolist()):
+        groups.setdefault(k, []).append(v)
+    med = {k: float(np.median(v)) for k, v in groups.items()}
+    return np.asarray([med.get(k, np.nan) for k in keys[test].tolist()])
+
+
+def folds_by_trace(s: KernelSamples) -> list[np.ndarray]:
+    return [s.trace == t for t in np.unique(s.trace)] if len(np.unique(s.trace)) > 1 else []
+
+
+def folds_by_step(s: KernelSamples, k: int = 10) -> list[np.ndarray]:
+    """k-fold by ProfilerStep within each trace (step i is in fold i mod k; a trace with a few steps gets one
+    fold per step). Kernels outside any step are never tested; traces with one step are not folded."""
+    folds = []
+    for t in np.unique(s.trace).tolist():
+        in_trace = (s.trace == t) & (s.step >= 0)
+        steps = np.unique(s.step[in_trace])
+        if len(steps) < 2:
+            continue
+        n = min(k, len(steps))
+        fold_of = {int(st): j % n for j, st in enumerate(steps.tolist())}
+        ids = np.full(len(s), -1)
+        ids[in_trace] = [fold_of[int(x)] for x in s.step[in_trace].tolist()]
+        folds += [ids == j for j in range(n)]
+    return folds
+
+
+def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
+                   fit: Callable[[KernelSamples], dict[str, KernelClassModel]] = fit_class_models) -> list[ClassAccuracy]:
+    """Fit on everything but each fold, predict the fold; per-class GMAE over all held-out kernels."""
+    pred = np.full(len(s), np.nan)
+    repeat = np.full(len(s), np.nan)
+    tested = np.zeros(len(s), bool)
+    keys = np.asarray([f"{n}|{r:.6g}|{c:g}|{t:g}" for n, r, c, t in zip(s.name, s.roofline_us, s.ctas, s.threads)],
+                      object)
+    for test in folds:
+        if not test.any() or test.all():
+            continue
+        models = fit(s.subset(~test))
+        pred[test] = predict_all(models, s.subset(test))
+        repeat[test] = _repeat_median(keys, np.log(s.measured_us), ~test, test)
+        tested |= test
+    # where no fitted model applies, replay keeps the uncalibrated estimate: so does the evaluation
+    pred = np.where(np.isfinite(pred), pred, s.base_us)
+    rows = []
+    for cls in sorted(set(s.cls[tested].tolist())):
+        m = tested & (s.cls == cls)
+        b = m & np.isfinite(s.base_us) & (s.base_us > 0)
+        a = m & np.isfinite(pred) & (pred > 0)
+        r = m & np.isfinite(repeat)
+        rows.append(ClassAccuracy(cls, int(m.sum()), int(b.sum()), gmae(s.base_us[b], s.measured_us[b]),
+                                  int(a.sum()), gmae(pred[a], s.measured_us[a]),
+                                  gmae(np.exp(repeat[r]), s.measured_us[r])))
+    return rows

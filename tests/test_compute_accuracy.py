@@ -1,0 +1,110 @@
+"""Accuracy suite of the compute model on the shared A100 / V100 traces (issue 13), cross-validated:
+per-class GMAE of the calibrated kernel models on held-out ProfilerSteps (never the kernels they were
+fitted on), and GPU-bound step accuracy (compute-busy time, CPU gaps removed) within 10%.
+The issue's goal is <= 25% per class; the bounds here are what the models reach today (see
+benchmarks/model_accuracy.py), so a regression fails; A100 elementwise / reduction / norm / copy miss the
+goal. Their run-to-run floor (identical kernels of other steps predicting each other) is 12-20%: the
+trace_diff_control kernels share the GPU with concurrent streams (a 1-CTA kernel takes 3 to 36 us)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lumos_sim.api import load
+from replay.hardware.config import trace_hardware
+from replay.hardware.kernel_models import (KernelSamples, cross_validate, fit_class_models, folds_by_step,
+                                           kernel_samples)
+from replay.kernel_accuracy import gpu_busy_steps
+from replay.model_timing import ModelTiming
+
+A100 = ["trace_diff_control_control.json.gz", "nccl_parser_config_nccl_data.json.gz",
+        "critical_path_alexnet_trace.json.gz"]
+V100 = ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]
+BOUNDS = {"a100-sxm-40gb": {"gemm": 0.25, "conv": 0.14, "elementwise": 0.30, "reduction": 0.36, "norm": 0.35,
+                            "copy": 0.29, "embedding": 0.12},
+          "v100-sxm2": {"gemm": 0.23, "conv": 0.15, "elementwise": 0.12, "norm": 0.34, "copy": 0.12}}
+
+
+@pytest.fixture(scope="module")
+def traces(request):
+    from conftest import require_shared
+    hta = require_shared("traces", "hta")
+    out = {}
+    for name in A100 + V100:
+        g = load([str(hta / name)])[0]
+        out[name] = (g, trace_hardware(g.metadata))
+    return out
+
+
+def _samples(traces, names):
+    return KernelSamples.concat([kernel_samples(g, hw, n) for n, (g, hw) in traces.items() if n in names])
+
+
+@pytest.mark.parametrize("names", [A100, V100], ids=["a100", "v100"])
+def test_cross_validated_class_gmae_by_step_beats_the_uncalibrated_model(traces, names):
+    s = _samples(traces, names)
+    hw = traces[names[0]][1].name
+    rows = {r.kernel_class: r for r in cross_validate(s, folds_by_step(s))}
+    lines = [f"{c}: before {r.before_gmae:.3f} (n={r.before_kernels}) after {r.after_gmae:.3f} (n={r.after_kernels})"
+             for c, r in rows.items()]
+    for cls, bound in BOUNDS[hw].items():
+        r = rows[cls]
+        assert r.after_kernels == r.kernels, f"{cls}: some held-out kernels got no prediction"
+        assert r.after_gmae <= bound, "\n".join(lines)
+        if r.before_kernels:
+            assert r.after_gmae < r.before_gmae, "\n".join(lines)
+
+
+@pytest.mark.parametrize("trace", A100[:2])
+def test_gpu_bound_step_error_within_10_percent_calibrated_on_other_steps(traces, trace):
+    s = _samples(traces, A100)
+    g, hw = traces[trace]
+    t = s.trace_names.index(trace)
+    steps = [st for st in g.steps if st.node >= 0]
+    for k, st in enumerate(steps):
+        cal = dataclasses.replace(hw, kernel_models=fit_class_models(s.subset(~((s.trace == t) & (s.step == k)))))
+        busy = {b.step: b for b in gpu_busy_steps(g, ModelTiming(cal), trace)}[st.name]
+        assert abs(busy.error) <= 0.10, f"{trace} {st.name}: busy {busy.measured_us:.0f} us, predicted {busy.predicted_us:.0f} us"
+
+
+H100 = ["kernels_gemm_bf16", "kernels_gemm_fp8", "kernels_sdpa", "kernels_norm", "kernels_elementwise",
+        "llama_b4_s2048", "llama_b2_s4096", "llama_b8_s1024", "moe_t4096", "moe_t16384"]
+
+
+@pytest.fixture(scope="module")
+def h100():
+    from pathlib import Path
+
+    from lumos_sim.commands.calibrate import _load_one
+    from replay.hardware import get_hardware
+
+    data = Path(__file__).parent / "data" / "h100"
+    hw = get_hardware("h100-sxm")
+    graphs = {n: _load_one(str(data / n))[0] for n in H100}
+    return hw, graphs, {n: kernel_samples(g, hw, n) for n, g in graphs.items()}
+
+
+def test_h100_model_steps_within_10_percent_calibrated_on_the_other_traces(h100):
+    """Issue 15: model-mode step error <= 10% on the real H100 training steps, with the kernel models
+    fitted on the other nine H100 traces (the uncalibrated preset is off by up to 17%)."""
+    from replay.api import replay
+    hw, graphs, samples = h100
+    for name in H100[5:]:
+        models = fit_class_models(KernelSamples.concat([samples[n] for n in H100 if n != name]))
+        res = replay([graphs[name]], ModelTiming(dataclasses.replace(hw, kernel_models=models)), critical_path=False)
+        errors = [s.error for s in res.steps if s.measured_us]
+        assert errors and max(map(abs, errors)) <= 0.10, f"{name}: {errors}"
+
+
+def test_h100_gemm_and_attention_within_15_percent_cross_validated_by_step(h100):
+    """Issue 15: per-kernel GMAE of GEMM and attention <= 15% on the H100 sweeps and steps, each kernel
+    predicted by models fitted on the other folds of ProfilerSteps (in a sweep a step is one shape)."""
+    import numpy as np
+    _, _, samples = h100
+    s = KernelSamples.concat(list(samples.values()))
+    s = s.subset(np.isin(s.cls, ["gemm", "attention"]))  # class models are fitted per class: fit only these
+    rows = {r.kernel_class: r for r in cross_validate(s, folds_by_step(s))}
+    for cls in ("gemm", "attention"):
+        r = rows[cls]
+        assert r.after_kernels == r.kernels and r.after_gmae <= 0.15 < r.before_gmae, (cls, r)

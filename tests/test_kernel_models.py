@@ -1,0 +1,128 @@
+"""Kernel classification, fitted per-class kernel models, `lumos-sim calibrate`, honest cross-validation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chakra_schema.errors import TraceInputError
+from lumos_sim.cli import main as cli_main
+from replay.hardware import get_hardware
+from replay.hardware.config import KernelClassModel
+from replay.hardware.kernel_classes import classify_kernel, unclassified_report
+from replay.hardware.kernel_models import (KernelSamples, cross_validate, fit_geometry, fit_roofline,
+                                           kernel_family, predict_all)
+
+
+def test_classification_uses_the_launching_op_when_the_name_says_nothing():
+    assert classify_kernel("void fbgemm_gpu::_offsets_range_cuda_kernel<long>(long)", "fb::offsets_range").cls \
+        == "embedding"  # 'fbgemm' is not a GEMM
+    assert classify_kernel("void bounds_check_indices_kernel<long>()", "fbgemm::bounds_check_indices").cls == "embedding"
+    assert classify_kernel("void mystery_kernel()", "aten::sum").cls == "reduction"
+    k = classify_kernel("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>()", "aten::mm")
+    assert (k.cls, k.library, k.tf32, k.by_op) == ("gemm", "cutlass", True, False)
+    assert classify_kernel("void splitKreduce_kernel<float>()", "aten::mm").split_k
+    assert classify_kernel("triton_poi_fused_add_0", "").library == "triton"
+    assert classify_kernel("void flash_fwd_kernel<Flash_fwd_kernel_traits<128> >()", "").library == "flash"
+
+
+def test_unclassified_report_lists_what_no_class_covers():
+    share, rows = unclassified_report([("void mystery_kernel()", "custom::op", 30.0),
+                                       ("ampere_sgemm_128x64_nn", "aten::mm", 70.0)])
+    assert share == pytest.approx(0.3)
+    assert rows[0].name == "void mystery_kernel()" and rows[0].count == 1
+
+
+def test_kernel_family_folds_digits_but_keeps_the_implementation():
+    a = kernel_family("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float> >(at::native::ReduceOp<float>)")
+    b = kernel_family("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float> >(at::native::ReduceOp<float>)")
+    assert a == b and a.startswith("at::native::reduce_kernel<")
+    assert kernel_family("ampere_sgemm_128x64_nn") != kernel_family("void at::native::reduce_kernel<1>()")
+
+
+def test_roofline_fit_recovers_fixed_cost_and_efficiency():
+    rng = np.random.default_rng(0)
+    roof = np.geomspace(0.5, 500, 400)
+    measured = (3.0 + roof / 0.6) * np.exp(rng.normal(0, 0.03, len(roof)))
+    overhead, eff = fit_roofline(roof, measured)
+    assert overhead == pytest.approx(3.0, rel=0.15) and eff == pytest.approx(0.6, rel=0.06)
+
+
+def test_geometry_fit_recovers_slopes_and_stays_physical():
+    rng = np.random.default_rng(1)
+    ctas = rng.integers(1, 10000, 300).astype(float)
+    threads = rng.choice([128.0, 256.0, 512.0], 300)
+    t = np.exp(0.5 + 0.7 * np.log(ctas) + 0.2 * np.log(threads))
+    g0, g1, g2 = fit_geometry(ctas, threads, t)
+    assert (g1, g2) == (pytest.approx(0.7, abs=0.02), pytest.approx(0.2, abs=0.05))
+    # one geometry only: no slopes to extrapolate with
+    assert fit_geometry(np.full(9, 8.0), np.full(9, 128.0), np.full(9, 5.0))[1:] == (0.0, 0.0)
+
+
+def _samples(n_steps=3, per_step=40) -> KernelSamples:
+    rng = np.random.default_rng(2)
+    n = n_steps * per_step
+    roof = np.geomspace(1, 100, n)
+    return KernelSamples(trace=np.zeros(n, np.int64), step=np.repeat(np.arange(n_steps), per_step),
+                         cls=np.full(n, "elementwise", object), dtype=np.full(n, "fp32", object),
+                         measured_us=2.0 + roof / 0.5 * np.exp(rng.normal(0, 0.02, n)), roofline_us=roof,
+                         base_us=roof, ctas=np.zeros(n), threads=np.zeros(n),
+                         name=np.full(n, "void at::native::vectorized_elementwise_kernel<4>()", object),
+                         tensor_fraction=np.full(n, np.nan),
+                         trace_names=["t"])
+
+
+def test_cross_validation_never_fits_on_the_kernels_it_tests():
+    s = _samples()
+    seen = []
+
+    def spy_fit(train):
+        seen.append(set(np.round(train.measured_us, 9).tolist()))
+        from replay.hardware.kernel_models import fit_class_models
+        return fit_class_models(train)
+
+    folds = [s.step == k for k in range(3)]
+    rows = cross_validate(s, folds, fit=spy_fit)
+    for k, train in enumerate(seen):
+        assert not train & set(np.round(s.measured_us[s.step == k], 9).tolist())
+    (row,) = rows
+    assert row.kernels == len(s) and row.after_gmae < 0.05 < row.before_gmae  # the fit beats the roofline
+
+
+def test_calibrated_class_model_changes_model_estimates(tmp_path):
+    f = tmp_path / "cal.toml"
+    f.write_text('name = "cal"\nextends = "a100-sxm-40gb"\n[kernel_models."elementwise"]\n'
+                 'overhead_us = 4.0\nefficiency = 0.5\ngeometry = []\n')
+    from replay.hardware.compute import ComputeModel
+    base = ComputeModel("a100-sxm-40gb").op_estimate({"op": "elementwise", "bytes": 1e6})
+    cal = ComputeModel(str(f)).op_estimate({"op": "elementwise", "bytes": 1e6})
+    assert cal.time_us == pytest.approx(4.0 + base.memory_us / 0.5)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nextends = "a100-sxm-40gb"\n[kernel_models."gemm"]\noverhead_us = -1.0\n')
+    with pytest.raises(TraceInputError, match="kernel_models.gemm"):
+        get_hardware(str(bad))
+
+
+def test_predict_all_prefers_the_family_model():
+    s = _samples(1, 10)
+    models = {"elementwise": KernelClassModel(overhead_us=1.0),
+              "elementwise/" + kernel_family(s.name[0]): KernelClassModel(overhead_us=100.0)}
+    assert np.all(predict_all(models, s) >= 100.0)
+
+
+def test_calibrate_cli_writes_a_preset_that_extends_the_base(shared_traces, tmp_path, capsys):
+    out = tmp_path / "my-a100.toml"
+    trace = shared_traces / "hta" / "trace_diff_control_control.json.gz"
+    assert cli_main(["calibrate", str(trace), "--hardware", "a100-sxm-40gb", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert 'extends = "a100-sxm-40gb"' in text and "trace_diff_control_control.json.gz" in text
+    hw = get_hardware(str(out))
+    assert hw.calibration.kernels > 5000 and hw.calibration.base == "a100-sxm-40gb"
+    assert "gemm_tf32" in hw.kernel_models and hw.kernel_models["gemm_tf32"].kernels > 1000
+    assert all(k in hw.sources for k in (f"kernel_models.{m}" for m in hw.kernel_models))
+    assert "by step" in capsys.readouterr().out
+    # the preset's sustained tensor fraction is this measurement, not a hand-chosen number
+    assert hw.compute.sustained_tensor_fraction == pytest.approx(
+        get_hardware("a100-sxm-40gb").compute.sustained_tensor_fraction, abs=0.01)
+    assert cli_main(["calibrate", str(trace), "--hardware", "a100-sxm-40gb", "-o", str(tmp_path / "x.txt")]) == 2
+    assert cli_main(["calibrate", str(trace), "--hardware", "h100-sxm", "-o", str(tmp_path / "h.toml")]) == 2
+    assert "recorded on A100" in capsys.readouterr().err and not (tmp_path / "h.toml").exists()
