@@ -37,8 +37,24 @@ def make_timing(mode: str, hardware: str | None = None, source_hardware: str | N
     return TranslatedTiming(source, target)
 
 
+def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str | None,
+                           steps: int | None) -> None:
+    """The argument checks that need no trace: run before any conversion so mistakes show at once."""
+    if steps is not None and steps < 1:
+        raise TraceInputError(None, f"--steps must be >= 1, got {steps}")
+    if mode not in TIMING_MODES:
+        raise TraceInputError(None, f"unknown timing mode '{mode}' (choose from {', '.join(TIMING_MODES)})")
+    if mode == "model" and not hardware:
+        raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim list hardware`)")
+    from replay.hardware.config import get_hardware
+    for name in (hardware, source_hardware):
+        if name:
+            get_hardware(name)
+
+
 def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
                source_hardware: str | None = None, steps: int | None = None, progress=None) -> ReplayResult:
+    check_replay_arguments(mode, hardware, source_hardware, steps)
     timing = make_timing(mode, hardware, source_hardware, graphs)
     result = replay(graphs, timing, progress=progress)
     if steps is not None:

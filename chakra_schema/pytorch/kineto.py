@@ -24,7 +24,6 @@ hta/trace_diff_control_control (benchmarks/bench_convert_kineto.py).
 """
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
@@ -34,6 +33,7 @@ from typing import Any, Callable, Iterator
 import orjson
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import input_too_large, max_input_bytes, read_json_input
 
 HOST_CATS = frozenset(("cpu_op", "user_annotation"))
 RUNTIME_CATS = frozenset(("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"))
@@ -174,21 +174,28 @@ def _raw_blocks(path, progress: Callable[[int, int], None] | None) -> Iterator[b
     with fh:
         first = fh.read(1 << 20)
         dec = zlib.decompressobj(16 + zlib.MAX_WBITS) if first[:2] == b"\x1f\x8b" else None
-        done = 0
+        done = produced = 0
+        limit = max_input_bytes()
         block = first
         while block:
             done += len(block)
-            if dec is not None:
-                try:
-                    out = dec.decompress(block)
-                except zlib.error as exc:
-                    raise TraceInputError(path, f"bad gzip data: {exc}") from None
-                if dec.unused_data:          # a multi-member gzip: let gzip.decompress handle it
-                    raise _NotStreamable
-            else:
-                out = block
-            if out:
-                yield out
+            pending = block
+            while pending:
+                if dec is None:
+                    out, pending = pending, b""
+                else:
+                    try:   # bounded: a gzip bomb expands 16 MiB at a time
+                        out = dec.decompress(pending, 1 << 24)
+                    except zlib.error as exc:
+                        raise TraceInputError(path, f"bad gzip data: {exc}") from None
+                    pending = dec.unconsumed_tail
+                    if dec.unused_data:      # a multi-member gzip: let the whole-file reader handle it
+                        raise _NotStreamable
+                produced += len(out)
+                if produced > limit:
+                    raise input_too_large(path, limit)
+                if out:
+                    yield out
             if progress is not None:
                 progress(done, total)
             block = fh.read(1 << 20)
@@ -263,16 +270,7 @@ def _cut_and_walk(path, trace: KinetoTrace, buf: bytearray) -> None:
 
 
 def _read_json(path: str | os.PathLike) -> Any:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceInputError(path, f"bad gzip data: {exc}") from None
+    raw = read_json_input(path)
     if not raw.strip():
         raise TraceInputError(path, "empty file")
     try:

@@ -33,8 +33,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.et and not args.kineto:
         raise TraceInputError(None, "give --et and/or --kineto")
+    if args.output.endswith(("/", os.sep)) or os.path.isdir(args.output):
+        raise TraceInputError(args.output, "is a directory; -o takes a prefix such as out/job "
+                                           "(writes out/job.0.et, out/job.1.et, ...)")
     with progress_bar("converting") as cb:
         summaries = convert(args.et, args.kineto, args.output, progress=cb)
+    _remove_stale_ranks(args.output, {s["rank"] for s in summaries})
+    for s in summaries:
+        print(f"wrote {s['output']}", file=sys.stderr)
     try:
         if args.json:
             json.dump(summaries, sys.stdout, indent=2)
@@ -45,6 +51,19 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `| head`: the files are written, the reader just stopped listening
         sys.stderr.close()
     return 0
+
+
+def _remove_stale_ranks(prefix: str, ranks: set[int]) -> None:
+    """A prefix reused for a job with fewer ranks must not keep the old job's extra rank files: replay
+    would read them as part of this job."""
+    from chakra_schema.graph_io import graph_paths
+
+    stale = [p for r, p in graph_paths(prefix).items() if r not in ranks]
+    for path in stale:
+        os.unlink(path)
+    if stale:
+        print(f"removed {len(stale)} rank file(s) of an earlier job with this prefix: "
+              f"{', '.join(p.name for p in stale)}", file=sys.stderr)
 
 
 def _print_table(summaries: list[dict]) -> None:
