@@ -40,6 +40,19 @@ class ParallelPlan:
     overlap_p2p: bool = True           # pipeline send/recv overlap compute (False: 2021 Megatron waits)
     gpus_per_node: int = 8
 
+    def __post_init__(self) -> None:
+        # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model
+        # are `validate_plan`'s
+        try:
+            ok = (self.tp >= 1 and self.pp >= 1 and self.cp >= 1 and self.dp >= 1 and self.ep >= 1
+                  and self.vp >= 1 and self.seq_len >= 1 and self.global_batch >= 1 and self.micro_batch >= 1
+                  and self.gpus_per_node >= 1 and self.dp_shard >= 0 and self.zero in (0, 1, 2, 3)
+                  and self.precision in PRECISIONS and self.recompute in RECOMPUTE and self.attention in ATTENTION)
+        except TypeError:   # a string where a number belongs
+            ok = False
+        if not ok:
+            _reject_fields(self)
+
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
@@ -105,6 +118,26 @@ class ParallelPlan:
 
     def with_(self, **kw) -> "ParallelPlan":
         return replace(self, **kw)
+
+
+def _reject_fields(plan: ParallelPlan) -> None:
+    """Name the first bad field of a plan (the slow path of `ParallelPlan.__post_init__`)."""
+    def bad(msg: str) -> None:
+        raise TraceInputError(None, msg)
+
+    for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch", "gpus_per_node"):
+        v = getattr(plan, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(f"--{key.replace('_', '-')} must be an integer >= 1, got {v!r}")
+    if isinstance(plan.dp_shard, bool) or not isinstance(plan.dp_shard, int) or plan.dp_shard < 0:
+        bad(f"--dp-shard must be an integer >= 0, got {plan.dp_shard!r}")
+    if plan.precision not in PRECISIONS:
+        bad(f"--precision must be one of {', '.join(PRECISIONS)}, got {plan.precision!r}")
+    if plan.recompute not in RECOMPUTE:
+        bad(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
+    if plan.attention not in ATTENTION:
+        bad(f"attention must be one of {', '.join(ATTENTION)}, got {plan.attention!r}")
+    bad(f"--zero must be 0, 1, 2 or 3, got {plan.zero!r}")
 
 
 def stage_layers(model: ModelConfig, plan: ParallelPlan) -> list[list[int]]:
