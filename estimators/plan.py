@@ -13,6 +13,7 @@ from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 
 PRECISIONS = ("bf16", "fp8")
+MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
 
@@ -171,6 +172,8 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
     for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch"):
         if getattr(plan, key) < 1:
             bad(f"--{key.replace('_', '-')} must be >= 1")
+    if plan.gpus > MAX_GPUS:
+        bad(f"tp*pp*cp*dp = {plan.gpus:,} GPUs is more than the {MAX_GPUS:,} a plan may span")
     if gpus is not None and plan.gpus != gpus:
         bad(f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.gpus} != --gpus {gpus}")
     if plan.precision not in PRECISIONS:

@@ -34,10 +34,18 @@ def _size(text: str) -> int:
 def _positive_int(text: str) -> int:
     try:
         v = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0: '{text}'")
+    return v
+
+
+def _gpu_count(text: str) -> int:
+    from replay.hardware.network import MAX_COLLECTIVE_RANKS
+    v = _positive_int(text)
+    if v > MAX_COLLECTIVE_RANKS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_COLLECTIVE_RANKS:,} GPUs per collective: '{text}'")
     return v
 
 
@@ -51,7 +59,8 @@ def register(subparsers) -> None:
     c.add_argument("--hardware", default="h100-sxm", help="preset name or path to a .toml (default h100-sxm)")
     c.add_argument("--op", choices=sorted(_OPS), default="all_reduce")
     c.add_argument("--size", type=_size, default=_size("1GiB"), help="bytes: 8, 1e9, 64MB, 1GiB")
-    c.add_argument("--gpus", type=_positive_int, default=8, help="ranks 0..N-1 (rank // gpus_per_node = node)")
+    c.add_argument("--gpus", type=_gpu_count, default=8,
+                   help="ranks 0..N-1 (rank // gpus_per_node = node); at most 1,048,576 (512 for all_to_all)")
     c.add_argument("--algorithm", default=None, help="force an algorithm (ring, tree, nvls, direct, pairwise, "
                                                    "hierarchical); default: the fastest, as NCCL's tuner")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -77,7 +86,7 @@ def _collective(args) -> int:
     hw = get_hardware(args.hardware)
     net = NetworkModel(hw)
     try:
-        est = net.estimate(_OPS[args.op], args.size, list(range(args.gpus)), args.algorithm)
+        est = net.estimate(_OPS[args.op], args.size, range(args.gpus), args.algorithm)
     except ValueError as e:
         raise TraceInputError(None, str(e)) from None
     out = est.to_dict()

@@ -77,10 +77,19 @@ def _plan_from_args(args, model):
     return plan
 
 
+def _check_counts(**counts) -> None:
+    """Counts checked before any work: a typo such as 10000000000 GPUs must not allocate first."""
+    from estimators.plan import MAX_GPUS
+    for name, v in counts.items():
+        if v is not None and not 1 <= v <= MAX_GPUS:
+            raise TraceInputError(None, f"--{name.replace('_', '-')} must be between 1 and {MAX_GPUS:,}, got {v}")
+
+
 def main_parallelism(args) -> int:
     from estimators.model_config import load_model
     from estimators.whatif_parallel import predict, resolve_hardware, search
 
+    _check_counts(gpus=args.gpus, dp=args.dp, max_plans=args.max_plans if args.search else None)
     model = load_model(args.model)
     hw = resolve_hardware(args.hardware)
     if args.search:
@@ -178,6 +187,11 @@ def main_trace(args) -> int:
 
     if args.dp is None and args.layers is None and args.hardware is None:
         raise TraceInputError(None, "give at least one change: --dp N, --layers L or --hardware NAME")
+    _check_counts(dp=args.dp, layers=args.layers)
+    from replay.hardware.config import get_hardware
+    for name in (args.hardware, args.source_hardware):
+        if name:
+            get_hardware(name)   # an unknown name fails now, not after seconds of conversion
     with progress_bar("converting") as cb:
         graphs = load_graphs(args.inputs, progress=cb)
     with progress_bar("replaying") as cb:
