@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -67,6 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warnings_to_stderr(command: str):
+    """Library warnings (logging, e.g. a repaired trace) as one line each: `lumos-sim CMD: warning: ...`.
+    Returns the function that undoes it."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"lumos-sim {command}: warning: %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("chakra_schema", "replay", "estimators", "lumos_sim")]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+
+    def undo() -> None:
+        for logger in loggers:
+            logger.removeHandler(handler)
+            logger.propagate = True
+    return undo
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that every `finally` removes its temporary files."""
 
@@ -92,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     from chakra_schema.safe_io import set_max_input_bytes
+    warnings = _warnings_to_stderr(args.command)
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
@@ -109,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        warnings()
         set_max_input_bytes(None)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -24,12 +24,14 @@ hta/trace_diff_control_control (benchmarks/bench_convert_kineto.py).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
@@ -138,6 +140,7 @@ def load_kineto(path: str | os.PathLike,
     trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
         raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events")
+    _repair_durations(path, trace)
     return trace
 
 
@@ -154,9 +157,45 @@ def _walk_checked(path, trace: KinetoTrace, events: Any) -> None:
         raise TraceInputError(path, f"malformed trace event: {type(exc).__name__}: {exc}") from None
 
 
+_NO_DUR = float("nan")        # an "X" event without `dur`: repaired (or rejected) by `_repair_durations`
+MAX_EVENT_US = 1e11           # ~28 hours: no single traced operation lasts longer
+MAX_TS_US = 1e17              # ~3,000 years of microseconds since the epoch
+
+
+def _repair_durations(path, t: KinetoTrace) -> None:
+    """Events with a missing, negative, non-finite or impossibly long duration are taken as 0 us with
+    one warning that counts them; a trace where no event has a usable duration, or with an impossible
+    timestamp, is rejected (it cannot be replayed into anything meaningful)."""
+    cols = [t.rt_dur, t.gpu_dur, t.sync_dur]
+    host = np.fromiter((h.dur for h in t.host_ops), np.float64, len(t.host_ops))
+    arrays = [host] + [np.asarray(c, np.float64) for c in cols]
+    total = sum(len(a) for a in arrays)
+    bad = [~((a >= 0) & (a <= MAX_EVENT_US)) for a in arrays]
+    nbad = int(sum(int(b.sum()) for b in bad))
+    stamps = [np.fromiter((h.ts for h in t.host_ops), np.float64, len(t.host_ops)),
+              np.asarray(t.rt_ts, np.float64), np.asarray(t.gpu_ts, np.float64), np.asarray(t.sync_ts, np.float64)]
+    bad_ts = int(sum(int((~(np.abs(a) <= MAX_TS_US)).sum()) for a in stamps))
+    if bad_ts:
+        raise TraceInputError(path, f"{bad_ts} events have a missing, non-finite or impossible timestamp 'ts'")
+    if not nbad:
+        return
+    if nbad == total:
+        raise TraceInputError(path, f"none of the {total} complete events has a usable duration 'dur' "
+                                    "(missing, negative or longer than 1e11 us)")
+    for h in np.flatnonzero(bad[0]).tolist():
+        t.host_ops[h].dur = 0.0
+    for col, b in zip(cols, bad[1:]):
+        for i in np.flatnonzero(b).tolist():
+            col[i] = 0.0
+    log.warning("%s: %d of %d events had a missing, negative or impossible duration 'dur'; taken as 0 us",
+                path, nbad, total)
+
+
 class _NotStreamable(Exception):
     """The slicing parser cannot handle this file: parse it whole instead."""
 
+
+log = logging.getLogger(__name__)
 
 _SLICE_BYTES = 4 << 20          # raw JSON parsed at a time
 _MAX_PENDING = 64 << 20         # give up slicing when no event boundary is found within this much
@@ -306,7 +345,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
             if cat in HOST_CATS:
                 args = ev.get("args") or empty
                 host_ops.append(HostOp(len(host_ops), ev["name"], ev["pid"], ev["tid"], float(ev["ts"]),
-                                       float(ev.get("dur", 0.0)), cat, args.get("Record function id"),
+                                       float(ev.get("dur", _NO_DUR)), cat, args.get("Record function id"),
                                        args.get("External id"), args.get("Sequence number"), args))
             elif cat in GPU_CATS:
                 args = ev.get("args") or empty
@@ -315,7 +354,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 gpu_device.append(int(args.get("device", ev["pid"])))
                 gpu_stream.append(int(args.get("stream", ev["tid"])))
                 gpu_ts.append(float(ev["ts"]))
-                gpu_dur.append(float(ev.get("dur", 0.0)))
+                gpu_dur.append(float(ev.get("dur", _NO_DUR)))
                 gpu_corr.append(int(args.get("correlation", -1)))
                 gpu_args.append(args)
             elif cat in RUNTIME_CATS:
@@ -325,7 +364,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 rt_pid.append(ev["pid"])
                 rt_tid.append(ev["tid"])
                 rt_ts.append(float(ev["ts"]))
-                rt_dur.append(float(ev.get("dur", 0.0)))
+                rt_dur.append(float(ev.get("dur", _NO_DUR)))
                 rt_corr.append(int(args.get("correlation", -1)))
                 rt_ext.append(int(args.get("External id", -1)))
                 rt_args.append(args if "stream" in args else empty)   # only a stream arg is used
@@ -333,7 +372,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 args = ev.get("args") or empty
                 t.sync_kind.append(args.get("cuda_sync_kind", ev.get("name", "")))
                 t.sync_ts.append(float(ev["ts"]))
-                t.sync_dur.append(float(ev.get("dur", 0.0)))
+                t.sync_dur.append(float(ev.get("dur", _NO_DUR)))
                 t.sync_corr.append(int(args.get("correlation", -1)))
                 t.sync_stream.append(int(args.get("stream", -1)))
                 t.sync_wait_stream.append(int(args.get("wait_on_stream", -1)))
