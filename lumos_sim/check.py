@@ -264,13 +264,11 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
 
 
 def print_results(results: list[CaseResult], verbose: bool = False, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console as make_console, table
 
-    console = Console(file=file or sys.stdout, width=160)
-    t = Table(title="Accuracy check")
-    for col in ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"):
-        t.add_column(col, justify="left" if col in ("suite", "case", "timing", "result") else "right")
+    console = make_console(file)
+    t = table("Accuracy check", ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"),
+              right=("steps", "max |err|", "mean |err|", "tolerance"))
     for r in results:
         tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
                                                    if r.case.mean_tolerance is not None else "")

@@ -14,7 +14,7 @@ from chakra_schema.errors import TraceInputError
 from replay.engine import ReplayError
 
 # Order is the order of `lumos-sim --help`.
-COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif"]
+COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif", "list"]
 
 
 DESCRIPTION = """\

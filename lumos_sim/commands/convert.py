@@ -67,12 +67,10 @@ def _remove_stale_ranks(prefix: str, ranks: set[int]) -> None:
 
 
 def _print_table(summaries: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console, table as new_table
 
-    table = Table(title="lumos-sim convert")
-    for col in ("rank", "inputs", "nodes", "by kind", "GPU ops", "colls", "steps", "edges", "ET link", "output"):
-        table.add_column(col, overflow="fold")
+    table = new_table("lumos-sim convert", ("rank", "inputs", "nodes", "by kind", "GPU ops", "colls", "steps",
+                                            "edges", "ET link", "output"))
     for s in summaries:
         inputs = "\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k))
         kinds = "\n".join(f"{k} {v}" for k, v in s["nodes_by_kind"].items())
@@ -80,5 +78,4 @@ def _print_table(summaries: list[dict]) -> None:
         link_txt = f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-"
         table.add_row(str(s["rank"]), inputs, str(s["nodes"]), kinds, str(s["gpu_ops"]), str(s["collectives"]),
                       str(s["steps"]), str(s["edges"]), link_txt, os.path.basename(s["output"]))
-    # piped output is not folded into 80 columns: use a width that fits the table
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    console().print(table)

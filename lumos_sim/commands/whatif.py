@@ -24,16 +24,16 @@ def register(sub) -> None:
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
     par.add_argument("--model", required=True, help="zoo name (e.g. llama3-405b) or a model TOML path")
     par.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    par.add_argument("--gpus", type=int, required=True)
-    par.add_argument("--tp", type=int, default=1)
-    par.add_argument("--pp", type=int, default=1)
-    par.add_argument("--cp", type=int, default=1)
+    par.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
+    par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
+    par.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    par.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
     par.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    par.add_argument("--ep", type=int, default=1)
+    par.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
     par.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
-    par.add_argument("--seq-len", type=int, required=True)
+    par.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     par.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    par.add_argument("--micro-batch", type=int, default=1)
+    par.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     par.add_argument("--precision", default="bf16", help="bf16 | fp8")
     par.add_argument("--recompute", default="none", help="none | selective | full")
     par.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
@@ -52,7 +52,7 @@ def register(sub) -> None:
     tr.add_argument("--layers", type=int, help="new number of transformer layers")
     tr.add_argument("--hardware", help="replay on this hardware preset (translated timing)")
     tr.add_argument("--source-hardware", help="GPU the trace was recorded on (when not in the trace)")
-    tr.add_argument("--json", action="store_true")
+    tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tr.set_defaults(func=main_trace)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
@@ -132,24 +132,25 @@ def _plan_text(p) -> str:
     s = f"TP{p.tp} PP{p.pp}" + (f"x{p.vp}" if p.vp > 1 else "") + f" CP{p.cp} DP{p.dp}"
     if p.ep > 1:
         s += f" EP{p.ep}"
-    return s + f" mb{p.micro_batch} {p.recompute} z{p.zero}"
+    recompute = "no recompute" if p.recompute == "none" else f"{p.recompute} recompute"
+    return s + f", micro-batch {p.micro_batch}, {recompute}, ZeRO-{p.zero}"
 
 
 def _print_prediction(r) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 80)
     p = r.plan
     t = Table(title=f"{r.model} on {p.gpus} x {r.hardware}: {_plan_text(p)}, seq {p.seq_len}, "
                     f"global batch {p.global_batch} ({p.micro_batches} micro-batches)")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t.add_column("metric", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
     bd = r.breakdown
     rows = [("step time", f"{r.step_time_s:.3f} s"), ("tokens/s", f"{r.tokens_per_s:,.0f}"),
             ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f}"), ("hardware TFLOP/s per GPU", f"{r.hw_tflops_per_gpu:.1f}"),
             ("MFU", f"{100 * r.mfu:.1f}%"),
-            ("memory per GPU", f"{r.memory.total_gib:.1f} GiB" + (" (OUT OF MEMORY)" if r.oom else "")),
+            ("memory per GPU", f"{r.memory.total_gib:.1f} GiB" + (" (OUT OF MEMORY, see below)" if r.oom else "")),
             ("  weights / grads / optimizer / activations",
              f"{r.memory.weights_gib:.1f} / {r.memory.grads_gib:.1f} / {r.memory.optimizer_gib:.1f} / {r.memory.activations_gib:.1f}"),
             ("compute", f"{bd['compute_s']:.3f} s")]
@@ -162,17 +163,21 @@ def _print_prediction(r) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if r.oom:
+        console.print(f"OUT OF MEMORY: {r.memory.total_gib:.1f} GiB per GPU is more than the "
+                      f"{r.memory.capacity_gib:.1f} GiB usable on {r.hardware}; the time assumes it fit. Try "
+                      "--recompute full, a larger --pp or --tp, or --zero 3.")
 
 
 def _print_search(results) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 80)
     r0 = results[0]
     t = Table(title=f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput")
     for col in ("#", "plan", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "bubble", "exposed comm s"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+        t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
     for i, r in enumerate(results, 1):
         t.add_row(str(i), _plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
                   f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
@@ -203,7 +208,7 @@ def main_trace(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 80)
     t = Table(title="trace what-if")
     t.add_column("")
     t.add_column("baseline", justify="right")
