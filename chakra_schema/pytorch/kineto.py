@@ -140,6 +140,7 @@ def load_kineto(path: str | os.PathLike,
     trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
         raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events")
+    _check_thread_ids(path, trace)
     _repair_durations(path, trace)
     return trace
 
@@ -160,6 +161,34 @@ def _walk_checked(path, trace: KinetoTrace, events: Any) -> None:
 _NO_DUR = float("nan")        # an "X" event without `dur`: repaired (or rejected) by `_repair_durations`
 MAX_EVENT_US = 1e11           # ~28 hours: no single traced operation lasts longer
 MAX_TS_US = 1e17              # ~3,000 years of microseconds since the epoch
+
+
+def _thread_id(path, v: Any, what: str, name: Any) -> int:
+    if type(v) is int:
+        return v
+    try:
+        return int(v)            # "7" or 7.0 are fine
+    except (TypeError, ValueError, OverflowError):
+        raise TraceInputError(path, f"event {str(name)[:60]!r} has a {what} that is not an integer: {v!r}"[:200]) from None
+
+
+def _check_thread_ids(path, t: KinetoTrace) -> None:
+    """pid / tid name CPU threads: every later stage needs integers (and names strings)."""
+    for col in (t.rt_name, t.gpu_name):
+        for i, v in enumerate(col):
+            if type(v) is not str:
+                col[i] = "" if v is None else str(v)
+    for h in t.host_ops:
+        if type(h.name) is not str:
+            h.name = "" if h.name is None else str(h.name)
+        if type(h.pid) is not int or type(h.tid) is not int:
+            h.pid, h.tid = _thread_id(path, h.pid, "pid", h.name), _thread_id(path, h.tid, "tid", h.name)
+    for col, what in ((t.rt_pid, "pid"), (t.rt_tid, "tid")):
+        for i, v in enumerate(col):
+            if type(v) is not int:
+                col[i] = _thread_id(path, v, what, t.rt_name[i])
+    t.flows[:] = [(fid, ph, _thread_id(path, pid, "pid", "flow"), _thread_id(path, tid, "tid", "flow"), ts)
+                  for fid, ph, pid, tid, ts in t.flows]
 
 
 def _repair_durations(path, t: KinetoTrace) -> None:
