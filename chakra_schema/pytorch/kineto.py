@@ -252,8 +252,8 @@ def _raw_blocks(path, progress: Callable[[int, int], None] | None) -> Iterator[b
                 if dec is None:
                     out, pending = pending, b""
                 else:
-                    try:   # bounded: a gzip bomb expands 16 MiB at a time
-                        out = dec.decompress(pending, 1 << 24)
+                    try:   # bounded: a gzip bomb expands 4 MiB at a time
+                        out = dec.decompress(pending, 1 << 22)
                     except zlib.error as exc:
                         raise TraceInputError(path, f"bad gzip data: {exc}") from None
                     pending = dec.unconsumed_tail
