@@ -23,7 +23,6 @@ the suite file); `{suite_dir}` is the suite's own folder; other relative paths a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -2,7 +2,6 @@
 source, load the inputs, replay, and render the result."""
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 from chakra_schema.errors import TraceInputError

@@ -67,15 +67,33 @@ def _remove_stale_ranks(prefix: str, ranks: set[int]) -> None:
 
 
 def _print_table(summaries: list[dict]) -> None:
+    """One column per rank (a row per figure) for a few ranks; a compact row per rank for many."""
     from lumos_sim.tables import console, table as new_table
 
-    table = new_table("lumos-sim convert", ("rank", "inputs", "nodes", "by kind", "GPU ops", "colls", "steps",
-                                            "edges", "ET link", "output"))
+    if len(summaries) > 3:
+        cols = ("rank", "nodes", "GPU ops", "collectives", "steps", "edges", "output")
+        table = new_table("lumos-sim convert", cols, right=cols[:-1])
+        for s in summaries:
+            table.add_row(str(s["rank"]), f"{s['nodes']:,}", f"{s['gpu_ops']:,}", f"{s['collectives']:,}",
+                          str(s["steps"]), f"{s['edges']:,}", s["output"])
+        console().print(table)
+        return
+
+    table = new_table("lumos-sim convert", ["", *(f"rank {s['rank']}" for s in summaries)],
+                      right=[f"rank {s['rank']}" for s in summaries])
+    rows = {"inputs": [], "nodes": [], "by kind": [], "GPU ops": [], "collectives": [], "steps": [], "edges": [],
+            "ET link": [], "output": []}
     for s in summaries:
-        inputs = "\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k))
-        kinds = "\n".join(f"{k} {v}" for k, v in s["nodes_by_kind"].items())
         link = s.get("link")
-        link_txt = f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-"
-        table.add_row(str(s["rank"]), inputs, str(s["nodes"]), kinds, str(s["gpu_ops"]), str(s["collectives"]),
-                      str(s["steps"]), str(s["edges"]), link_txt, os.path.basename(s["output"]))
+        rows["inputs"].append("\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k)))
+        rows["nodes"].append(f"{s['nodes']:,}")
+        rows["by kind"].append("\n".join(f"{k} {v:,}" for k, v in s["nodes_by_kind"].items()))
+        rows["GPU ops"].append(f"{s['gpu_ops']:,}")
+        rows["collectives"].append(f"{s['collectives']:,}")
+        rows["steps"].append(str(s["steps"]))
+        rows["edges"].append(f"{s['edges']:,}")
+        rows["ET link"].append(f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-")
+        rows["output"].append(s["output"])
+    for label, values in rows.items():
+        table.add_row(label, *values)
     console().print(table)
