@@ -169,21 +169,11 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
     def bad(msg: str) -> None:
         raise TraceInputError(None, msg)
 
-    for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch"):
-        if getattr(plan, key) < 1:
-            bad(f"--{key.replace('_', '-')} must be >= 1")
+    # the single fields were checked by ParallelPlan.__post_init__ (`_reject_fields`)
     if plan.gpus > MAX_GPUS:
         bad(f"tp*pp*cp*dp = {plan.gpus:,} GPUs is more than the {MAX_GPUS:,} a plan may span")
     if gpus is not None and plan.gpus != gpus:
         bad(f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.gpus} != --gpus {gpus}")
-    if plan.precision not in PRECISIONS:
-        bad(f"--precision must be one of {', '.join(PRECISIONS)}")
-    if plan.recompute not in RECOMPUTE:
-        bad(f"--recompute must be one of {', '.join(RECOMPUTE)}")
-    if plan.attention not in ATTENTION:
-        bad(f"attention must be one of {', '.join(ATTENTION)}")
-    if plan.zero not in (0, 1, 2, 3):
-        bad("--zero must be 0, 1, 2 or 3")
     if model.heads % plan.tp:
         bad(f"{model.heads} attention heads are not divisible by tp {plan.tp}")
     if model.mla is None and model.n_kv % plan.tp and plan.tp % model.n_kv:
