@@ -42,6 +42,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def _open_stream(path: PathLike) -> BinaryIO:
     """Open `path` for binary reading, decompressing when it starts with the gzip magic."""
+    if os.path.isdir(path):
+        raise TraceInputError(path, "is a directory, not an .et file")
     try:
         f = open(path, "rb")
     except OSError as e:

@@ -630,6 +630,8 @@ def read_graphs(prefix_or_file: PathLike, progress: Progress | None = None) -> l
     files when the metadata does not say."""
     paths = graph_paths(prefix_or_file)
     if not paths:
+        if os.path.isdir(prefix_or_file):
+            raise TraceInputError(prefix_or_file, "is a directory; give an .et file or a PREFIX (out/job for out/job.0.et ...)")
         raise TraceInputError(prefix_or_file, "no such file, and no PREFIX.<rank>.et / .et.gz files with this prefix")
     graphs = []
     for k, (rank, path) in enumerate(paths.items()):

@@ -428,8 +428,11 @@ def test_sigterm_during_convert_leaves_no_partial_file(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not None
 
 
-def test_directory_as_replay_input_says_so(tmp_path, capsys):
-    one_line_error(capsys, cli("replay", tmp_path), "is a directory")
+@pytest.mark.parametrize("argv", [["replay", "DIR"], ["inspect", "DIR"], ["jsonize", "DIR"],
+                                  ["convert", "--kineto", "DIR", "-o", "OUT"], ["convert", "--et", "DIR", "-o", "OUT"]])
+def test_directory_as_input_says_so(tmp_path, capsys, argv):
+    argv = [str(tmp_path) if a == "DIR" else str(tmp_path / "o" / "x") if a == "OUT" else a for a in argv]
+    one_line_error(capsys, cli(*argv), "is a directory")
 
 
 # --------------------------------------------------------------------------- 10. arguments first

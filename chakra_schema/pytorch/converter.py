@@ -94,6 +94,8 @@ def _expand(pattern: str, what: str) -> dict[int | None, list[str]]:
     else:
         paths = [pattern] if os.path.isfile(pattern) else []
     if not paths:
+        if os.path.isdir(pattern):
+            raise TraceInputError(pattern, f"is a directory; give the {what} file(s), e.g. '{pattern}/x.{{rank}}.json.gz'")
         raise TraceInputError(pattern, f"no {what} file matches" if glob.has_magic(pattern) else "no such file")
     return {None: paths}
 
