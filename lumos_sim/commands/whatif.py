@@ -170,19 +170,29 @@ def _print_prediction(r) -> None:
 
 
 def _print_search(results) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console as make_console, table
 
-    console = Console(width=None if sys.stdout.isatty() else 80)
+    console = make_console()
     r0 = results[0]
-    t = Table(title=f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput")
-    for col in ("#", "plan", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "bubble", "exposed comm s"):
-        t.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")
+    cols = ("#", "plan", "step\ns", "tokens\n/s", "TFLOP/s\n/GPU", "MFU", "mem\nGiB", "bubble", "exposed\ncomm s")
+    t = table(f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput", cols,
+              right=cols[:1] + cols[2:], whole=cols[:1] + cols[2:])
     for i, r in enumerate(results, 1):
-        t.add_row(str(i), _plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
+        t.add_row(str(i), _short_plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
                   f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
                   f"{100 * r.breakdown['bubble_fraction']:.1f}%", f"{r.breakdown['exposed_comm_s']:.3f}")
     console.print(t)
+    console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
+                  "size, rc = activation recompute (none, selective, full), Z = ZeRO stage (0 DDP, 1 "
+                  "distributed optimizer, 2, 3 FSDP)")
+
+
+def _short_plan_text(p) -> str:
+    """The compact label of the search table (its legend is printed below it)."""
+    s = f"TP{p.tp} PP{p.pp}" + (f"x{p.vp}" if p.vp > 1 else "") + f" CP{p.cp} DP{p.dp}"
+    if p.ep > 1:
+        s += f" EP{p.ep}"
+    return s + f" mb{p.micro_batch} rc={p.recompute} Z{p.zero}"
 
 
 # ------------------------------------------------------------------------------ trace
