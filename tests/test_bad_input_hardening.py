@@ -408,6 +408,21 @@ def test_convert_to_a_directory_is_an_error_and_writes_nothing(tmp_path, capsys)
     assert list(out.iterdir()) == []
 
 
+def test_convert_to_an_empty_prefix_is_an_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(capsys, cli("convert", "--kineto", KINETO, "-o", ""), "-o is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["bench", "collective", "--size", "1e400"], "1 PiB"),
+    (["bench", "gemm", "--m", "1e30", "--n", "8", "--k", "8"], "at most 2,147,483,648"),
+    (["bench", "gemm", "--m", "inf", "--n", "8", "--k", "8"], "not an integer"),
+])
+def test_bench_sizes_past_their_limits_are_one_line(capsys, argv, needle):
+    one_line_error(capsys, cli(*argv), needle)
+
+
 def test_convert_removes_rank_files_of_an_earlier_larger_job(job, tmp_path, capsys):
     prefix = tmp_path / "job"
     (tmp_path / "job.5.et").write_bytes(open(f"{job}.0.et", "rb").read())

@@ -38,7 +38,12 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0: '{text}'")
+    if v > _MAX_DIM:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_DIM:,}: '{text}'")
     return v
+
+
+_MAX_DIM = 1 << 31   # GEMM dimensions and batch: beyond any real matrix
 
 
 def _gpu_count(text: str) -> int:
@@ -58,7 +63,7 @@ def register(subparsers) -> None:
     c = sub.add_parser("collective", help="one collective: time, algbw, busbw, algorithm chosen")
     c.add_argument("--hardware", default="h100-sxm", help="preset name or path to a .toml (default h100-sxm)")
     c.add_argument("--op", choices=sorted(_OPS), default="all_reduce", help="collective (default all_reduce)")
-    c.add_argument("--size", type=_size, default=_size("1GiB"), help="bytes: 8, 1e9, 64MB, 1GiB")
+    c.add_argument("--size", type=_size, default=_size("1GiB"), help="bytes: 8, 1e9, 64MB, 1GiB (below 1 PiB)")
     c.add_argument("--gpus", type=_gpu_count, default=8,
                    help="ranks 0..N-1 (rank // gpus_per_node = node); at most 1,048,576 (512 for all_to_all)")
     c.add_argument("--algorithm", default=None, help="force an algorithm (ring, tree, nvls, direct, pairwise, "

@@ -33,9 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.et and not args.kineto:
         raise TraceInputError(None, "give --et and/or --kineto")
-    if args.output.endswith(("/", os.sep)) or os.path.isdir(args.output):
-        raise TraceInputError(args.output, "is a directory; -o takes a prefix such as out/job "
-                                           "(writes out/job.0.et, out/job.1.et, ...)")
+    if not os.path.basename(args.output) or os.path.isdir(args.output):
+        what = "is a directory" if args.output else "-o is empty"
+        raise TraceInputError(args.output or None, f"{what}; -o takes a prefix such as out/job "
+                                                   "(writes out/job.0.et, out/job.1.et, ...)")
     with progress_bar("converting") as cb:
         summaries = convert(args.et, args.kineto, args.output, progress=cb)
     _remove_stale_ranks(args.output, {s["rank"] for s in summaries})
