@@ -296,15 +296,17 @@ _BY_NODE_CACHE: dict = {}
 def _by_node(topo: Topology, ranks: Sequence[int]) -> list[list[int]]:
     """Ranks grouped by node, nodes in order. Cached for the last group: every algorithm and protocol
     of one estimate asks for the same grouping, and a large group costs a pass over all its ranks."""
-    key = (id(topo), ranks if isinstance(ranks, tuple) else tuple(ranks))
+    key = (topo.gpn, ranks if isinstance(ranks, tuple) else tuple(ranks))   # all the grouping depends on
     hit = _BY_NODE_CACHE.get(key)
     if hit is not None:
         return hit
+    gpn = topo.gpn
     nodes: dict[int, list[int]] = {}
     for r in sorted(ranks):
-        nodes.setdefault(topo.node_of(r), []).append(r)
+        nodes.setdefault(r // gpn, []).append(r)
     out = [nodes[k] for k in sorted(nodes)]
-    _BY_NODE_CACHE.clear()
+    if len(_BY_NODE_CACHE) >= 4:
+        _BY_NODE_CACHE.clear()
     _BY_NODE_CACHE[key] = out
     return out
 
