@@ -28,6 +28,19 @@ def reject_unknown_keys(path: str | os.PathLike | None, keys: Iterable[str], all
             raise TraceInputError(path, f"unknown {what} '{prefix}{key}'{where}{hint}")
 
 
+def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
+    """A TOML file as a dict; a missing or malformed file is a one-line TraceInputError naming it."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise TraceInputError(path, f"{what} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
+        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+
+
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,
                  low_open: bool = False, integer: bool = False) -> None:
     """Raise a one-line TraceInputError "{what} must be ..., got {value}" unless `value` is a finite

@@ -25,7 +25,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.memory import MemoryEstimate, estimate_memory
-from replay.results import union_intervals
+from replay.results import COMM_KINDS, Breakdown, union_intervals
 from estimators.model_config import ModelConfig
 from estimators.plan import ParallelPlan, validate_plan
 from estimators.workload import STREAM_KIND, STREAMS, generate
@@ -44,7 +44,7 @@ class PlanPrediction:
     hw_tflops_per_gpu: float
     mfu: float
     memory: MemoryEstimate
-    breakdown: dict[str, Any]
+    breakdown: StepBreakdown
     num_nodes: int
     simulated_ranks: int
     wall_s: float = 0.0
@@ -66,7 +66,7 @@ class PlanPrediction:
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu, "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
             "mfu": self.mfu, "memory_gib_per_gpu": self.memory.total_gib, "oom": self.oom,
-            "memory": self.memory.to_json(), "breakdown": self.breakdown,
+            "memory": self.memory.to_json(), "breakdown": legacy_breakdown_json(self.breakdown),
             "simulated_ranks": self.simulated_ranks, "num_nodes": self.num_nodes, "wall_s": self.wall_s,
             **self.extra,
         }
@@ -100,11 +100,12 @@ def _length(s: np.ndarray, e: np.ndarray) -> float:
 
 
 def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: np.ndarray,
-                   lo: float, hi: float) -> dict[str, float]:
-    """Seconds of one rank's step window [lo, hi]: compute (union of compute-stream work), exposed
-    communication per kind (transfer time with no compute running; overlapping kinds are charged in the
-    order tp, cp, ep, pp, dp; a posted receive waiting for its sender is not transfer time), and the
-    rest of the step where the compute stream idles (pipeline bubble)."""
+                   lo: float, hi: float) -> Breakdown:
+    """One rank's step window [lo, hi] (us): compute (union of compute-stream work), communication
+    (union of transfers), exposed communication per kind (transfer time with no compute running;
+    overlapping kinds are charged in the order tp, cp, ep, pp, dp; a posted receive waiting for its
+    sender is not transfer time), and idle: the rest of the step, where the compute stream waits
+    (the pipeline bubble)."""
     stream_ids = np.array([r.index for r in g.resources])
     kinds = np.array([_STREAM_KIND_BY_ID.get(int(s), "compute") for s in stream_ids])
     node_kind = kinds[g.resource] if len(g) else np.zeros(0, dtype=kinds.dtype)
@@ -114,37 +115,57 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     comp = node_kind == "compute"
     cs, ce = union_intervals(start[comp], end[comp])
     compute = _length(cs, ce)
-    covered_s, covered_e = cs, ce
-    covered = compute
-    out = {"step_s": step / 1e6, "compute_s": compute / 1e6}
-    exposed_total = 0.0
-    for k in ("tp", "cp", "ep", "pp", "dp"):
+    ms, me = union_intervals(xfer_start[~comp], end[~comp])
+    b = Breakdown(window_us=step, compute_us=compute, comm_us=_length(ms, me))
+    covered_s, covered_e, covered = cs, ce, compute
+    for k in COMM_KINDS:
         sel = node_kind == k
         if not sel.any():
-            out[f"exposed_{k}_comm_s"] = 0.0
             continue
         us, ue = union_intervals(np.concatenate([covered_s, xfer_start[sel]]), np.concatenate([covered_e, end[sel]]))
         now = _length(us, ue)
-        out[f"exposed_{k}_comm_s"] = (now - covered) / 1e6
-        exposed_total += now - covered
+        setattr(b, f"exposed_{k}_comm_us", now - covered)
+        b.exposed_comm_us += now - covered
         covered_s, covered_e, covered = us, ue, now
-    out["exposed_comm_s"] = exposed_total / 1e6
-    out["bubble_s"] = max(step - covered, 0.0) / 1e6
-    out["bubble_fraction"] = max(step - covered, 0.0) / step if step > 0 else 0.0
-    return out
+    b.idle_us = max(step - covered, 0.0)
+    return b
 
 
-def _breakdown(graphs: Sequence[ExecutionGraph], run) -> dict[str, Any]:
+@dataclass
+class StepBreakdown:
+    """Breakdown of a generated step: the mean over simulated ranks (one per pipeline stage) and each."""
+
+    mean: Breakdown
+    per_stage: list[Breakdown]
+
+    def blend(self, other: "StepBreakdown", w: float) -> "StepBreakdown":
+        """self + w * (other - self), field by field (linear extrapolation in micro-batches)."""
+        def mix(a: Breakdown, b: Breakdown) -> Breakdown:
+            da, db = a.to_json(), b.to_json()
+            return Breakdown(**{k: da[k] + w * (db[k] - da[k]) for k in da})
+        return StepBreakdown(mix(self.mean, other.mean), [mix(a, b) for a, b in zip(self.per_stage, other.per_stage)])
+
+
+def _breakdown(graphs: Sequence[ExecutionGraph], run) -> StepBreakdown:
     per = []
     lo = float(run.start.min()) if len(run.start) else 0.0
     hi = float(run.end.max()) if len(run.end) else 0.0
     for r, g in enumerate(graphs):
         sl = run.rank_slice(r)
         per.append(rank_breakdown(g, run.start[sl], run.end[sl], run.durations[sl], lo, hi))
-    keys = per[0].keys()
-    mean = {k: float(np.mean([p[k] for p in per])) for k in keys}
-    mean["per_stage"] = per
-    return mean
+    return StepBreakdown(Breakdown.mean(per), per)
+
+
+def legacy_breakdown_json(bd: StepBreakdown) -> dict[str, Any]:
+    """The seconds-keyed breakdown of `whatif parallelism --json` (kept for its users)."""
+    m = bd.mean
+    kinds = {k: v / 1e6 for k, v in m.exposed_comm_by_kind_us().items()}
+    out: dict[str, Any] = {"step_s": m.window_us / 1e6, "compute_s": m.compute_us / 1e6,
+                           "exposed_comm_s": m.exposed_comm_us / 1e6}
+    out.update({f"exposed_{k}_comm_s": v for k, v in kinds.items()})
+    out.update({"bubble_s": m.idle_us / 1e6, "bubble_fraction": m.idle_fraction,
+                "exposed_comm_by_kind_s": kinds, "pipeline_bubble_s": m.idle_us / 1e6})
+    return out
 
 
 # ------------------------------------------------------------------------------------ prediction
@@ -176,13 +197,13 @@ def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
     return m1, m2
 
 
-def _simulate(model, plan, hw, timing, mode, gpn, progress):
+def _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads=None):
     from replay.api import replay
     # Millions of small Python objects: the cyclic GC's full collections would make this quadratic.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn)
+        graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn, moe_loads=moe_loads)
         result = replay(graphs, timing, progress=progress, critical_path=False)
         bd = _breakdown(graphs, result.run)
         out = result.step_time_us / 1e6, bd, result.num_nodes, len(graphs)
@@ -195,10 +216,11 @@ def _simulate(model, plan, hw, timing, mode, gpn, progress):
 
 def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", mode: str = "symmetric",
             timing: Any = None, progress: Callable[[int, int], None] | None = None,
-            extrapolate: bool = True) -> PlanPrediction:
+            extrapolate: bool = True, moe_loads: Any = None) -> PlanPrediction:
     """Generate, replay, and summarize one plan. `mode`: "symmetric" (one rank per stage) or "all".
     With `extrapolate`, many micro-batches are simulated as two short runs and extrapolated linearly
-    (see `steady_state_micro_batches`)."""
+    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.workload.MoELoads`)
+    for the EP layers instead of balanced routing."""
     validate_plan(model, plan)
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware) if hardware is not None else None
@@ -210,20 +232,16 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     ms = steady_state_micro_batches(plan) if extrapolate else None
     extra: dict[str, Any] = {}
     if ms is None:
-        step_s, bd, nodes, nranks = _simulate(model, plan, hw, timing, mode, gpn, progress)
+        step_s, bd, nodes, nranks = _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads)
     else:
         m = plan.micro_batches
         m1, m2 = ms
         gb = lambda k: k * plan.dp * plan.micro_batch  # noqa: E731
-        s1, b1, n1, nranks = _simulate(model, plan.with_(global_batch=gb(m1)), hw, timing, mode, gpn, progress)
-        s2, b2, n2, _ = _simulate(model, plan.with_(global_batch=gb(m2)), hw, timing, mode, gpn, progress)
+        s1, b1, n1, nranks = _simulate(model, plan.with_(global_batch=gb(m1)), hw, timing, mode, gpn, progress, moe_loads)
+        s2, b2, n2, _ = _simulate(model, plan.with_(global_batch=gb(m2)), hw, timing, mode, gpn, progress, moe_loads)
         w = (m - m1) / (m2 - m1)
         step_s = s1 + w * (s2 - s1)
-        bd = {k: b1[k] + w * (b2[k] - b1[k]) for k in b1 if k != "per_stage"}
-        bd["bubble_fraction"] = bd["bubble_s"] / step_s if step_s > 0 else 0.0
-        bd["per_stage"] = [{k: a[k] + w * (b[k] - a[k]) for k in a} for a, b in zip(b1["per_stage"], b2["per_stage"])]
-        for st in bd["per_stage"]:
-            st["bubble_fraction"] = st["bubble_s"] / st["step_s"] if st["step_s"] > 0 else 0.0
+        bd = b1.blend(b2, w)
         nodes = n1 + n2
         extra["extrapolated_from_micro_batches"] = [m1, m2]
     if step_s <= 0:
@@ -276,12 +294,11 @@ def candidate_plans(model: ModelConfig, gpus: int, seq_len: int, global_batch: i
     return out
 
 
-def search(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
-           precision: str = "bf16", max_plans: int = 24, progress: Callable[[int, int], None] | None = None,
-           timing: Any = None) -> list[PlanPrediction]:
-    """Valid plans ranked by predicted throughput among those that fit in memory. For each parallel
-    layout the cheapest recomputation that fits is used (none, then selective, then full). At most
-    `max_plans` layouts are simulated, preferring the ones with the least pipeline bubble and TP."""
+def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
+                         precision: str = "bf16", max_plans: int = 24) -> list[ParallelPlan]:
+    """The `max_plans` most promising valid plans that fit in memory. For each parallel layout the
+    cheapest recomputation that fits is used (none, then selective, then full); layouts are ordered by a
+    proxy preferring the least pipeline bubble and TP."""
     hw = resolve_hardware(hardware)
     cap = hw.gpu.memory_gb * 1e9 / 1024 ** 3
     fitting: list[ParallelPlan] = []
@@ -298,11 +315,20 @@ def search(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_ba
                 p.pp, p.tp)
 
     fitting.sort(key=proxy)
-    fitting = fitting[:max_plans]
+    return fitting[:max_plans]
+
+
+def search(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
+           precision: str = "bf16", max_plans: int = 24, progress: Callable[[int, int], None] | None = None,
+           timing: Any = None) -> list[PlanPrediction]:
+    """Valid plans ranked by predicted throughput among those that fit in memory (see
+    `rank_candidate_plans`); at most `max_plans` are simulated."""
+    hw = resolve_hardware(hardware)
+    plans = rank_candidate_plans(model, hw, gpus, seq_len, global_batch, precision, max_plans)
     results = []
-    for n, p in enumerate(fitting):
+    for n, p in enumerate(plans):
         results.append(predict(model, p, hw, timing=timing))
         if progress:
-            progress(n + 1, len(fitting))
+            progress(n + 1, len(plans))
     results.sort(key=lambda r: -r.tokens_per_s)
     return results

@@ -14,7 +14,9 @@ What one rank's graph holds (GPU streams only, no CPU thread: the graph stays sm
 - CP send/recv streams: ring attention, one KV block exchange per ring step overlapped with the
   attention of the previous block.
 - EP stream: MoE all-to-all dispatch and combine around the expert GEMMs (tokens per expert = local
-  tokens x top-k / experts, balanced routing).
+  tokens x top-k / experts, balanced routing). With `MoELoads` (measured routing, estimators.moe), each
+  MoE layer and micro-batch gets its own per-pair all-to-all sizes (`comm_pair_bytes`, timed as a
+  non-uniform all-to-all) and per-expert token counts (one grouped GEMM over the local experts).
 - DP streams: gradient reduce-scatter (ZeRO >= 1) / all-reduce (ZeRO-0) per layer bucket issued as the
   last micro-batch's backward of the layer finishes (overlapped, like DDP/FSDP hooks); ZeRO-3/FSDP
   parameter all-gathers before each layer's forward and backward, prefetched one layer ahead on their
@@ -35,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
@@ -70,6 +74,17 @@ def gemm(m: int, n: int, k: int, dtype: str, batch: int = 1) -> dict:
             "flops": 2.0 * m * n * k * batch, "bytes": float(batch * ((m * k + k * n) * eb + m * n * 2))}
 
 
+def grouped_gemm(ms: Sequence[int], n: int, k: int, dtype: str, wgrad: bool = False) -> dict:
+    """One GEMM per group (expert) with its own row count m: [m, k] x [k, n] (wgrad: [n, m] x [m, k]
+    -> the weight gradient, reducing over the m tokens)."""
+    eb = 1 if dtype == "fp8" else 2
+    ms = tuple(max(int(m), 0) for m in ms)
+    flops = sum(2.0 * m * n * k for m in ms)
+    nbytes = sum((m * k + k * n) * eb + m * n * 2 for m in ms)
+    return {"op": "grouped_gemm", "ms": ms, "n": int(n), "k": int(k), "wgrad": wgrad, "dtype": dtype,
+            "flops": flops, "bytes": float(nbytes)}
+
+
 def elementwise(elems: float, reads: float = 1, writes: float = 1, op: str = "elementwise",
                 flops_per: float = 1.0, elem_bytes: int = ACT_BYTES) -> dict:
     return {"op": op, "dtype": "bf16", "flops": float(flops_per * elems),
@@ -94,6 +109,29 @@ def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, he
 def coll(comm_type: CommType, size: float, group: Sequence[int], pg_name: str) -> dict:
     return {"comm_type": int(comm_type), "comm_size": int(size), "pg_ranks": group, "pg_name": pg_name,
             "coll_name": comm_type.name.lower()}
+
+
+@dataclass(frozen=True)
+class MoELoads:
+    """Measured routing for the EP layers instead of balanced routing. Micro-batch m of the step uses
+    window m % windows. `pair_tokens[w, l, i, j]`: (token, expert) pairs EP rank i sends to EP rank j in
+    the dispatch of MoE layer l (the l-th MoE layer of the model); `slot_tokens[w, l, i, s]`: tokens of
+    the s-th local expert slot of EP rank i (with redundant experts a rank may hold more slots)."""
+
+    pair_tokens: np.ndarray            # [windows, moe layers, ep, ep]
+    slot_tokens: np.ndarray            # [windows, moe layers, ep, slots per rank]
+
+    @property
+    def windows(self) -> int:
+        return self.pair_tokens.shape[0]
+
+    def check(self, model: ModelConfig, plan: ParallelPlan) -> None:
+        w, layers, ep, ep2 = self.pair_tokens.shape
+        if layers != model.moe_layers or ep != plan.ep or ep2 != plan.ep:
+            raise ValueError(f"MoE loads are for {layers} MoE layers on EP{ep}; the model has "
+                             f"{model.moe_layers} MoE layers and the plan EP{plan.ep}")
+        if self.slot_tokens.shape[:3] != (w, layers, ep):
+            raise ValueError(f"slot_tokens shape {self.slot_tokens.shape} does not match pair_tokens {self.pair_tokens.shape}")
 
 
 class _Template:
@@ -132,8 +170,12 @@ class _Shapes:
 
 
 class _RankBuilder:
-    def __init__(self, model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int):
+    def __init__(self, model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int,
+                 moe_loads: MoELoads | None = None, straggler: bool = False):
         self.m, self.p, self.rank = model, plan, rank
+        self.moe_loads, self.straggler = moe_loads, straggler
+        self.moe_index = {layer: i for i, layer in enumerate(l for l in range(model.layers) if model.is_moe_layer(l))}
+        self.routing: tuple[int, int] | None = None   # (MoE layer, window) of the template being built
         self.stage, self.dp_idx, self.cp_idx, self.tp_idx = plan.coords(rank)
         self.sh = _Shapes(plan.micro_batch, plan.seq_len, plan.cp, plan.tp,
                           plan.sequence_parallel and plan.tp > 1, plan.precision)
@@ -291,12 +333,16 @@ class _RankBuilder:
                     attention(b, heads, kvh, blk, blk // 2, qk, vd, False, backward), deps=[tpl.head, rv])
             have = rv
 
-    def layer_template(self, layer: int, pas: str) -> _Template:
-        """pas: 'F' forward, 'R' recomputed forward, 'S' selective recompute, 'B' backward."""
+    def layer_template(self, layer: int, pas: str, mb: int = 0) -> _Template:
+        """pas: 'F' forward, 'R' recomputed forward, 'S' selective recompute, 'B' backward. With measured
+        MoE loads every (MoE layer, routing window of micro-batch `mb`) has its own template."""
         moe = self.m.is_moe_layer(layer)
         key = (moe, pas)
+        if moe and self.moe_loads is not None:
+            key = (moe, pas, self.moe_index[layer], mb % self.moe_loads.windows)
         tpl = self.templates.get(key)
         if tpl is None:
+            self.routing = key[2:] or None
             tpl = self.templates[key] = self._build_layer(moe, pas)
         return tpl
 
@@ -404,9 +450,40 @@ class _RankBuilder:
         f_in = 2 * mo.expert_ffn if m.activation == "swiglu" else mo.expert_ffn
         return tok, local_experts, per_expert, f_in, mo.expert_ffn
 
-    def _a2a(self, tpl: _Template, name: str, size: float) -> None:
-        if self.p.ep > 1:
-            tpl.add(name, EP, coll(CommType.ALL_TO_ALL, size, self.ep_g, self._pg("ep", self.ep_g)))
+    def _a2a(self, tpl: _Template, name: str, size: float, transpose: bool = False) -> None:
+        if self.p.ep <= 1:
+            return
+        attrs = coll(CommType.ALL_TO_ALL, size, self.ep_g, self._pg("ep", self.ep_g))
+        if self.routing is not None:  # measured routing: this layer's per-pair sizes (combine: reversed)
+            pairs = self.moe_loads.pair_tokens[self.routing[1], self.routing[0]]
+            pair_bytes = (pairs.T if transpose else pairs) * (self.m.hidden * ACT_BYTES)
+            attrs["comm_pair_bytes"] = pair_bytes
+            attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
+        tpl.add(name, EP, attrs)
+
+    def _expert_tokens(self) -> tuple[int, ...] | None:
+        """Tokens of each local expert slot under measured routing (symmetric simulation: the rank with
+        the most tokens, whose experts finish last and hold up the combine); None when balanced."""
+        if self.routing is None:
+            return None
+        slots = self.moe_loads.slot_tokens[self.routing[1], self.routing[0]]
+        i = int(np.argmax(slots.sum(1))) if self.straggler else self.ep_g.index(self.rank)
+        return tuple(int(t) for t in slots[i])
+
+    def _expert_gemm(self, tpl: _Template, name: str, per: int, n: int, k: int, le: int, wgrad: bool = False,
+                     **kw) -> int:
+        """The local experts' GEMM: batched over `le` experts of `per` tokens (balanced), or one GEMM per
+        expert slot with its measured token count."""
+        dt = self.sh.dtype
+        tokens = self._expert_tokens()
+        if tokens is None:
+            return tpl.add(name, COMPUTE, gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le), **kw)
+        return tpl.add(name, COMPUTE, grouped_gemm(tokens, n, k, dt, wgrad), **kw)
+
+    def _routed(self, balanced_tokens: int) -> int:
+        """Tokens the local experts process: measured when routing is given, else balanced."""
+        tokens = self._expert_tokens()
+        return balanced_tokens if tokens is None else sum(tokens)
 
     def _moe_fwd(self, tpl: _Template) -> None:
         m, dt = self.m, self.sh.dtype
@@ -416,10 +493,10 @@ class _RankBuilder:
         tpl.add("router_topk", COMPUTE, elementwise(tok * mo.num_experts, 1, 1, op="softmax", flops_per=5))
         tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
-        tpl.add("expert_up_gate_proj", COMPUTE, gemm(per, f_in, h, dt, le))
-        tpl.add("expert_act", COMPUTE, elementwise(per * le * f, 2, 1, flops_per=8))
-        tpl.add("expert_down_proj", COMPUTE, gemm(per, h, f, dt, le))
-        self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES)
+        self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
+        tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1, flops_per=8))
+        self._expert_gemm(tpl, "expert_down_proj", per, h, f, le)
+        self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         if mo.shared_experts:
             S = mo.shared_experts
@@ -440,14 +517,14 @@ class _RankBuilder:
             tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in * S, tok, dt), chain=False)
         tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
-        tpl.add("expert_down_proj_dgrad", COMPUTE, gemm(per, f, h, dt, le))
-        tpl.add("expert_down_proj_wgrad", COMPUTE, gemm(f, h, per, dt, le), chain=False)
-        tpl.add("expert_act_bwd", COMPUTE, elementwise(per * le * f, 3, 2, flops_per=12))
-        tpl.add("expert_up_gate_proj_dgrad", COMPUTE, gemm(per, h, f_in, dt, le))
+        self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
+        self._expert_gemm(tpl, "expert_down_proj_wgrad", per, f, h, le, wgrad=True, chain=False)
+        tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, 3, 2, flops_per=12))
+        self._expert_gemm(tpl, "expert_up_gate_proj_dgrad", per, h, f_in, le)
         dg = tpl.head
-        tpl.add("expert_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, per, dt, le), chain=False)
+        self._expert_gemm(tpl, "expert_up_gate_proj_wgrad", per, h, f_in, le, wgrad=True, chain=False)
         tpl.head = dg
-        self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
+        self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
         tpl.add("router_wgrad", COMPUTE, gemm(h, mo.num_experts, tok, "bf16"), chain=False)
@@ -566,8 +643,9 @@ def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tu
     return dense, mo.num_experts * e / plan.ep
 
 
-def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int = 8) -> ExecutionGraph:
-    rb = _RankBuilder(model, plan, rank, gpus_per_node)
+def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int = 8,
+                     moe_loads: MoELoads | None = None, straggler: bool = False) -> ExecutionGraph:
+    rb = _RankBuilder(model, plan, rank, gpus_per_node, moe_loads, straggler)
     p = plan
     stage = rb.stage
     chunks = stage_layers(model, plan)
@@ -725,7 +803,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             prev_first = None
             for layer in layers:
                 ag = param_gather(pre + f"L{layer}.F", layer, prev_first)
-                first, out = rb.run(rb.layer_template(layer, "F"), pre + f"L{layer}.F.", entry + ag)
+                first, out = rb.run(rb.layer_template(layer, "F", mb), pre + f"L{layer}.F.", entry + ag)
                 prev_first, entry = first, [out]
             if gch == n_chunks - 1:
                 _, out = rb.run(rb.output_template(False), pre, entry)
@@ -743,12 +821,12 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             for layer in reversed(layers):
                 ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
                 if p.recompute == "full":
-                    first, out = rb.run(rb.layer_template(layer, "R"), pre + f"L{layer}.R.", entry + ag)
+                    first, out = rb.run(rb.layer_template(layer, "R", mb), pre + f"L{layer}.R.", entry + ag)
                     entry, ag = [out], []
                 elif p.recompute == "selective" and p.attention == "unfused":
-                    first, out = rb.run(rb.layer_template(layer, "S"), pre + f"L{layer}.R.", entry + ag)
+                    first, out = rb.run(rb.layer_template(layer, "S", mb), pre + f"L{layer}.R.", entry + ag)
                     entry, ag = [out], []
-                f_b, out = rb.run(rb.layer_template(layer, "B"), pre + f"L{layer}.B.", entry + ag)
+                f_b, out = rb.run(rb.layer_template(layer, "B", mb), pre + f"L{layer}.B.", entry + ag)
                 prev_first = f_b
                 entry = [out]
                 if is_last:
@@ -798,10 +876,14 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
 
 
 def generate(model: ModelConfig, plan: ParallelPlan, ranks: str | Sequence[int] = "symmetric",
-             gpus_per_node: int = 8, progress: Callable[[int, int], None] | None = None) -> list[ExecutionGraph]:
+             gpus_per_node: int = 8, progress: Callable[[int, int], None] | None = None,
+             moe_loads: MoELoads | None = None) -> list[ExecutionGraph]:
     """Per-rank graphs. `ranks`: "symmetric" (one representative per pipeline stage), "all" (every rank,
-    for the full simulation), or an explicit list of global ranks."""
+    for the full simulation), or an explicit list of global ranks. `moe_loads`: measured routing for the
+    EP layers (None: balanced routing)."""
     validate_plan(model, plan)
+    if moe_loads is not None:
+        moe_loads.check(model, plan)
     if ranks == "symmetric":
         todo = representative_ranks(plan)
     elif ranks == "all":
@@ -810,7 +892,7 @@ def generate(model: ModelConfig, plan: ParallelPlan, ranks: str | Sequence[int] 
         todo = list(ranks)
     out = []
     for n, r in enumerate(todo):
-        out.append(build_rank_graph(model, plan, r, gpus_per_node))
+        out.append(build_rank_graph(model, plan, r, gpus_per_node, moe_loads, straggler=ranks == "symmetric"))
         if progress:
             progress(n + 1, len(todo))
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from chakra_schema.graph import ExecutionGraph
-from lumos_sim.inputs import load_graphs
+from chakra_schema.inputs import load_graphs
 from lumos_sim.replay_run import make_timing, run_replay
 from replay.results import ReplayResult
 

@@ -210,7 +210,7 @@ def _ranks(path: Path, what: str, value: Any) -> list[int]:
 
 
 def run_case(suite: str, case: CaseSpec) -> CaseResult:
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
     from lumos_sim.replay_run import run_replay
     from replay.engine import ReplayError
 

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from replay.engine import simulate
 from replay.results import ReplayResult, summarize
 from replay.timing import TimingSource
 from replay.trace_timing import TraceTiming
+
+TIMING_MODES = ("trace", "model")
 
 
 def replay(graphs: Sequence[ExecutionGraph], timing: TimingSource | None = None,
@@ -15,3 +18,25 @@ def replay(graphs: Sequence[ExecutionGraph], timing: TimingSource | None = None,
     """Replay the graphs of all given ranks together; `timing` defaults to the trace's own durations."""
     run = simulate(graphs, timing or TraceTiming(), progress=progress)
     return summarize(run, with_critical_path=critical_path)
+
+
+def make_timing(mode: str, hardware: str | None = None, source_hardware: str | None = None,
+                graphs: Sequence[ExecutionGraph] = ()) -> TimingSource:
+    """`trace` without hardware: recorded durations. `trace` with hardware: the trace translated from the
+    GPU it was recorded on to `hardware`. `model`: every node re-timed by the hardware models."""
+    if mode not in TIMING_MODES:
+        raise TraceInputError(None, f"unknown timing mode '{mode}' (choose from {', '.join(TIMING_MODES)})")
+    if mode == "trace" and not hardware:
+        return TraceTiming()
+    if not hardware:
+        raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim bench --help`)")
+    from replay.hardware.config import get_hardware
+    from replay.model_timing import ModelTiming, TranslatedTiming, source_hardware as recorded_on
+
+    target = get_hardware(hardware)
+    source = get_hardware(source_hardware) if source_hardware else None
+    if mode == "model":
+        return ModelTiming(target, source)
+    if source is None and graphs and any(recorded_on(g) is None for g in graphs):
+        raise TraceInputError(None, "cannot tell which GPU the trace was recorded on: pass --source-hardware NAME")
+    return TranslatedTiming(source, target)

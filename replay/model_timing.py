@@ -95,6 +95,9 @@ def _comm_time(net: NetworkModel, graph: ExecutionGraph, i: int,
     if ctype is None:
         return None
     ranks = list(group_ranks) if group_ranks else _comm_ranks(graph, i)
+    pair_bytes = a.get("comm_pair_bytes")
+    if pair_bytes is not None and int(ctype) == CommType.ALL_TO_ALL:  # non-uniform (e.g. MoE routing)
+        return net.all_to_all_v_us(pair_bytes, a.get("pg_ranks") or ranks)
     return net.collective_us(CommType(int(ctype)), float(size), ranks)
 
 

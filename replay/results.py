@@ -14,12 +14,19 @@ _COMM_KINDS = (int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV))
 _COMM_TYPES = (int(NodeType.COMM_COLL_NODE), int(NodeType.COMM_SEND_NODE), int(NodeType.COMM_RECV_NODE))
 
 
+COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
+
+
 @dataclass
 class Breakdown:
-    """Time in a window (us). On a GPU rank: compute = union of GPU kernel/copy time, comm = union of
-    collective time, exposed_comm = comm not hidden under compute, idle = GPU doing nothing,
-    launch_bound = GPU idle waiting for a launch the CPU had not issued yet (CPU/launch-bound time).
-    On a CPU-only rank the same over host ops."""
+    """Time in a window, in microseconds: the one breakdown type of replays and every what-if estimate.
+
+    On a GPU rank: compute = union of GPU kernel/copy time, comm = union of collective time,
+    exposed_comm = comm not hidden under compute, idle = GPU doing nothing (in a generated training
+    step: the pipeline bubble and waits), launch_bound = GPU idle waiting for a launch the CPU had not
+    issued yet (CPU/launch-bound time). On a CPU-only rank the same over host ops. `exposed_<kind>_comm_us`
+    splits exposed_comm by parallelism (tensor, context, expert, pipeline, data) where the workload says
+    which collective serves which (generated workloads); a replayed trace leaves them 0."""
 
     window_us: float = 0.0
     compute_us: float = 0.0
@@ -27,10 +34,35 @@ class Breakdown:
     exposed_comm_us: float = 0.0
     idle_us: float = 0.0
     launch_bound_us: float = 0.0
+    exposed_tp_comm_us: float = 0.0
+    exposed_cp_comm_us: float = 0.0
+    exposed_ep_comm_us: float = 0.0
+    exposed_pp_comm_us: float = 0.0
+    exposed_dp_comm_us: float = 0.0
 
     def add(self, other: "Breakdown") -> None:
         for k, v in asdict(other).items():
             setattr(self, k, getattr(self, k) + v)
+
+    def scaled(self, factor: float) -> "Breakdown":
+        return Breakdown(**{k: v * factor for k, v in asdict(self).items()})
+
+    @staticmethod
+    def mean(items: "list[Breakdown]") -> "Breakdown":
+        total = Breakdown()
+        for b in items:
+            total.add(b)
+        return total.scaled(1.0 / len(items)) if items else total
+
+    @property
+    def idle_fraction(self) -> float:
+        return self.idle_us / self.window_us if self.window_us > 0 else 0.0
+
+    def exposed_comm_by_kind_us(self) -> dict[str, float]:
+        return {k: getattr(self, f"exposed_{k}_comm_us") for k in COMM_KINDS}
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
 
 
 @dataclass

@@ -452,11 +452,14 @@ def test_directory_as_input_says_so(tmp_path, capsys, argv):
 
 # --------------------------------------------------------------------------- 10. arguments first
 def test_bad_arguments_fail_before_any_conversion(job, monkeypatch, capsys):
-    import lumos_sim.inputs as inputs
+    import chakra_schema.inputs
+    import estimators.whatifs.trace
+    import lumos_sim.commands.replay
 
     def no_conversion(*a, **k):
         raise AssertionError("converted before checking the arguments")
-    monkeypatch.setattr(inputs, "load_graphs", no_conversion)
+    for module in (chakra_schema.inputs, estimators.whatifs.trace, lumos_sim.commands.replay):
+        monkeypatch.setattr(module, "load_graphs", no_conversion)
     one_line_error(capsys, cli("replay", "--kineto", KINETO, "--hardware", "no-such-gpu"), "unknown hardware")
     one_line_error(capsys, cli("replay", "--kineto", KINETO, "--timing", "model"), "--hardware")
     one_line_error(capsys, cli("whatif", "trace", job, "--dp", "0"), "--dp")
@@ -504,4 +507,4 @@ def test_oom_plans_explain_the_flag_and_labels_spell_out_the_plan():
     p = run_shell("lumos-sim whatif parallelism --model llama3-405b --hardware h100-sxm --gpus 16384 --tp 8 "
                   "--pp 16 --cp 1 --dp 128 --seq-len 8192 --global-batch 2048 | cat")
     assert "OUT OF MEMORY:" in p.stdout and "--recompute full" in p.stdout
-    assert "micro-batch 1" in p.stdout and "ZeRO-1" in p.stdout
+    assert "mb1" in p.stdout and "zero=1" in p.stdout and "recompute=none" in p.stdout

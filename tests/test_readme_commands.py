@@ -23,6 +23,11 @@ SKIPPED = {
     "pip install": "installs from PyPI (network); CI's .ci/run runs the README's install verbatim",
     "python -m pytest": "the whole test suite, which this test is part of (CI runs it verbatim)",
     "lumos-sim check tests/accuracy": "the accuracy suites (minutes): CI runs this command verbatim first",
+    "python examples/sweeps/moe_placement.py": "a 1.5-minute sweep; tests/test_example_moe_sweep.py runs "
+                                               "the example's code on a smaller grid",
+    "lumos-sim collect train_moe.py": "profiles the reader's own training script (needs torch); not in the checkout",
+    "lumos-sim whatif moe --model deepseek-v3 --routing routing.npy": "reads the routing.npy that the "
+                                                                      "collect line above writes from that script",
 }
 
 
@@ -30,7 +35,7 @@ def readme_steps() -> list[str]:
     """The `&&` steps of every line of every ```bash block, comments dropped, in order."""
     steps = []
     for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():   # a trailing backslash continues the line
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -45,14 +50,18 @@ def _skip_reason(step: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    """A folder with `tests/` of the checkout and a `lumos-sim` on PATH that runs this checkout."""
+    """A folder that sees the checkout's tests/, examples/, benchmarks/ and docs/, with `lumos-sim` and
+    `python` on PATH running this interpreter on this checkout."""
     d = tmp_path_factory.mktemp("readme")
-    (d / "tests").symlink_to(ROOT / "tests")
+    for name in ("tests", "examples", "benchmarks", "docs"):
+        if (ROOT / name).exists():
+            (d / name).symlink_to(ROOT / name)
     bin_dir = d / "bin"
     bin_dir.mkdir()
-    shim = bin_dir / "lumos-sim"
-    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m lumos_sim \"$@\"\n")
-    shim.chmod(0o755)
+    for name, run in (("lumos-sim", "-m lumos_sim"), ("python", "")):
+        shim = bin_dir / name
+        shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {run} \"$@\"\n")
+        shim.chmod(0o755)
     return d
 
 

@@ -109,7 +109,7 @@ def test_dp_change_retimes_the_allreduce_with_the_network_model():
 
 
 def test_dp_whatif_on_a_real_trace():
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
     path = require_shared("traces", "hta", "nccl_parser_config_nccl_data.json.gz")
     g = load_graphs([str(path)])[0]
     idx, old = dp_collectives(g)

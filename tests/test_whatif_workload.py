@@ -42,16 +42,16 @@ class LayerComputeOnly:
 def test_1f1b_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(p, m):
     plan = ParallelPlan(pp=p, dp=1, seq_len=256, global_batch=m)
     r = predict(TINY if 8 % p == 0 else TINY, plan, None, timing=LayerComputeOnly(), extrapolate=False)
-    for stage in r.breakdown["per_stage"]:
-        assert stage["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=1e-6)
+    for stage in r.breakdown.per_stage:
+        assert stage.idle_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-6)
 
 
 def test_interleaved_bubble_shrinks_by_the_virtual_stage_count():
     p, m, v = 4, 8, 2
     plan = ParallelPlan(pp=p, vp=v, dp=1, seq_len=256, global_batch=m)
     r = predict(TINY, plan, None, timing=LayerComputeOnly(), extrapolate=False)
-    for stage in r.breakdown["per_stage"]:
-        assert stage["bubble_fraction"] == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-6)
+    for stage in r.breakdown.per_stage:
+        assert stage.idle_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-6)
 
 
 def test_schedule_is_megatron_1f1b_order():

@@ -24,6 +24,11 @@ run; it sees sys.argv = [SCRIPT, *SCRIPT_ARGS]. The first WARMUP steps run unrec
 steps are recorded. The rank in the file names is torch.distributed's rank once setup() has
 initialized a process group, else 0. One process per rank: for several ranks launch with torchrun,
 e.g. torchrun --nproc-per-node 2 -m lumos_sim.cli collect train.py -o traces/
+
+With --routing, no profiler runs: forward hooks on the MoE routers of the script's global `model`
+(modules named `gate` / `router`, or --router-pattern) record each token's top-k experts and gate
+probabilities over the STEPS steps into OUT_DIR/layer_<i>.parquet (indices, scores), the routing form
+`lumos-sim whatif moe --routing OUT_DIR` reads.
 """
 
 
@@ -34,6 +39,12 @@ def _option_parser(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         **({"default": 3} if defaults else {"default": argparse.SUPPRESS}))
     parser.add_argument("--warmup", type=int, metavar="W", help="unrecorded warm-up steps first (default 1)",
                         **({"default": 1} if defaults else {"default": argparse.SUPPRESS}))
+    parser.add_argument("--routing", action="store_true", help="record MoE router top-k into parquet instead",
+                        **({"default": False} if defaults else {"default": argparse.SUPPRESS}))
+    parser.add_argument("--top-k", type=int, metavar="K", help="--routing: experts per token (default: the model's)",
+                        **({"default": None} if defaults else {"default": argparse.SUPPRESS}))
+    parser.add_argument("--router-pattern", metavar="REGEX", help="--routing: names of router modules",
+                        **({"default": None} if defaults else {"default": argparse.SUPPRESS}))
 
 
 def register(subparsers) -> None:
@@ -91,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         setup = namespace.get("setup")
         if callable(setup):
             setup()
+        if args.routing:
+            return _record_routing(args, script, train_step)
         result = profile_steps(train_step, args.out, warmup=args.warmup, steps=args.steps)
     finally:
         sys.argv = saved_argv
@@ -104,4 +117,22 @@ def run(args: argparse.Namespace) -> int:
           f"  {result.host_path}\n  {result.device_path}")
     if not link.fully_linked:
         print("lumos-sim collect: warning: some ET ops have no Kineto event with the same rf_id", file=sys.stderr)
+    return 0
+
+
+def _record_routing(args: argparse.Namespace, script: Path, train_step) -> int:
+    """Run warm-up steps, then STEPS steps with router hooks on the script's `model`; write parquet."""
+    from lumos_sim.collect_routing import DEFAULT_PATTERN, RoutingRecorder
+    model = train_step.__globals__.get("model")  # the script's live globals: setup() may have built it
+    if model is None or not hasattr(model, "named_modules"):
+        raise TraceInputError(script, "--routing needs a global `model` (a torch.nn.Module) in the script")
+    for step in range(args.warmup):
+        train_step(step)
+    recorder = RoutingRecorder(model, args.top_k, args.router_pattern or DEFAULT_PATTERN)
+    with recorder:
+        for step in range(args.warmup, args.warmup + args.steps):
+            train_step(step)
+    paths = recorder.save(args.out)
+    tokens = sum(len(a) for a in recorder.indices[0])
+    print(f"{len(paths)} MoE layers x {tokens} tokens, top-{recorder.top_k}: {args.out}/layer_*.parquet")
     return 0

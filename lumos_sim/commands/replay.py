@@ -5,7 +5,7 @@ import sys
 
 import orjson
 
-from lumos_sim.inputs import load_graphs
+from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
 from chakra_schema.safe_io import prepare_output
 from lumos_sim.replay_run import TIMING_MODES, check_replay_arguments, print_result, run_replay

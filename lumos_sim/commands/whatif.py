@@ -3,6 +3,8 @@
 - `whatif parallelism`: a model (zoo name or TOML) on a GPU count with a parallelism plan -> predicted
   step time, throughput, TFLOP/s per GPU, MFU, memory per GPU, breakdown; `--search` ranks every valid
   plan by predicted throughput within memory.
+- `whatif failures`: failure rate, checkpoint policy and recovery strategy (sync / ft-hsdp) -> effective
+  training time ratio and goodput (`lumos_sim/commands/whatif_failures.py`).
 - `whatif trace INPUT`: a converted real trace with a changed data-parallel degree, layer count, or
   hardware (the Lumos way: edit the graph, replay it).
 """
@@ -22,28 +24,13 @@ def register(sub) -> None:
     wsub = p.add_subparsers(dest="whatif_command", metavar="KIND")
 
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
-    par.add_argument("--model", required=True, help="zoo name (e.g. llama3-405b) or a model TOML path")
-    par.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    par.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
-    par.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
-    par.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    par.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
-    par.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    par.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
-    par.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
-    par.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    par.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    par.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    par.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    par.add_argument("--recompute", default="none", help="none | selective | full")
-    par.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
-    par.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
-    par.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
+    add_plan_arguments(par)
     par.add_argument("--full-simulation", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slow; for checking)")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
     par.add_argument("--max-plans", type=int, default=24, help="with --search: plans to simulate")
     par.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_set_argument(par)
     par.set_defaults(func=main_parallelism)
 
     tr = wsub.add_parser("trace", help="change DP degree / layer count / hardware of a real trace and replay it")
@@ -53,11 +40,78 @@ def register(sub) -> None:
     tr.add_argument("--hardware", help="replay on this hardware preset (translated timing)")
     tr.add_argument("--source-hardware", help="GPU the trace was recorded on (when not in the trace)")
     tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_set_argument(tr)
     tr.set_defaults(func=main_trace)
+
+    sc = wsub.add_parser("scenario", help="evaluate a scenario TOML file with any registered what-if")
+    sc.add_argument("file", metavar="SCENARIO.toml", help="a scenario table (see `lumos-sim sweep --help`)")
+    sc.add_argument("--json", action="store_true")
+    add_set_argument(sc)
+    sc.set_defaults(func=main_scenario)
+
+    from lumos_sim.commands.whatif_failures import register as register_failures
+    register_failures(wsub)
+    from lumos_sim.commands.whatif_moe import register_moe
+    register_moe(wsub)
+
+    ls = wsub.add_parser("list", help="list the registered what-ifs")
+    ls.set_defaults(func=main_list)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
+def add_plan_arguments(parser, required: bool = True) -> None:
+    """The model / plan flags of `whatif parallelism`, shared by what-ifs that take a training plan
+    (`required=False`: the model is optional, and so are --seq-len and --global-batch until one is given)."""
+    parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
+    parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
+    parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
+    parser.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
+    parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
+    parser.add_argument("--recompute", default="none", help="none | selective | full")
+    parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
+    parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
+    parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
+
+
+def add_set_argument(parser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override any scenario field by its dotted name, e.g. plan.tp=4, "
+                             "hardware.network.nic_gbps=800, model.layers=40 (repeatable)")
+
+
+def evaluate_with_progress(scenario, label: str = "simulating"):
+    from estimators.whatifs import evaluate
+    with progress_bar(label) as cb:
+        return evaluate(scenario, progress=cb)
+
+
 # ------------------------------------------------------------------------------ parallelism
+def scenario_from_args(args):
+    """The `parallelism` scenario of `whatif parallelism`'s flags, with --set overrides on top."""
+    from estimators.model_config import load_model
+    from estimators.scenario import Scenario
+    from replay.hardware.config import get_hardware
+
+    model = load_model(args.model)
+    hw = get_hardware(args.hardware)
+    plan = _plan_from_args(args, model)
+    s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan,
+                 simulation="all" if args.full_simulation else "symmetric")
+    s = s.override_strings(args.overrides)
+    if args.overrides:
+        from estimators.plan import validate_plan
+        validate_plan(s.model, s.plan)
+    return s
+
+
 def _plan_from_args(args, model):
     from estimators.plan import ParallelPlan, validate_plan
 
@@ -86,42 +140,77 @@ def _check_counts(**counts) -> None:
 
 
 def main_parallelism(args) -> int:
-    from estimators.model_config import load_model
-    from estimators.whatif_parallel import predict, resolve_hardware, search
-
     _check_counts(gpus=args.gpus, dp=args.dp, max_plans=args.max_plans if args.search else None)
-    model = load_model(args.model)
-    hw = resolve_hardware(args.hardware)
     if args.search:
-        with progress_bar("simulating plans") as cb:
-            results = search(model, hw, args.gpus, args.seq_len, args.global_batch, args.precision,
-                             max_plans=args.max_plans, progress=cb)
-        if not results:
-            raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name}")
-        if args.json:
-            _print_json([r.to_json() | {"breakdown": _short(r.breakdown)} for r in results])
-        else:
-            _print_search(results)
-        return 0
-    plan = _plan_from_args(args, model)
-    with progress_bar("simulating") as cb:
-        result = predict(model, plan, hw, mode="all" if args.full_simulation else "symmetric", progress=cb)
+        return _main_search(args)
+    scenario = scenario_from_args(args)
+    result = evaluate_with_progress(scenario).detail
     if args.json:
-        d = result.to_json()
-        d["breakdown"] = _short(result.breakdown)
-        _print_json(d)
+        _print_json(result.to_json())
     else:
         _print_prediction(result)
     return 0
 
 
-def _short(bd: dict) -> dict:
-    keys = ("step_s", "compute_s", "exposed_comm_s", "exposed_tp_comm_s", "exposed_cp_comm_s",
-            "exposed_ep_comm_s", "exposed_pp_comm_s", "exposed_dp_comm_s", "bubble_s", "bubble_fraction")
-    out = {k: bd[k] for k in keys if k in bd}
-    out["exposed_comm_by_kind_s"] = {k: bd.get(f"exposed_{k}_comm_s", 0.0) for k in ("tp", "cp", "ep", "pp", "dp")}
-    out["pipeline_bubble_s"] = bd.get("bubble_s", 0.0)
-    return out
+def _main_search(args) -> int:
+    from estimators.model_config import load_model
+    from estimators.scenario import Scenario
+    from estimators.whatifs.parallelism import search_scenarios
+    from replay.hardware.config import get_hardware
+
+    model = load_model(args.model)
+    hw = get_hardware(args.hardware)
+    base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
+    with progress_bar("simulating plans") as cb:
+        preds = search_scenarios(base, args.gpus, args.seq_len, args.global_batch, args.precision,
+                                 max_plans=args.max_plans, progress=cb)
+    results = [p.detail for p in preds]
+    if not results:
+        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name}")
+    if args.json:
+        _print_json([r.to_json() for r in results])
+    else:
+        _print_search(results)
+    return 0
+
+
+def main_scenario(args) -> int:
+    import tomllib
+
+    from estimators.scenario import Scenario
+
+    try:
+        with open(args.file, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise TraceInputError(args.file, "scenario file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
+        raise TraceInputError(args.file, f"not a valid TOML file: {e}") from None
+    scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
+    p = evaluate_with_progress(scenario, "evaluating")
+    if args.json:
+        _print_json(p.to_json())
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{scenario.describe()}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in p.to_row().items():
+        if v is None or v == "" or k in ("scenario_key",):
+            continue
+        t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+    Console(width=None if sys.stdout.isatty() else 100).print(t)
+    return 0
+
+
+def main_list(args) -> int:
+    from estimators.whatifs import whatifs
+    for name, w in sorted(whatifs().items()):
+        needs = f" (needs {', '.join(w.needs)})" if w.needs else ""
+        print(f"{name:14s} {w.doc}{needs}")
+    return 0
 
 
 def _print_json(obj) -> None:
@@ -129,14 +218,12 @@ def _print_json(obj) -> None:
 
 
 def _plan_text(p) -> str:
-    s = f"TP{p.tp} PP{p.pp}" + (f"x{p.vp}" if p.vp > 1 else "") + f" CP{p.cp} DP{p.dp}"
-    if p.ep > 1:
-        s += f" EP{p.ep}"
-    recompute = "no recompute" if p.recompute == "none" else f"{p.recompute} recompute"
-    return s + f", micro-batch {p.micro_batch}, {recompute}, ZeRO-{p.zero}"
+    from estimators.scenario import plan_label
+    return plan_label(p)
 
 
 def _print_prediction(r) -> None:
+    from estimators.whatif_parallel import legacy_breakdown_json
     from rich.console import Console
     from rich.table import Table
 
@@ -146,7 +233,7 @@ def _print_prediction(r) -> None:
                     f"global batch {p.global_batch} ({p.micro_batches} micro-batches)")
     t.add_column("metric", overflow="fold")
     t.add_column("value", justify="right", overflow="fold")
-    bd = r.breakdown
+    bd = legacy_breakdown_json(r.breakdown)
     rows = [("step time", f"{r.step_time_s:.3f} s"), ("tokens/s", f"{r.tokens_per_s:,.0f}"),
             ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f}"), ("hardware TFLOP/s per GPU", f"{r.hw_tflops_per_gpu:.1f}"),
             ("MFU", f"{100 * r.mfu:.1f}%"),
@@ -178,40 +265,33 @@ def _print_search(results) -> None:
     t = table(f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput", cols,
               right=cols[:1] + cols[2:], whole=cols[:1] + cols[2:])
     for i, r in enumerate(results, 1):
-        t.add_row(str(i), _short_plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
+        t.add_row(str(i), _plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
                   f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
-                  f"{100 * r.breakdown['bubble_fraction']:.1f}%", f"{r.breakdown['exposed_comm_s']:.3f}")
+                  f"{100 * r.breakdown.mean.idle_fraction:.1f}%", f"{r.breakdown.mean.exposed_comm_us / 1e6:.3f}")
     console.print(t)
     console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
-                  "size, rc = activation recompute (none, selective, full), Z = ZeRO stage (0 DDP, 1 "
-                  "distributed optimizer, 2, 3 FSDP)")
-
-
-def _short_plan_text(p) -> str:
-    """The compact label of the search table (its legend is printed below it)."""
-    s = f"TP{p.tp} PP{p.pp}" + (f"x{p.vp}" if p.vp > 1 else "") + f" CP{p.cp} DP{p.dp}"
-    if p.ep > 1:
-        s += f" EP{p.ep}"
-    return s + f" mb{p.micro_batch} rc={p.recompute} Z{p.zero}"
+                  "size, recompute = activation recomputation (none, selective, full), zero = ZeRO stage (0 DDP, "
+                  "1 distributed optimizer, 2, 3 FSDP)")
 
 
 # ------------------------------------------------------------------------------ trace
 def main_trace(args) -> int:
-    from estimators.whatif_trace import whatif_trace
-    from lumos_sim.inputs import load_graphs
+    from estimators.scenario import Scenario, TraceSpec
+    from replay.hardware.config import get_hardware
 
-    if args.dp is None and args.layers is None and args.hardware is None:
+    if args.dp is None and args.layers is None and args.hardware is None and not args.overrides:
         raise TraceInputError(None, "give at least one change: --dp N, --layers L or --hardware NAME")
     _check_counts(dp=args.dp, layers=args.layers)
-    from replay.hardware.config import get_hardware
-    for name in (args.hardware, args.source_hardware):
-        if name:
-            get_hardware(name)   # an unknown name fails now, not after seconds of conversion
+    if args.source_hardware:
+        get_hardware(args.source_hardware)   # an unknown name fails now, not after the conversion
+    spec = TraceSpec(inputs=tuple(args.inputs), source_hardware=args.source_hardware, dp=args.dp, layers=args.layers)
+    scenario = Scenario(whatif="trace", timing="trace", trace=spec,
+                        hardware=get_hardware(args.hardware) if args.hardware else None)
+    scenario = scenario.override_strings(args.overrides)
     with progress_bar("converting") as cb:
-        graphs = load_graphs(args.inputs, progress=cb)
-    with progress_bar("replaying") as cb:
-        res = whatif_trace(graphs, dp=args.dp, layers=args.layers, hardware=args.hardware,
-                           source_hardware=args.source_hardware, progress=cb)
+        from estimators.whatifs.trace import trace_graphs
+        trace_graphs(scenario.trace, progress=cb)
+    res = evaluate_with_progress(scenario, "replaying").detail
     if args.json:
         _print_json(res.to_json())
         return 0

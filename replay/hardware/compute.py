@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 
 from .config import HardwareConfig, get_hardware
@@ -190,6 +192,24 @@ class ComputeModel:
         _, compute_us, memory_us, detail, nbytes = best
         return self._finish(compute_us, memory_us, flops, nbytes, dtype, detail)
 
+    def grouped_gemm(self, ms: Sequence[int], n: int, k: int, dtype: str = "bf16", wgrad: bool = False) -> OpEstimate:
+        """One GEMM per group with its own row count m ([m, k] x [k, n]; wgrad: [n, m] x [m, k], the
+        weight gradient reducing over m), as a grouped/batched kernel: groups of equal m run as one
+        batched GEMM, the distinct sizes one after another. Empty groups cost nothing."""
+        sizes, counts = np.unique(np.asarray([int(m) for m in ms if int(m) > 0], dtype=np.int64), return_counts=True)
+        if len(sizes) == 0:
+            return self._finish(0.0, 0.0, 0.0, 0.0, dtype, "no tokens")
+        parts = [self.gemm(n, k, int(m), int(c), dtype) if wgrad else self.gemm(int(m), n, k, int(c), dtype)
+                 for m, c in zip(sizes, counts)]
+        if len(parts) == 1:
+            return parts[0]
+        t = sum(p.time_us for p in parts)
+        flops = sum(p.flops for p in parts)
+        eff = flops / (t * 1e-6) / self.hw.peak_flops(dtype) if t > 0 else 0.0
+        return OpEstimate(t, sum(p.compute_us for p in parts), sum(p.memory_us for p in parts),
+                          max(parts, key=lambda p: p.time_us).bound, flops, sum(p.bytes for p in parts), eff,
+                          f"{len(parts)} group sizes")
+
     def conv(self, n: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int, stride: int = 1,
              groups: int = 1, dtype: str = "bf16", h_out: int | None = None, w_out: int | None = None) -> OpEstimate:
         """A convolution as the implicit GEMM cuDNN runs: M = N*Ho*Wo, N = C_out, K = C_in/g*kh*kw."""
@@ -239,6 +259,8 @@ class ComputeModel:
         dtype = str(attrs.get("dtype", "bf16"))
         if op == "gemm" and all(k in attrs for k in ("m", "n", "k")):
             return self.gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), int(attrs.get("batch", 1)), dtype)
+        if op == "grouped_gemm" and "ms" in attrs:
+            return self.grouped_gemm(attrs["ms"], int(attrs["n"]), int(attrs["k"]), dtype, bool(attrs.get("wgrad")))
         if op == "attention" and all(k in attrs for k in ("seq_q", "head_dim", "heads")):
             return self.attention(int(attrs.get("batch", 1)), int(attrs["heads"]), int(attrs["seq_q"]),
                                   int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),

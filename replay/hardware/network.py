@@ -279,6 +279,15 @@ class Topology:
         return base * scale / frac
 
 
+    def link_drain_time(self, flows: Sequence[tuple[int, int, float]]) -> float:
+        """Time (us) for the most loaded link to carry the bytes of concurrent flows (src, dst, bytes)."""
+        load: dict[Link, float] = {}
+        for s, d, b in flows:
+            for link in self.path(s, d):
+                load[link] = load.get(link, 0.0) + b
+        return max((v / self.capacity(link) for link, v in load.items()), default=0.0)
+
+
 # ----------------------------------------------------------------------------- algorithm registry
 ALGORITHMS: dict[str, type[CollectiveAlgorithm]] = {}
 
@@ -862,6 +871,26 @@ class NetworkModel:
                  + self.topology.bandwidth_time([(src, dst, float(size_bytes))], proto))
             best = min(best, t)
         return best
+
+    def all_to_all_v_us(self, pair_bytes: np.ndarray, ranks: Sequence[int]) -> float:
+        """A non-uniform all-to-all (NCCL grouped send/recv, e.g. MoE dispatch): `pair_bytes[i, j]` bytes
+        from ranks[i] to ranks[j]. Best protocol of: base latency + the largest hop latency + the time
+        the most loaded link needs to drain its bytes (equal to the max-min fair drain time of the
+        uniform exchange, a lower bound for skewed ones; the exact drain takes one re-share per finish
+        time, too slow for thousands of distinct flows)."""
+        m = np.asarray(pair_bytes, dtype=float)
+        ranks = [int(r) for r in ranks]
+        if m.shape != (len(ranks), len(ranks)):
+            raise ValueError(f"pair_bytes is {m.shape}, expected {len(ranks)} x {len(ranks)}")
+        np.fill_diagonal(m := m.copy(), 0.0)
+        src, dst = np.nonzero(m > 0)
+        if len(src) == 0:
+            return 0.0
+        rk = np.asarray(ranks)
+        flows = list(zip(rk[src].tolist(), rk[dst].tolist(), m[src, dst].tolist()))
+        drain = self.topology.link_drain_time(flows)
+        return min(p.base_latency_us + self.topology.max_latency(rk[src], rk[dst], p) + drain / p.bw_fraction
+                   for p in self.hw.protocols if p.name in DirectAllToAll.protocols)
 
     def concurrent_us(self, collectives: Sequence[tuple[CommType | int, float, Sequence[int]]]) -> list[float]:
         """Times of collectives that run at the same time on shared links: each one's time alone is

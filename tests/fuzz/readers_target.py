@@ -37,7 +37,7 @@ def _replay(graphs) -> None:
 
 
 def _read_et(path: str) -> None:
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
     _replay(load_graphs([path]))
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
         import chakra_schema.pytorch.execution_trace  # noqa: F401
         import chakra_schema.pytorch.kineto  # noqa: F401
         import chakra_schema.pytorch.kineto_graph  # noqa: F401
-        import lumos_sim.inputs  # noqa: F401
+        import chakra_schema.inputs  # noqa: F401
     atheris.Setup(argv, fuzz_one)
     atheris.Fuzz()
 

@@ -1,0 +1,1 @@
+"""Failure-model data files (*.toml); loaded by estimators.failures.model."""

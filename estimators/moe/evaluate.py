@@ -1,0 +1,310 @@
+"""What a placement costs on a routing trace: all-to-all bytes, GPU load, expert GEMM and all-to-all
+times, MoE layer latency.
+
+Layout: EP ranks 0..G-1 on nodes of `gpus_per_node`; each rank holds `tokens_per_gpu` routed tokens per
+forward (one batch). Consecutive windows of G x tokens_per_gpu tokens of the trace are the batches; a
+window's tokens go to ranks in arrival order, or grouped by domain (`group_by="domain"`: requests of one
+domain batched together, i.e. a window sorted by domain, so each node sees few domains).
+
+Per (window, layer), `counts[g, e]` = (token, expert) pairs from rank g to expert e. With a placement's
+routes, `pairs[g, h]` = pairs rank g sends to rank h: dispatch sends hidden x dispatch_bytes per pair,
+combine returns the same pairs (hidden x combine_bytes). Bytes between different ranks are the
+all-to-all bytes (a rank's pairs to itself never leave the GPU), split intra-node / inter-node.
+Times: the all-to-all from its per-pair sizes (`NetworkModel.all_to_all_v_us`), each rank's expert
+GEMMs from its per-expert token counts (`ComputeModel.gemm`, one GEMM per local expert and matrix),
+layer latency = dispatch + slowest rank's experts + combine + router and shared expert. Times are
+averaged over up to `timed_windows` windows spread over the evaluated part; bytes and loads use all
+whole windows (a trailing partial batch is left out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from chakra_schema.errors import TraceInputError
+from estimators.moe.placement import Placement, RoutingStats
+from estimators.moe.routing import CHUNK_TOKENS, RoutingSource, check_ids
+
+Progress = Callable[[int, int], None] | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    gpus: int
+    gpus_per_node: int
+    tokens_per_gpu: int
+    group_by: str = "none"            # "none" | "domain"
+
+    @property
+    def window(self) -> int:
+        return self.gpus * self.tokens_per_gpu
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+
+def source_gpus(layout: Layout, domain: np.ndarray | None) -> np.ndarray:
+    """EP rank holding each token of a part (windows of `layout.window` tokens from its start)."""
+    n = len(domain) if domain is not None else 0
+    return _source_gpus(layout, n, domain)
+
+
+def _source_gpus(layout: Layout, n: int, domain: np.ndarray | None) -> np.ndarray:
+    W, G = layout.window, layout.gpus
+    pos = np.arange(n)
+    win = pos // W
+    within = pos - win * W
+    if layout.group_by == "domain" and domain is not None and n:
+        within = _grouped_positions(domain, win, W)
+    size = np.minimum(W, n - win * W)                # the last window may be short
+    per = -(-size // G)
+    return (within // per).astype(np.int32)
+
+
+def _grouped_positions(domain: np.ndarray, win: np.ndarray, W: int) -> np.ndarray:
+    """Position in its window of each token when requests are batched by domain: every domain owns a
+    fixed range of each window, in proportion to its share of the part (so a domain keeps the same
+    ranks and nodes from batch to batch); a domain with more tokens than its range in some window
+    spills into the next range."""
+    n = len(domain)
+    d = domain.astype(np.int64)
+    share = np.bincount(d) / n
+    anchor = np.concatenate([[0.0], np.cumsum(share)[:-1]]) * W
+    order = np.lexsort((np.arange(n), d, win))
+    sd, sw = d[order], win[order]
+    first = np.ones(n, bool)
+    first[1:] = (sd[1:] != sd[:-1]) | (sw[1:] != sw[:-1])
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    desired = np.empty(n)
+    desired[order] = anchor[sd] + (np.arange(n) - group_start)
+    # the tokens of a window take its positions in the order of their desired positions
+    final = np.lexsort((np.arange(n), desired, win))
+    within = np.empty(n, np.int64)
+    window_start = np.searchsorted(win[final], win[final], side="left")
+    within[final] = np.arange(n) - window_start
+    return within
+
+
+def part_gpus(src: RoutingSource, start: int, stop: int, layout: Layout) -> np.ndarray:
+    if layout.group_by == "domain" and src.domain is None:
+        raise TraceInputError(src.path, "--group-by domain needs a routing trace with request domains")
+    dom = src.domain[start:stop] if src.domain is not None else None
+    return _source_gpus(layout, stop - start, dom)
+
+
+def aligned_chunks(src: RoutingSource, start: int, stop: int, size: int):
+    """(first token, ids) chunks of exactly `size` tokens (the last one shorter), whatever the source yields."""
+    buf, first = [], start
+    have = 0
+    for _, ids in src.chunks(start, stop, size):
+        buf.append(ids)
+        have += len(ids)
+        while have >= size:
+            cat = np.concatenate(buf) if len(buf) > 1 else buf[0]
+            yield first, cat[:size]
+            buf, first, have = [cat[size:]], first + size, have - size
+    if have:
+        yield first, np.concatenate(buf)
+
+
+# ----------------------------------------------------------------------------------------- fitting
+def fit_stats(src: RoutingSource, start: int, stop: int, layout: Layout, experts: int,
+              coactivation_tokens: int = 32768, progress: Progress = None) -> RoutingStats:
+    """Per-expert loads, loads by source node and sampled co-activation over tokens [start, stop)."""
+    L, E, nodes = src.layers, experts, layout.nodes
+    gpus = part_gpus(src, start, stop, layout)
+    node_load = np.zeros((L, nodes, E), np.int64)
+    coact = np.zeros((L, E * E), np.int64) if coactivation_tokens else None
+    k = src.top_k
+    ii, jj = np.triu_indices(k, 1)
+    for first, ids in aligned_chunks(src, start, stop, CHUNK_TOKENS):
+        check_ids(ids, E, src.path, first)
+        node_base = (gpus[first - start:first - start + len(ids)] // layout.gpus_per_node * E)[:, None]
+        for layer in range(L):
+            e = ids[:, layer, :]
+            node_load[layer] += np.bincount((node_base + e).ravel(), minlength=nodes * E).reshape(nodes, E)
+            if coact is not None and first - start < coactivation_tokens:
+                s = e[:coactivation_tokens - (first - start)].astype(np.int64)
+                coact[layer] += np.bincount((s[:, ii] * E + s[:, jj]).ravel(), minlength=E * E)
+        if progress:
+            progress(first + len(ids) - start, stop - start)
+    load = node_load.sum(axis=1)
+    co = None
+    if coact is not None:
+        co = coact.reshape(L, E, E)
+        co = co + co.transpose(0, 2, 1)
+    return RoutingStats(load, node_load, co, stop - start, layout.gpus, layout.gpus_per_node)
+
+
+# ---------------------------------------------------------------------------------------- costing
+@dataclass(frozen=True)
+class ExpertShape:
+    hidden: int
+    expert_ffn: int
+    gated: bool                       # SwiGLU: up and gate projections (2 x expert_ffn wide)
+    shared_experts: int
+    experts: int
+    dtype: str = "bf16"
+    dispatch_bytes: int = 2           # per element sent to the experts (1 with FP8 dispatch)
+    combine_bytes: int = 2
+
+    @property
+    def up_width(self) -> int:
+        return 2 * self.expert_ffn if self.gated else self.expert_ffn
+
+
+class LayerTimer:
+    """Expert GEMM and all-to-all times of one EP group on one hardware preset."""
+
+    def __init__(self, shape: ExpertShape, hardware, layout: Layout):
+        from replay.hardware.compute import ComputeModel
+        from replay.hardware.network import NetworkModel
+        self.shape, self.layout = shape, layout
+        self.compute = ComputeModel(hardware)
+        self.network = NetworkModel(hardware)
+        self.ranks = list(range(layout.gpus))
+        self._expert_memo: dict[int, float] = {}
+
+    def expert_us(self, tokens: int) -> float:
+        """One expert's FFN on `tokens` tokens: up(+gate) GEMM, activation, down GEMM."""
+        t = self._expert_memo.get(tokens)
+        if t is None:
+            s, c = self.shape, self.compute
+            if tokens <= 0:
+                t = 0.0
+            else:
+                t = (c.gemm(tokens, s.up_width, s.hidden, dtype=s.dtype).time_us
+                     + c.memory_op(tokens * s.expert_ffn * 2 * 3).time_us
+                     + c.gemm(tokens, s.hidden, s.expert_ffn, dtype=s.dtype).time_us)
+            self._expert_memo[tokens] = t
+        return t
+
+    def fixed_us(self) -> float:
+        """Per layer and rank, independent of the placement: router GEMM and shared experts."""
+        s, c, T = self.shape, self.compute, self.layout.tokens_per_gpu
+        t = c.gemm(T, s.experts, s.hidden, dtype="bf16").time_us
+        for _ in range(s.shared_experts):
+            t += self.expert_us(T)
+        return t
+
+    def a2a_us(self, pairs: np.ndarray, elem_bytes: int) -> float:
+        return self.network.all_to_all_v_us(pairs * (self.shape.hidden * elem_bytes), self.ranks)
+
+
+@dataclass
+class PlacementCost:
+    """Costs of one placement on the evaluated part, per MoE layer (arrays [L])."""
+
+    placement: Placement
+    windows: int = 0
+    a2a_bytes: np.ndarray = None              # dispatch + combine bytes between ranks, per window
+    a2a_bytes_inter_node: np.ndarray = None
+    max_over_mean: np.ndarray = None          # per-rank received pairs, max/mean, mean over windows
+    dispatch_us: np.ndarray = None
+    combine_us: np.ndarray = None
+    expert_us: np.ndarray = None              # slowest rank's expert GEMMs
+    layer_us: np.ndarray = None
+    timed_windows: int = 0
+    pair_tokens: np.ndarray = None            # [timed windows, L, G, G] pairs rank -> rank
+    slot_tokens: np.ndarray = None            # [timed windows, L, G, slots per GPU] tokens per expert slot
+
+    @property
+    def moe_latency_us(self) -> float:
+        return float(self.layer_us.sum())
+
+
+def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layout, experts: int,
+                        placements: list[Placement], timer: LayerTimer | None, timed_windows: int = 4,
+                        progress: Progress = None) -> list[PlacementCost]:
+    """Stream tokens [start, stop) once, costing every placement on each batch window."""
+    L, G, E, W = src.layers, layout.gpus, experts, layout.window
+    n_win = (stop - start) // W
+    if n_win < 1:
+        raise TraceInputError(src.path, f"the evaluated part has {stop - start} tokens, fewer than one batch "
+                                        f"(EP{G} x {layout.tokens_per_gpu} tokens per GPU): give a longer trace "
+                                        f"or fewer tokens per GPU")
+    stop = start + n_win * W                         # whole batches only
+    gpus = part_gpus(src, start, stop, layout)
+    chosen = sorted(set(np.linspace(0, n_win - 1, min(timed_windows, n_win)).round().astype(int).tolist())) if timer else []
+    timed = {w: i for i, w in enumerate(chosen)}
+    routes = [[p.routes(layer) for layer in range(L)] for p in placements]
+    costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
+                           dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
+                           layer_us=np.zeros(L), pair_tokens=np.zeros((len(timed), L, G, G)),
+                           slot_tokens=np.zeros((len(timed), L, G, p.slots_per_gpu), np.int64)) for p in placements]
+    node_of = np.arange(G) // layout.gpus_per_node
+    inter = node_of[:, None] != node_of[None, :]
+    off = ~np.eye(G, dtype=bool)
+    shape = timer.shape if timer else None
+    per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
+    size = W * max(1, CHUNK_TOKENS // W)
+    fixed = timer.fixed_us() if timer else 0.0
+    for first, ids in aligned_chunks(src, start, stop, size):
+        check_ids(ids, E, src.path, first)
+        rel = first - start
+        g = gpus[rel:rel + len(ids)].astype(np.int64)
+        win = np.arange(rel, rel + len(ids)) // W
+        w0 = int(win[0])
+        nw = int(win[-1]) - w0 + 1
+        for layer in range(L):
+            e = ids[:, layer, :].astype(np.int64)
+            key = (((win - w0) * G + g)[:, None] * E + e).ravel()
+            counts = np.bincount(key, minlength=nw * G * E).reshape(nw, G, E).astype(float)
+            for pc, rt in zip(costs, routes):
+                _cost_windows(pc, rt[layer], counts, layer, w0, timed, timer, inter, off, per_pair, layout, fixed)
+        if progress:
+            progress(rel + len(ids), stop - start)
+    for pc in costs:
+        pc.windows = n_win
+        for name in ("a2a_bytes", "a2a_bytes_inter_node", "max_over_mean"):
+            setattr(pc, name, getattr(pc, name) / n_win)
+        if pc.timed_windows:
+            t = pc.timed_windows / L
+            for name in ("dispatch_us", "combine_us", "expert_us", "layer_us"):
+                setattr(pc, name, getattr(pc, name) / t)
+    return costs
+
+
+def _pairs(counts: np.ndarray, routes: np.ndarray, gpn: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window."""
+    G = counts.shape[0]
+    pairs = np.empty((G, G))
+    served = np.zeros((counts.shape[1], G))
+    for n in range(routes.shape[0]):
+        block = counts[n * gpn:(n + 1) * gpn]
+        pairs[n * gpn:(n + 1) * gpn] = block @ routes[n]
+        served += block.sum(0)[:, None] * routes[n]
+    return pairs, served
+
+
+def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, layer: int, w0: int, timed: dict,
+                  timer: LayerTimer | None, inter: np.ndarray, off: np.ndarray, per_pair: float, layout: Layout,
+                  fixed: float) -> None:
+    p = pc.placement
+    for j in range(counts.shape[0]):
+        pairs, served = _pairs(counts[j], routes, layout.gpus_per_node)
+        pc.a2a_bytes[layer] += float(pairs[off].sum()) * per_pair
+        pc.a2a_bytes_inter_node[layer] += float(pairs[inter].sum()) * per_pair
+        recv = pairs.sum(0)
+        pc.max_over_mean[layer] += float(recv.max() / recv.mean()) if recv.mean() > 0 else 1.0
+        if timer is None or (w0 + j) not in timed:
+            continue
+        gpu = p.gpu_of_slot()
+        se = p.slot_expert[layer]
+        mult = np.bincount(se * p.gpus + gpu, minlength=p.experts * p.gpus)[se * p.gpus + gpu]
+        slot_tok = np.rint(served[se, gpu] / mult).astype(np.int64)
+        per_gpu = np.zeros(p.gpus)
+        np.add.at(per_gpu, gpu, [timer.expert_us(int(t)) for t in slot_tok])
+        d = timer.a2a_us(pairs, timer.shape.dispatch_bytes)
+        c = timer.a2a_us(pairs.T, timer.shape.combine_bytes)
+        pc.dispatch_us[layer] += d
+        pc.combine_us[layer] += c
+        pc.expert_us[layer] += per_gpu.max()
+        pc.layer_us[layer] += d + per_gpu.max() + c + fixed
+        pc.timed_windows += 1
+        k = timed[w0 + j]
+        pc.pair_tokens[k, layer] = pairs
+        pc.slot_tokens[k, layer] = slot_tok.reshape(p.gpus, p.slots_per_gpu)
