@@ -39,3 +39,30 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
         raise TraceInputError(path, f"{what} not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+
+
+def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, integer: bool = False) -> None:
+    """Raise a one-line TraceInputError "{what} must be ..., got {value}" unless `value` is a finite
+    number (an int when `integer`) in [low, high] ((low, high] when `low_open`). Used by the config
+    dataclasses' `__post_init__`, so values set in code are checked like values read from a file."""
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not ok_type or isinstance(value, bool):
+        raise TraceInputError(None, f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise TraceInputError(None, f"{what} must be a finite number, got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        rule = f"> {low:g}" if low_open else f">= {low:g}"
+        if high is not None:
+            rule = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise TraceInputError(None, f"{what} must be {rule}, got {value}")
+    if high is not None and value > high:
+        rule = f"<= {high:g}" if low is None else f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise TraceInputError(None, f"{what} must be {rule}, got {value}")
+
+
+def with_path(error: TraceInputError, path: str | os.PathLike | None) -> TraceInputError:
+    """`error` naming `path` when it names no file yet (a dataclass check raised while loading `path`)."""
+    if error.path is not None or path is None:
+        return error
+    return TraceInputError(path, error.problem)

@@ -24,6 +24,7 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import default_permissions, prepare_output
 from chakra_schema.et_def_pb2 import GlobalMetadata, Node
 
 __all__ = ["EtWriter", "MAX_MESSAGE_BYTES", "iter_et", "iter_et_messages", "read_et", "GlobalMetadata",
@@ -41,6 +42,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def _open_stream(path: PathLike) -> BinaryIO:
     """Open `path` for binary reading, decompressing when it starts with the gzip magic."""
+    if os.path.isdir(path):
+        raise TraceInputError(path, "is a directory, not an .et file")
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -167,16 +170,6 @@ def read_et(path: PathLike) -> tuple[GlobalMetadata, list[Node]]:
 # ------------------------------------------------------------------ writing
 
 
-def _default_permissions(fd: int) -> None:
-    """mkstemp creates files 0600; give the final file the mode a plain open() would (0666 & ~umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    try:
-        os.fchmod(fd, 0o666 & ~mask)
-    except OSError:  # e.g. a filesystem without permissions: the file is still written
-        pass
-
-
 def encode_varint(n: int) -> bytes:
     """Unsigned LEB128."""
     if n < 0x80:
@@ -213,11 +206,14 @@ class EtWriter:
 
     # context manager --------------------------------------------------------
     def __enter__(self) -> "EtWriter":
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        parent = prepare_output(self.path).parent
+        try:
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        except OSError as e:
+            raise TraceInputError(self.path, f"cannot write: {e.strerror or e}") from None
         self._tmp = Path(tmp)
         self._raw = os.fdopen(fd, "wb")
-        _default_permissions(fd)
+        default_permissions(fd)
         if self.path.name.endswith(".gz"):
             # mtime=0 keeps the output byte-identical across runs
             self._out = gzip.GzipFile(filename="", fileobj=self._raw, mode="wb",

@@ -46,6 +46,8 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 import orjson
 
+from google.protobuf.message import DecodeError
+
 from chakra_schema.errors import TraceInputError
 from chakra_schema.et_def_pb2 import AttributeProto, GlobalMetadata, IOInfo, Node
 from chakra_schema.et_io import EtWriter, encode_varint, iter_et
@@ -211,14 +213,18 @@ _CACHE_LIMIT = 1 << 16  # decoded attrs kept; unique ones (rf_id, correlation) w
 class _AttrDecoder:
     """Serialized AttributeProto -> (name, value), memoized for immutable values."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: PathLike | None = None) -> None:
         self.cache: dict[bytes, tuple[str, Any]] = {}
+        self.path = path
 
     def __call__(self, raw: bytes) -> tuple[str, Any]:
         hit = self.cache.get(raw)
         if hit is not None:
             return hit
-        attr = AttributeProto.FromString(raw)
+        try:
+            attr = AttributeProto.FromString(raw)
+        except DecodeError as e:   # attributes are decoded lazily, after the node itself parsed
+            raise TraceInputError(self.path, f"corrupt node attribute: {e}") from None
         entry = (attr.name, attr_to_value(attr))
         if not isinstance(entry[1], (list, dict)):  # shared objects must be immutable
             if len(self.cache) >= _CACHE_LIMIT:
@@ -471,7 +477,7 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
     deps: list[list[int]] = []
     dep_kinds: list[list[int] | None] = []
     attrs: dict[int, dict[str, Any]] = {}
-    decode = _AttrDecoder()
+    decode = _AttrDecoder(path)
     cpu_thread, gpu_stream = int(ResourceKind.CPU_THREAD), int(ResourceKind.GPU_STREAM)
     for i, node in enumerate(messages):
         a: dict[str, Any] = dict(map(decode, node.attr))  # type: ignore[union-attr]
@@ -624,6 +630,8 @@ def read_graphs(prefix_or_file: PathLike, progress: Progress | None = None) -> l
     files when the metadata does not say."""
     paths = graph_paths(prefix_or_file)
     if not paths:
+        if os.path.isdir(prefix_or_file):
+            raise TraceInputError(prefix_or_file, "is a directory; give an .et file or a PREFIX (out/job for out/job.0.et ...)")
         raise TraceInputError(prefix_or_file, "no such file, and no PREFIX.<rank>.et / .et.gz files with this prefix")
     graphs = []
     for k, (rank, path) in enumerate(paths.items()):

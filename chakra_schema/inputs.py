@@ -10,6 +10,8 @@ import gzip
 import os
 from typing import Callable, Sequence
 
+import numpy as np
+
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 
@@ -41,6 +43,15 @@ def sniff_trace_kind(path: str) -> str:
     raise TraceInputError(path, "not a Kineto or Execution Trace JSON (neither 'traceEvents' nor 'nodes' found)")
 
 
+def _reject_duplicate_ids(graph: ExecutionGraph, path: str) -> None:
+    """Dependencies name nodes by id: with two nodes of one id the graph is ambiguous, not replayable."""
+    ids = np.sort(graph.node_id)
+    dup = np.unique(ids[1:][ids[1:] == ids[:-1]])
+    if len(dup):
+        raise TraceInputError(path, f"{len(dup)} duplicate node ids (e.g. {dup[:5].tolist()}); dependencies "
+                                    "on them are ambiguous (`lumos-sim inspect` lists the problems)")
+
+
 def _pattern_matches(pattern: str) -> list[str]:
     return sorted(glob.glob(pattern.replace("{rank}", "*")))
 
@@ -50,11 +61,19 @@ def load_graphs(inputs: Sequence[str], et_pattern: str | None = None, kineto_pat
     """Graphs of every rank named by `inputs` (plus explicit raw-trace patterns), sorted by rank."""
     from chakra_schema.graph_io import graph_paths, read_graph
 
+    def read_et(path: str) -> ExecutionGraph:
+        graph = read_graph(path)
+        _reject_duplicate_ids(graph, path)
+        return graph
+
     graphs: list[ExecutionGraph] = []
     raw: dict[str, list[str]] = {"kineto": [], "et": []}
     for item in inputs:
+        if os.path.isdir(item):
+            raise TraceInputError(item, "is a directory; give an .et file, an .et PREFIX (out/job for "
+                                        "out/job.0.et ...) or trace files")
         if _is_et_file(item) and os.path.exists(item):
-            graphs.append(read_graph(item))
+            graphs.append(read_et(item))
             continue
         if not any(ch in item for ch in "*?[{"):
             if os.path.isfile(item):
@@ -62,14 +81,14 @@ def load_graphs(inputs: Sequence[str], et_pattern: str | None = None, kineto_pat
                 continue
             paths = graph_paths(item)
             if paths:
-                graphs.extend(read_graph(p) for _, p in sorted(paths.items()))
+                graphs.extend(read_et(p) for _, p in sorted(paths.items()))
                 continue
             raise TraceInputError(item, "no such file, and no PREFIX.<rank>.et files with this prefix")
         matches = _pattern_matches(item)
         if not matches:
             raise TraceInputError(item, "pattern matches no file")
         if all(_is_et_file(m) for m in matches):
-            graphs.extend(read_graph(m) for m in matches)
+            graphs.extend(read_et(m) for m in matches)
             continue
         raw[sniff_trace_kind(matches[0])].append(item)
     for kind, explicit in (("et", et_pattern), ("kineto", kineto_pattern)):

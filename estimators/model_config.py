@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, check_number, reject_unknown_keys, with_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +40,16 @@ class MoEConfig:
     # i % layer_freq == layer_offset.  Maverick interleaves dense and MoE layers starting with dense.
     layer_offset: int = 0
 
+    def __post_init__(self) -> None:
+        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq"):
+            check_number(f"'moe.{key}'", getattr(self, key), 1, integer=True)
+        for key in ("shared_experts", "first_dense_layers", "layer_offset"):
+            check_number(f"'moe.{key}'", getattr(self, key), 0, integer=True)
+        if self.top_k > self.num_experts:
+            raise TraceInputError(None, "'moe.top_k' must be between 1 and 'moe.num_experts'")
+        if self.layer_offset >= self.layer_freq:
+            raise TraceInputError(None, "'moe.layer_freq' must be >= 1 and 'moe.layer_offset' < it")
+
 
 @dataclass(frozen=True)
 class MLAConfig:
@@ -48,6 +58,10 @@ class MLAConfig:
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_number(f"'mla.{f.name}'", getattr(self, f.name), 1, integer=True)
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,9 @@ class ModelConfig:
     published_active_params_b: float = 0.0
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
 
     # ------------------------------------------------------------ derived shapes
     @property
@@ -209,7 +226,10 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
             for k, v in value.items():
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise TraceInputError(path, f"'{key}.{k}' must be an integer, got {v!r}")
-            kwargs[key] = cls(**value)
+            try:
+                kwargs[key] = cls(**value)
+            except TraceInputError as e:
+                raise with_path(e, path) from None
             continue
         want = types[key]
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -223,33 +243,39 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
         if key not in kwargs:
             raise TraceInputError(path, f"missing key '{key}'")
     kwargs.setdefault("ffn", 0)
-    cfg = ModelConfig(**kwargs)
-    _validate(cfg, path)
-    return cfg
+    try:
+        return ModelConfig(**kwargs)
+    except TraceInputError as e:
+        raise with_path(e, path) from None
 
 
-def _validate(cfg: ModelConfig, path: str) -> None:
+def _validate(cfg: ModelConfig) -> None:
+    """Ranges and cross-field rules (raised without a path; `model_from_dict` adds the file)."""
+    def bad(msg: str) -> None:
+        raise TraceInputError(None, msg)
+
+    if not isinstance(cfg.name, str) or not cfg.name:
+        bad("'name' must be a non-empty string")
     for key in ("layers", "hidden", "heads", "vocab"):
-        if getattr(cfg, key) <= 0:
-            raise TraceInputError(path, f"'{key}' must be positive")
+        check_number(f"'{key}'", getattr(cfg, key), 1, integer=True)
+    for key in ("ffn", "kv_heads", "head_dim", "max_seq"):
+        check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
+    for key in ("published_params_b", "published_active_params_b"):
+        check_number(f"'{key}'", getattr(cfg, key), 0)
     if cfg.activation not in ("swiglu", "gelu"):
-        raise TraceInputError(path, f"'activation' must be 'swiglu' or 'gelu', got {cfg.activation!r}")
+        bad(f"'activation' must be 'swiglu' or 'gelu', got {cfg.activation!r}")
     if cfg.norm not in ("rmsnorm", "layernorm"):
-        raise TraceInputError(path, f"'norm' must be 'rmsnorm' or 'layernorm', got {cfg.norm!r}")
+        bad(f"'norm' must be 'rmsnorm' or 'layernorm', got {cfg.norm!r}")
     if cfg.position not in ("rope", "learned"):
-        raise TraceInputError(path, f"'position' must be 'rope' or 'learned', got {cfg.position!r}")
+        bad(f"'position' must be 'rope' or 'learned', got {cfg.position!r}")
+    if cfg.position == "learned" and cfg.max_seq < 1:
+        bad("'max_seq' (the learned position table) must be >= 1 with position = 'learned'")
     if cfg.heads % cfg.n_kv:
-        raise TraceInputError(path, f"'heads' ({cfg.heads}) must be a multiple of 'kv_heads' ({cfg.n_kv})")
+        bad(f"'heads' ({cfg.heads}) must be a multiple of 'kv_heads' ({cfg.n_kv})")
     if cfg.moe is None and cfg.ffn <= 0:
-        raise TraceInputError(path, "'ffn' must be positive for a dense model")
-    if cfg.moe is not None:
-        m = cfg.moe
-        if not 0 < m.top_k <= m.num_experts:
-            raise TraceInputError(path, "'moe.top_k' must be between 1 and 'moe.num_experts'")
-        if m.layer_freq < 1 or not 0 <= m.layer_offset < m.layer_freq:
-            raise TraceInputError(path, "'moe.layer_freq' must be >= 1 and 'moe.layer_offset' < it")
-        if (m.first_dense_layers or m.layer_freq > 1) and cfg.ffn <= 0:
-            raise TraceInputError(path, "'ffn' (dense FFN size) is needed for the dense layers")
+        bad("'ffn' must be positive for a dense model")
+    if cfg.moe is not None and (cfg.moe.first_dense_layers or cfg.moe.layer_freq > 1) and cfg.ffn <= 0:
+        bad("'ffn' (dense FFN size) is needed for the dense layers")
 
 
 def load_model_file(path: str | os.PathLike) -> ModelConfig:
@@ -259,8 +285,12 @@ def load_model_file(path: str | os.PathLike) -> ModelConfig:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise TraceInputError(p, "model file not found") from None
-    except tomllib.TOMLDecodeError as e:
+    except IsADirectoryError:
+        raise TraceInputError(p, "is a directory, not a model .toml file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TraceInputError(p, f"not valid TOML: {e}") from None
+    except OSError as e:
+        raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
     return model_from_dict(data, str(p))
 
 

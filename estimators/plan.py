@@ -13,6 +13,7 @@ from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 
 PRECISIONS = ("bf16", "fp8")
+MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
 
@@ -39,6 +40,19 @@ class ParallelPlan:
     async_tp_comm: bool = True         # backward TP reduction overlaps weight-grad GEMMs (False: 2021 Megatron)
     overlap_p2p: bool = True           # pipeline send/recv overlap compute (False: 2021 Megatron waits)
     gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model
+        # are `validate_plan`'s
+        try:
+            ok = (self.tp >= 1 and self.pp >= 1 and self.cp >= 1 and self.dp >= 1 and self.ep >= 1
+                  and self.vp >= 1 and self.seq_len >= 1 and self.global_batch >= 1 and self.micro_batch >= 1
+                  and self.gpus_per_node >= 1 and self.dp_shard >= 0 and self.zero in (0, 1, 2, 3)
+                  and self.precision in PRECISIONS and self.recompute in RECOMPUTE and self.attention in ATTENTION)
+        except TypeError:   # a string where a number belongs
+            ok = False
+        if not ok:
+            _reject_fields(self)
 
     @property
     def gpus(self) -> int:
@@ -107,6 +121,26 @@ class ParallelPlan:
         return replace(self, **kw)
 
 
+def _reject_fields(plan: ParallelPlan) -> None:
+    """Name the first bad field of a plan (the slow path of `ParallelPlan.__post_init__`)."""
+    def bad(msg: str) -> None:
+        raise TraceInputError(None, msg)
+
+    for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch", "gpus_per_node"):
+        v = getattr(plan, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(f"--{key.replace('_', '-')} must be an integer >= 1, got {v!r}")
+    if isinstance(plan.dp_shard, bool) or not isinstance(plan.dp_shard, int) or plan.dp_shard < 0:
+        bad(f"--dp-shard must be an integer >= 0, got {plan.dp_shard!r}")
+    if plan.precision not in PRECISIONS:
+        bad(f"--precision must be one of {', '.join(PRECISIONS)}, got {plan.precision!r}")
+    if plan.recompute not in RECOMPUTE:
+        bad(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
+    if plan.attention not in ATTENTION:
+        bad(f"attention must be one of {', '.join(ATTENTION)}, got {plan.attention!r}")
+    bad(f"--zero must be 0, 1, 2 or 3, got {plan.zero!r}")
+
+
 def stage_layers(model: ModelConfig, plan: ParallelPlan) -> list[list[int]]:
     """Layer indices of each model chunk, chunk = virtual stage, in pipeline order (chunk j lives on stage
     j % pp, as its (j // pp)-th local chunk). Even split when layers divide by pp*vp; otherwise, following
@@ -135,19 +169,11 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
     def bad(msg: str) -> None:
         raise TraceInputError(None, msg)
 
-    for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch"):
-        if getattr(plan, key) < 1:
-            bad(f"--{key.replace('_', '-')} must be >= 1")
+    # the single fields were checked by ParallelPlan.__post_init__ (`_reject_fields`)
+    if plan.gpus > MAX_GPUS:
+        bad(f"tp*pp*cp*dp = {plan.gpus:,} GPUs is more than the {MAX_GPUS:,} a plan may span")
     if gpus is not None and plan.gpus != gpus:
         bad(f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.gpus} != --gpus {gpus}")
-    if plan.precision not in PRECISIONS:
-        bad(f"--precision must be one of {', '.join(PRECISIONS)}")
-    if plan.recompute not in RECOMPUTE:
-        bad(f"--recompute must be one of {', '.join(RECOMPUTE)}")
-    if plan.attention not in ATTENTION:
-        bad(f"attention must be one of {', '.join(ATTENTION)}")
-    if plan.zero not in (0, 1, 2, 3):
-        bad("--zero must be 0, 1, 2 or 3")
     if model.heads % plan.tp:
         bad(f"{model.heads} attention heads are not divisible by tp {plan.tp}")
     if model.mla is None and model.n_kv % plan.tp and plan.tp % model.n_kv:

@@ -24,7 +24,6 @@ the suite file); `{suite_dir}` is the suite's own folder; other relative paths a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,39 +111,103 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise TraceInputError(path, "no such suite file") from None
+    except IsADirectoryError:
+        raise TraceInputError(path, "is a directory") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TraceInputError(path, f"invalid TOML: {e}") from None
+    except OSError as e:
+        raise TraceInputError(path, f"cannot read: {e.strerror or e}") from None
     unknown = set(doc) - {"suite", "case"}
     if unknown:
         raise TraceInputError(path, f"unknown table '{sorted(unknown)[0]}' (expected [suite] and [[case]])")
-    suite_name = str(doc.get("suite", {}).get("name", path.stem))
+    suite = doc.get("suite", {})
+    if not isinstance(suite, dict):
+        raise TraceInputError(path, "[suite] must be a table (name = ..., description = ...)")
+    reject_unknown_keys(path, suite, ("name", "description"), where=" in [suite]")
+    suite_name = _typed(path, "[suite] name", suite.get("name", path.stem), str)
+    raw_cases = doc.get("case", [])
+    if not isinstance(raw_cases, list) or not all(isinstance(c, dict) for c in raw_cases):
+        raise TraceInputError(path, "'case' must be an array of tables: [[case]] blocks")
+    if not raw_cases:
+        raise TraceInputError(path, "the suite has no [[case]]: a check that checks nothing cannot pass")
     shared = find_shared(path.resolve().parent)
-    cases = []
-    for k, raw in enumerate(doc.get("case", [])):
-        reject_unknown_keys(path, raw, CASE_KEYS, where=f" in case #{k + 1}")
-        if "name" not in raw or ("inputs" not in raw and "et" not in raw and "kineto" not in raw):
-            raise TraceInputError(path, f"case #{k + 1} needs 'name' and 'inputs' (or 'et'/'kineto')")
+    return suite_name, [_case_from_table(path, k, raw, shared) for k, raw in enumerate(raw_cases)]
 
-        def resolve(p: str) -> str:
-            if "{shared}" in p:
-                if shared is None:
-                    raise TraceInputError(path, f"case '{raw['name']}' needs the shared data folder: set LUMOS_SIM_SHARED")
-                p = p.replace("{shared}", str(shared))
-            p = p.replace("{suite_dir}", str(path.resolve().parent))
-            return p if os.path.isabs(p) else str(path.resolve().parent / p)
 
-        cases.append(CaseSpec(
-            name=str(raw["name"]), inputs=[resolve(p) for p in raw.get("inputs", [])],
-            et=resolve(raw["et"]) if raw.get("et") else None,
-            kineto=resolve(raw["kineto"]) if raw.get("kineto") else None,
-            timing=str(raw.get("timing", "trace")), hardware=_hardware_ref(raw.get("hardware"), resolve),
-            source_hardware=raw.get("source_hardware"), tolerance=float(raw.get("tolerance", 0.05)),
-            mean_tolerance=float(raw["mean_tolerance"]) if "mean_tolerance" in raw else None,
-            measured_ms={str(k): float(v) for k, v in raw.get("measured_ms", {}).items()},
-            steps=list(raw["steps"]) if "steps" in raw else None,
-            ranks=[int(r) for r in raw["ranks"]] if "ranks" in raw else None,
-            description=str(raw.get("description", ""))))
-    return suite_name, cases
+def _typed(path: Path, what: str, value: Any, tp: type) -> Any:
+    """`value` when it is a `tp` (bools are not numbers), else a one-line error naming `what`."""
+    ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise TraceInputError(path, f"{what} must be {_TYPE_NAMES[tp]}, got {value!r}"[:300])
+    return value
+
+
+_TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", list: "a list", dict: "a table"}
+
+
+def _fraction(path: Path, what: str, value: Any) -> float:
+    v = _typed(path, what, value, float)
+    if not 0 < v < float("inf"):   # NaN fails this too
+        raise TraceInputError(path, f"{what} must be a number > 0 (0.05 = 5%), got {value!r}")
+    return v
+
+
+def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> CaseSpec:
+    where = f"case #{k + 1}"
+    reject_unknown_keys(path, raw, CASE_KEYS, where=f" in {where}")
+    if "name" not in raw or ("inputs" not in raw and "et" not in raw and "kineto" not in raw):
+        raise TraceInputError(path, f"{where} needs 'name' and 'inputs' (or 'et'/'kineto')")
+    name = _typed(path, f"'name' of {where}", raw["name"], str)
+    where = f"case '{name}'"
+
+    def text(key: str) -> str | None:
+        return _typed(path, f"'{key}' of {where}", raw[key], str) if key in raw else None
+
+    def strings(key: str) -> list[str] | None:
+        if key not in raw:
+            return None
+        value = [raw[key]] if isinstance(raw[key], str) else raw[key]   # one path needs no brackets
+        items = _typed(path, f"'{key}' of {where}", value, list)
+        return [_typed(path, f"'{key}' of {where}", v, str) for v in items]
+
+    def resolve(p: str) -> str:
+        if "{shared}" in p:
+            if shared is None:
+                raise TraceInputError(path, f"{where} needs the shared data folder: set LUMOS_SIM_SHARED")
+            p = p.replace("{shared}", str(shared))
+        p = p.replace("{suite_dir}", str(path.resolve().parent))
+        return p if os.path.isabs(p) else str(path.resolve().parent / p)
+
+    from lumos_sim.replay_run import TIMING_MODES
+    timing = text("timing") or "trace"
+    if timing not in TIMING_MODES:
+        raise TraceInputError(path, f"'timing' of {where} must be one of {', '.join(TIMING_MODES)}, got {timing!r}")
+    measured = _typed(path, f"'measured_ms' of {where}", raw.get("measured_ms", {}), dict)
+    ranks = _ranks(path, f"'ranks' of {where}", raw["ranks"]) if "ranks" in raw else None
+    et, kineto = text("et"), text("kineto")
+    return CaseSpec(
+        name=name, inputs=[resolve(p) for p in strings("inputs") or []],
+        et=resolve(et) if et else None, kineto=resolve(kineto) if kineto else None,
+        timing=timing, hardware=_hardware_ref(text("hardware"), resolve), source_hardware=text("source_hardware"),
+        tolerance=_fraction(path, f"'tolerance' of {where}", raw.get("tolerance", 0.05)),
+        mean_tolerance=(_fraction(path, f"'mean_tolerance' of {where}", raw["mean_tolerance"])
+                        if "mean_tolerance" in raw else None),
+        measured_ms={str(s): _fraction(path, f"'measured_ms.{s}' of {where}", v) for s, v in measured.items()},
+        steps=strings("steps"), ranks=ranks, description=text("description") or "")
+
+
+def _ranks(path: Path, what: str, value: Any) -> list[int]:
+    """A list of ranks (integers >= 0)."""
+    items = _typed(path, what, value, list)
+    out = []
+    for v in items:
+        r = _typed(path, what, v, int)
+        if r < 0:
+            raise TraceInputError(path, f"{what} must hold ranks >= 0, got {r}")
+        out.append(r)
+    return out
 
 
 def _hardware_ref(value: Any, resolve) -> Any:
@@ -184,7 +247,10 @@ def collect_suites(paths: list[str]) -> list[Path]:
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            out.extend(sorted(path.glob("*.toml")))
+            found = sorted(path.glob("*.toml"))
+            if not found:
+                raise TraceInputError(path, "holds no suite files (*.toml): nothing to check")
+            out.extend(found)
         else:
             out.append(path)
     return out
@@ -205,13 +271,11 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
 
 
 def print_results(results: list[CaseResult], verbose: bool = False, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console as make_console, table
 
-    console = Console(file=file or sys.stdout, width=160)
-    t = Table(title="Accuracy check")
-    for col in ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"):
-        t.add_column(col, justify="left" if col in ("suite", "case", "timing", "result") else "right")
+    console = make_console(file)
+    t = table("Accuracy check", ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"),
+              right=("steps", "max |err|", "mean |err|", "tolerance"))
     for r in results:
         tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
                                                    if r.case.mean_tolerance is not None else "")

@@ -4,18 +4,54 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
+import signal
 import sys
+import threading
 
 from chakra_schema.errors import TraceInputError
 from replay.engine import ReplayError
 
 # Order is the order of `lumos-sim --help`.
 COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "bench", "whatif", "sweep", "report",
-            "calibrate"]
+            "calibrate", "list"]
+
+
+DESCRIPTION = """\
+Simulate LLM training steps from PyTorch traces, and ask what-if questions about hardware and parallelism.
+
+Typical use:
+  lumos-sim convert --kineto 'device.{rank}.json.gz' --et 'host.{rank}.json.gz' -o out/job
+  lumos-sim replay out/job                        predicted vs measured step time per rank
+  lumos-sim replay out/job --timing model --hardware h100-sxm
+  lumos-sim whatif parallelism --model llama3-8b --gpus 64 --tp 8 --seq-len 8192 --global-batch 512
+  lumos-sim list models | hardware                names you can pass to --model / --hardware
+
+Run `lumos-sim COMMAND --help` for the options of one command. Bad input ends with a one-line error
+and exit status 2; `check` exits 1 on an accuracy regression."""
+
+# Commands that read trace files take the decompressed-size limit of `chakra_schema.safe_io`.
+_READS_TRACES = ("convert", "inspect", "jsonize", "replay", "check")
+
+
+def add_input_limit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-input-size", metavar="SIZE", type=_byte_size,
+                        help="refuse an input file that decompresses to more than SIZE "
+                             "(default 4GiB, or $LUMOS_SIM_MAX_INPUT_SIZE)")
+
+
+def _byte_size(text: str) -> int:
+    from chakra_schema.safe_io import parse_byte_size
+    try:
+        return parse_byte_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lumos-sim", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="lumos-sim", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     from lumos_sim import __version__
     parser.add_argument("--version", action="version", version=f"lumos-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -27,7 +63,45 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    for name in _READS_TRACES:
+        if name in sub.choices:
+            add_input_limit_option(sub.choices[name])
     return parser
+
+
+def _warnings_to_stderr(command: str):
+    """Library warnings (logging, e.g. a repaired trace) as one line each: `lumos-sim CMD: warning: ...`.
+    Returns the function that undoes it."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"lumos-sim {command}: warning: %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("chakra_schema", "replay", "estimators", "lumos_sim")]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+
+    def undo() -> None:
+        for logger in loggers:
+            logger.removeHandler(handler)
+            logger.propagate = True
+    return undo
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every `finally` removes its temporary files."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of our output went away (`| head`): stop quietly, as Unix tools do."""
+    try:  # further writes (and the interpreter's final flush) would raise again: point stdout at nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,13 +110,29 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    from chakra_schema.safe_io import set_max_input_bytes
+    warnings = _warnings_to_stderr(args.command)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
-        return int(args.func(args) or 0)
+        set_max_input_bytes(getattr(args, "max_input_size", None))
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except (TraceInputError, ReplayError) as e:
         print(f"lumos-sim {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except Terminated:
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         return 130
+    finally:
+        warnings()
+        set_max_input_bytes(None)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

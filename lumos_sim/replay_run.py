@@ -2,16 +2,32 @@
 source, load the inputs, replay, and render the result."""
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
+from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from replay.api import TIMING_MODES, make_timing, replay  # noqa: F401 (re-exported)
 from replay.results import ReplayResult
 
 
+def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str | None,
+                           steps: int | None) -> None:
+    """The argument checks that need no trace: run before any conversion so mistakes show at once."""
+    if steps is not None and steps < 1:
+        raise TraceInputError(None, f"--steps must be >= 1, got {steps}")
+    if mode not in TIMING_MODES:
+        raise TraceInputError(None, f"unknown timing mode '{mode}' (choose from {', '.join(TIMING_MODES)})")
+    if mode == "model" and not hardware:
+        raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim list hardware`)")
+    from replay.hardware.config import get_hardware
+    for name in (hardware, source_hardware):
+        if name:
+            get_hardware(name)
+
+
 def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
                source_hardware: str | None = None, steps: int | None = None, progress=None) -> ReplayResult:
+    check_replay_arguments(mode, hardware, source_hardware, steps)
     timing = make_timing(mode, hardware, source_hardware, graphs)
     result = replay(graphs, timing, progress=progress)
     if steps is not None:
@@ -28,23 +44,37 @@ def _fmt_ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.3f}"
 
 
-def print_result(result: ReplayResult, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+_SHORT = {"communication": "comm"}  # keeps the critical-path column narrow
 
-    out = file or sys.stdout
-    console = Console(file=out, width=None if out.isatty() else 160)
-    t = Table(title=f"Replay ({result.timing} timing, {result.num_nodes:,} nodes)")
-    for col in ("rank", "step", "measured ms", "predicted ms", "error", "compute ms", "comm ms",
-                "exposed comm ms", "idle ms", "critical path"):
-        t.add_column(col, justify="right" if col not in ("step", "critical path") else "left")
+
+def print_result(result: ReplayResult, file=None) -> None:
+    """Step times, then the breakdown: one table on a wide terminal, two that fit 80 columns otherwise."""
+    from lumos_sim.tables import console as make_console, table
+
+    console = make_console(file)
+    title = f"Replay ({result.timing} timing, {result.num_nodes:,} nodes)"
+    times = ("rank", "step", "measured ms", "predicted ms", "error")
+    parts = ("compute ms", "comm ms", "exposed comm ms", "idle ms", "critical path")
+    right = times[2:] + parts[:-1] + ("rank",)
+    wide = console.width >= 150
+    t1 = table(title, times + parts if wide else times, right=right, whole=("step",))
+    t2 = None if wide else table("time breakdown", ("rank", "step") + parts, right=right, whole=("step",))
     for s in result.steps:
         b = s.breakdown
         err = "-" if s.error is None else f"{100 * s.error:+.2f}%"
-        cp = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(s.critical_path.items(), key=lambda kv: -kv[1])[:3])
-        t.add_row(str(s.rank), s.name, _fmt_ms(s.measured_us), _fmt_ms(s.predicted_us), err, _fmt_ms(b.compute_us),
-                  _fmt_ms(b.comm_us), _fmt_ms(b.exposed_comm_us), _fmt_ms(b.idle_us), cp)
-    console.print(t)
+        cp = ", ".join(f"{_SHORT.get(k, k)} {100 * v:.0f}%"
+                       for k, v in sorted(s.critical_path.items(), key=lambda kv: -kv[1])[:3])
+        head = (str(s.rank), s.name)
+        row = (_fmt_ms(s.measured_us), _fmt_ms(s.predicted_us), err)
+        breakdown = (_fmt_ms(b.compute_us), _fmt_ms(b.comm_us), _fmt_ms(b.exposed_comm_us), _fmt_ms(b.idle_us), cp)
+        if wide:
+            t1.add_row(*head, *row, *breakdown)
+        else:
+            t1.add_row(*head, *row)
+            t2.add_row(*head, *breakdown)
+    console.print(t1)
+    if t2 is not None:
+        console.print(t2)
     errs = result.errors()
     tail = f"; mean |error| {100 * sum(errs) / len(errs):.2f}% over {len(errs)} steps" if errs else ""
     console.print(f"step time {result.step_time_us / 1000:.3f} ms (slowest rank, mean over steps){tail}")

@@ -3,9 +3,10 @@ rank, one track per CPU thread and GPU stream, flow arrows linking the members o
 from __future__ import annotations
 
 import os
-import tempfile
 
 import orjson
+
+from chakra_schema.safe_io import atomic_output
 
 from replay.engine import SimulatedRun
 
@@ -49,17 +50,8 @@ def timeline_events(run: SimulatedRun) -> list[dict]:
 
 
 def write_timeline(run: SimulatedRun, path: str | os.PathLike) -> None:
-    """Atomically write the chrome trace JSON."""
-    path = os.fspath(path)
+    """Atomically write the chrome trace JSON (parent directories are created; errors are one line)."""
     doc = {"traceEvents": timeline_events(run), "displayTimeUnit": "ms",
            "otherData": {"generator": "lumos-sim", "timing": run.timing_name}}
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".timeline.", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(doc))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as f:
+        f.write(orjson.dumps(doc))

@@ -17,16 +17,15 @@ ranks succeeded, so an error leaves no output behind.
 from __future__ import annotations
 
 import glob
-import gzip
 import os
 import re
 import time
-import zlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import iter_decompressed
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 from chakra_schema.pytorch.et_graph import execution_trace_to_graph
 from chakra_schema.pytorch.execution_trace import load_execution_trace
@@ -95,6 +94,8 @@ def _expand(pattern: str, what: str) -> dict[int | None, list[str]]:
     else:
         paths = [pattern] if os.path.isfile(pattern) else []
     if not paths:
+        if os.path.isdir(pattern):
+            raise TraceInputError(pattern, f"is a directory; give the {what} file(s), e.g. '{pattern}/x.{{rank}}.json.gz'")
         raise TraceInputError(pattern, f"no {what} file matches" if glob.has_magic(pattern) else "no such file")
     return {None: paths}
 
@@ -123,17 +124,14 @@ def _sniff_rank(path: str, what: str) -> int | None:
         _ET_CACHE.clear()
         _ET_CACHE[_file_key(path)] = et  # convert_rank will need it next: parse once
         return et.rank
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    except (EOFError, zlib.error) as exc:
-        raise TraceInputError(path, f"truncated or corrupt gzip data ({exc})") from None
-    m = _KINETO_RANK.search(raw)
-    return int(m.group(1)) if m else None
+    # streamed: the rank sits near the top of the file, and the whole file need not be in memory
+    tail = b""
+    for block in iter_decompressed(path):
+        m = _KINETO_RANK.search(tail + block)
+        if m:
+            return int(m.group(1))
+        tail = block[-4096:]
+    return None
 
 
 def _by_rank(pattern: str, what: str) -> dict[int | None, str]:

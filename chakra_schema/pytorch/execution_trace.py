@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import input_too_large, max_input_bytes, read_json_input
 
 ProgressFn = Callable[[int, int], None]
 _WS = re.compile(r"[ \t\n\r]*")
@@ -139,13 +140,13 @@ def read_json_bytes(path: str | os.PathLike) -> bytes:
                 probe = gz.read(512)
             if _is_tar_header(probe):
                 return _read_tar_member(path, "r:gz")
-            with gzip.open(path, "rb") as gz:
-                data = gz.read()
+            data = read_json_input(path)
         else:
             with open(path, "rb") as fh:
-                data = fh.read()
-            if _is_tar_header(data[:512]):
+                probe = fh.read(512)
+            if _is_tar_header(probe):
                 return _read_tar_member(path, "r:")
+            data = read_json_input(path)
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise TraceInputError(path, f"truncated or corrupt gzip data ({exc})") from None
     except tarfile.TarError as exc:
@@ -172,6 +173,8 @@ def _read_tar_member(path: str | os.PathLike, mode: str) -> bytes:
                 continue
             names.append(member.name)
             if base.endswith(".json") and not found:
+                if member.size > max_input_bytes():
+                    raise input_too_large(path, max_input_bytes())
                 fh = tar.extractfile(member)
                 if fh is not None:
                     found.append(fh.read())

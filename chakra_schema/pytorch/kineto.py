@@ -24,16 +24,18 @@ hta/trace_diff_control_control (benchmarks/bench_convert_kineto.py).
 """
 from __future__ import annotations
 
-import gzip
+import logging
 import os
 import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import input_too_large, max_input_bytes, read_json_input
 
 HOST_CATS = frozenset(("cpu_op", "user_annotation"))
 RUNTIME_CATS = frozenset(("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"))
@@ -138,6 +140,8 @@ def load_kineto(path: str | os.PathLike,
     trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
         raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events")
+    _check_thread_ids(path, trace)
+    _repair_durations(path, trace)
     return trace
 
 
@@ -154,9 +158,73 @@ def _walk_checked(path, trace: KinetoTrace, events: Any) -> None:
         raise TraceInputError(path, f"malformed trace event: {type(exc).__name__}: {exc}") from None
 
 
+_NO_DUR = float("nan")        # an "X" event without `dur`: repaired (or rejected) by `_repair_durations`
+MAX_EVENT_US = 1e11           # ~28 hours: no single traced operation lasts longer
+MAX_TS_US = 1e17              # ~3,000 years of microseconds since the epoch
+
+
+def _thread_id(path, v: Any, what: str, name: Any) -> int:
+    if type(v) is int:
+        return v
+    try:
+        return int(v)            # "7" or 7.0 are fine
+    except (TypeError, ValueError, OverflowError):
+        raise TraceInputError(path, f"event {str(name)[:60]!r} has a {what} that is not an integer: {v!r}"[:200]) from None
+
+
+def _check_thread_ids(path, t: KinetoTrace) -> None:
+    """pid / tid name CPU threads: every later stage needs integers (and names strings)."""
+    for col in (t.rt_name, t.gpu_name):
+        for i, v in enumerate(col):
+            if type(v) is not str:
+                col[i] = "" if v is None else str(v)
+    for h in t.host_ops:
+        if type(h.name) is not str:
+            h.name = "" if h.name is None else str(h.name)
+        if type(h.pid) is not int or type(h.tid) is not int:
+            h.pid, h.tid = _thread_id(path, h.pid, "pid", h.name), _thread_id(path, h.tid, "tid", h.name)
+    for col, what in ((t.rt_pid, "pid"), (t.rt_tid, "tid")):
+        for i, v in enumerate(col):
+            if type(v) is not int:
+                col[i] = _thread_id(path, v, what, t.rt_name[i])
+    t.flows[:] = [(fid, ph, _thread_id(path, pid, "pid", "flow"), _thread_id(path, tid, "tid", "flow"), ts)
+                  for fid, ph, pid, tid, ts in t.flows]
+
+
+def _repair_durations(path, t: KinetoTrace) -> None:
+    """Events with a missing, negative, non-finite or impossibly long duration are taken as 0 us with
+    one warning that counts them; a trace where no event has a usable duration, or with an impossible
+    timestamp, is rejected (it cannot be replayed into anything meaningful)."""
+    cols = [t.rt_dur, t.gpu_dur, t.sync_dur]
+    host = np.fromiter((h.dur for h in t.host_ops), np.float64, len(t.host_ops))
+    arrays = [host] + [np.asarray(c, np.float64) for c in cols]
+    total = sum(len(a) for a in arrays)
+    bad = [~((a >= 0) & (a <= MAX_EVENT_US)) for a in arrays]
+    nbad = int(sum(int(b.sum()) for b in bad))
+    stamps = [np.fromiter((h.ts for h in t.host_ops), np.float64, len(t.host_ops)),
+              np.asarray(t.rt_ts, np.float64), np.asarray(t.gpu_ts, np.float64), np.asarray(t.sync_ts, np.float64)]
+    bad_ts = int(sum(int((~(np.abs(a) <= MAX_TS_US)).sum()) for a in stamps))
+    if bad_ts:
+        raise TraceInputError(path, f"{bad_ts} events have a missing, non-finite or impossible timestamp 'ts'")
+    if not nbad:
+        return
+    if nbad == total:
+        raise TraceInputError(path, f"none of the {total} complete events has a usable duration 'dur' "
+                                    "(missing, negative or longer than 1e11 us)")
+    for h in np.flatnonzero(bad[0]).tolist():
+        t.host_ops[h].dur = 0.0
+    for col, b in zip(cols, bad[1:]):
+        for i in np.flatnonzero(b).tolist():
+            col[i] = 0.0
+    log.warning("%s: %d of %d events had a missing, negative or impossible duration 'dur'; taken as 0 us",
+                path, nbad, total)
+
+
 class _NotStreamable(Exception):
     """The slicing parser cannot handle this file: parse it whole instead."""
 
+
+log = logging.getLogger(__name__)
 
 _SLICE_BYTES = 4 << 20          # raw JSON parsed at a time
 _MAX_PENDING = 64 << 20         # give up slicing when no event boundary is found within this much
@@ -174,21 +242,28 @@ def _raw_blocks(path, progress: Callable[[int, int], None] | None) -> Iterator[b
     with fh:
         first = fh.read(1 << 20)
         dec = zlib.decompressobj(16 + zlib.MAX_WBITS) if first[:2] == b"\x1f\x8b" else None
-        done = 0
+        done = produced = 0
+        limit = max_input_bytes()
         block = first
         while block:
             done += len(block)
-            if dec is not None:
-                try:
-                    out = dec.decompress(block)
-                except zlib.error as exc:
-                    raise TraceInputError(path, f"bad gzip data: {exc}") from None
-                if dec.unused_data:          # a multi-member gzip: let gzip.decompress handle it
-                    raise _NotStreamable
-            else:
-                out = block
-            if out:
-                yield out
+            pending = block
+            while pending:
+                if dec is None:
+                    out, pending = pending, b""
+                else:
+                    try:   # bounded: a gzip bomb expands 4 MiB at a time
+                        out = dec.decompress(pending, 1 << 22)
+                    except zlib.error as exc:
+                        raise TraceInputError(path, f"bad gzip data: {exc}") from None
+                    pending = dec.unconsumed_tail
+                    if dec.unused_data:      # a multi-member gzip: let the whole-file reader handle it
+                        raise _NotStreamable
+                produced += len(out)
+                if produced > limit:
+                    raise input_too_large(path, limit)
+                if out:
+                    yield out
             if progress is not None:
                 progress(done, total)
             block = fh.read(1 << 20)
@@ -263,16 +338,7 @@ def _cut_and_walk(path, trace: KinetoTrace, buf: bytearray) -> None:
 
 
 def _read_json(path: str | os.PathLike) -> Any:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceInputError(path, f"bad gzip data: {exc}") from None
+    raw = read_json_input(path)
     if not raw.strip():
         raise TraceInputError(path, "empty file")
     try:
@@ -308,7 +374,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
             if cat in HOST_CATS:
                 args = ev.get("args") or empty
                 host_ops.append(HostOp(len(host_ops), ev["name"], ev["pid"], ev["tid"], float(ev["ts"]),
-                                       float(ev.get("dur", 0.0)), cat, args.get("Record function id"),
+                                       float(ev.get("dur", _NO_DUR)), cat, args.get("Record function id"),
                                        args.get("External id"), args.get("Sequence number"), args))
             elif cat in GPU_CATS:
                 args = ev.get("args") or empty
@@ -317,7 +383,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 gpu_device.append(int(args.get("device", ev["pid"])))
                 gpu_stream.append(int(args.get("stream", ev["tid"])))
                 gpu_ts.append(float(ev["ts"]))
-                gpu_dur.append(float(ev.get("dur", 0.0)))
+                gpu_dur.append(float(ev.get("dur", _NO_DUR)))
                 gpu_corr.append(int(args.get("correlation", -1)))
                 gpu_args.append(args)
             elif cat in RUNTIME_CATS:
@@ -327,7 +393,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 rt_pid.append(ev["pid"])
                 rt_tid.append(ev["tid"])
                 rt_ts.append(float(ev["ts"]))
-                rt_dur.append(float(ev.get("dur", 0.0)))
+                rt_dur.append(float(ev.get("dur", _NO_DUR)))
                 rt_corr.append(int(args.get("correlation", -1)))
                 rt_ext.append(int(args.get("External id", -1)))
                 rt_args.append(args if "stream" in args else empty)   # only a stream arg is used
@@ -335,7 +401,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 args = ev.get("args") or empty
                 t.sync_kind.append(args.get("cuda_sync_kind", ev.get("name", "")))
                 t.sync_ts.append(float(ev["ts"]))
-                t.sync_dur.append(float(ev.get("dur", 0.0)))
+                t.sync_dur.append(float(ev.get("dur", _NO_DUR)))
                 t.sync_corr.append(int(args.get("correlation", -1)))
                 t.sync_stream.append(int(args.get("stream", -1)))
                 t.sync_wait_stream.append(int(args.get("wait_on_stream", -1)))

@@ -34,10 +34,23 @@ def _size(text: str) -> int:
 def _positive_int(text: str) -> int:
     try:
         v = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0: '{text}'")
+    if v > _MAX_DIM:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_DIM:,}: '{text}'")
+    return v
+
+
+_MAX_DIM = 1 << 31   # GEMM dimensions and batch: beyond any real matrix
+
+
+def _gpu_count(text: str) -> int:
+    from replay.hardware.network import MAX_COLLECTIVE_RANKS
+    v = _positive_int(text)
+    if v > MAX_COLLECTIVE_RANKS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_COLLECTIVE_RANKS:,} GPUs per collective: '{text}'")
     return v
 
 
@@ -49,9 +62,10 @@ def register(subparsers) -> None:
 
     c = sub.add_parser("collective", help="one collective: time, algbw, busbw, algorithm chosen")
     c.add_argument("--hardware", default="h100-sxm", help="preset name or path to a .toml (default h100-sxm)")
-    c.add_argument("--op", choices=sorted(_OPS), default="all_reduce")
-    c.add_argument("--size", type=_size, default=_size("1GiB"), help="bytes: 8, 1e9, 64MB, 1GiB")
-    c.add_argument("--gpus", type=_positive_int, default=8, help="ranks 0..N-1 (rank // gpus_per_node = node)")
+    c.add_argument("--op", choices=sorted(_OPS), default="all_reduce", help="collective (default all_reduce)")
+    c.add_argument("--size", type=_size, default=_size("1GiB"), help="bytes: 8, 1e9, 64MB, 1GiB (below 1 PiB)")
+    c.add_argument("--gpus", type=_gpu_count, default=8,
+                   help="ranks 0..N-1 (rank // gpus_per_node = node); at most 1,048,576 (512 for all_to_all)")
     c.add_argument("--algorithm", default=None, help="force an algorithm (ring, tree, nvls, direct, pairwise, "
                                                    "hierarchical); default: the fastest, as NCCL's tuner")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -59,11 +73,12 @@ def register(subparsers) -> None:
 
     g = sub.add_parser("gemm", help="one GEMM: time, TFLOP/s, bound")
     g.add_argument("--hardware", default="h100-sxm", help="preset name or path to a .toml (default h100-sxm)")
-    g.add_argument("--m", type=_positive_int, required=True)
-    g.add_argument("--n", type=_positive_int, required=True)
-    g.add_argument("--k", type=_positive_int, required=True)
-    g.add_argument("--batch", type=_positive_int, default=1)
-    g.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "tf32", "fp32"], default="bf16")
+    g.add_argument("--m", type=_positive_int, required=True, help="rows of A and C (e.g. tokens)")
+    g.add_argument("--n", type=_positive_int, required=True, help="columns of B and C (e.g. output features)")
+    g.add_argument("--k", type=_positive_int, required=True, help="the reduced dimension (e.g. input features)")
+    g.add_argument("--batch", type=_positive_int, default=1, help="independent GEMMs of this shape (batched GEMM)")
+    g.add_argument("--dtype", choices=["bf16", "fp16", "fp8", "tf32", "fp32"], default="bf16",
+                   help="operand type (default bf16)")
     g.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g.set_defaults(func=_gemm)
 
@@ -77,7 +92,7 @@ def _collective(args) -> int:
     hw = get_hardware(args.hardware)
     net = NetworkModel(hw)
     try:
-        est = net.estimate(_OPS[args.op], args.size, list(range(args.gpus)), args.algorithm)
+        est = net.estimate(_OPS[args.op], args.size, range(args.gpus), args.algorithm)
     except ValueError as e:
         raise TraceInputError(None, str(e)) from None
     out = est.to_dict()
@@ -116,15 +131,19 @@ def _presets(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(rows, sort_keys=True) + "\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title="hardware presets (replay/hardware/presets)")
-    for col in ("name", "GPU", "BF16 TFLOP/s", "HBM GB/s", "NVLink GB/s/dir", "node", "NICs", "aliases"):
-        t.add_column(col)
+    from lumos_sim.tables import console, table
+    t = table("hardware presets (lumos-sim bench collective --hardware NAME)",
+              ("name", "GPU", "BF16 TFLOP/s", "HBM GB/s", "NVLink GB/s", "node", "NICs"),
+              right=("BF16 TFLOP/s", "HBM GB/s", "NVLink GB/s"), whole=("name",))
     for r in rows:
         t.add_row(r["name"], r["gpu"], f"{r['bf16_tflops']:g}", f"{r['hbm_gbs']:g}", f"{r['nvlink_gbs']:g}",
-                  f"{r['gpus_per_node']} GPUs, {r['intra']}", r["nics"], ", ".join(r["aliases"]))
-    Console().print(t)
+                  f"{r['gpus_per_node']} GPUs, {r['intra'].replace('_', ' ')}", r["nics"])
+    out = console()
+    out.print(t)
+    out.print("aliases (also accepted by --hardware):")
+    for r in rows:
+        if r["aliases"]:
+            out.print(f"  {r['name']}: {', '.join(r['aliases'])}")
     return 0
 
 
@@ -132,12 +151,9 @@ def _emit(out: dict, as_json: bool, title: str, rows: list[tuple[str, str]]) -> 
     if as_json:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
         return
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title=title)
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    from lumos_sim.tables import console, table
+    t = table(title, ("metric", "value"), right=("value",))
     for key, label in rows:
         v = out[key]
         t.add_row(label, f"{v:,.2f}" if isinstance(v, float) else str(v))
-    Console().print(t)
+    console().print(t)

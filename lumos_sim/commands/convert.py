@@ -33,8 +33,15 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.et and not args.kineto:
         raise TraceInputError(None, "give --et and/or --kineto")
+    if not os.path.basename(args.output) or os.path.isdir(args.output):
+        what = "is a directory" if args.output else "-o is empty"
+        raise TraceInputError(args.output or None, f"{what}; -o takes a prefix such as out/job "
+                                                   "(writes out/job.0.et, out/job.1.et, ...)")
     with progress_bar("converting") as cb:
         summaries = convert(args.et, args.kineto, args.output, progress=cb)
+    _remove_stale_ranks(args.output, {s["rank"] for s in summaries})
+    for s in summaries:
+        print(f"wrote {s['output']}", file=sys.stderr)
     try:
         if args.json:
             json.dump(summaries, sys.stdout, indent=2)
@@ -47,19 +54,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(summaries: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _remove_stale_ranks(prefix: str, ranks: set[int]) -> None:
+    """A prefix reused for a job with fewer ranks must not keep the old job's extra rank files: replay
+    would read them as part of this job."""
+    from chakra_schema.graph_io import graph_paths
 
-    table = Table(title="lumos-sim convert")
-    for col in ("rank", "inputs", "nodes", "by kind", "GPU ops", "colls", "steps", "edges", "ET link", "output"):
-        table.add_column(col, overflow="fold")
+    stale = [p for r, p in graph_paths(prefix).items() if r not in ranks]
+    for path in stale:
+        os.unlink(path)
+    if stale:
+        print(f"removed {len(stale)} rank file(s) of an earlier job with this prefix: "
+              f"{', '.join(p.name for p in stale)}", file=sys.stderr)
+
+
+def _print_table(summaries: list[dict]) -> None:
+    """One column per rank (a row per figure) for a few ranks; a compact row per rank for many."""
+    from lumos_sim.tables import console, table as new_table
+
+    if len(summaries) > 3:
+        cols = ("rank", "nodes", "GPU ops", "collectives", "steps", "edges", "output")
+        table = new_table("lumos-sim convert", cols, right=cols[:-1])
+        for s in summaries:
+            table.add_row(str(s["rank"]), f"{s['nodes']:,}", f"{s['gpu_ops']:,}", f"{s['collectives']:,}",
+                          str(s["steps"]), f"{s['edges']:,}", s["output"])
+        console().print(table)
+        return
+
+    table = new_table("lumos-sim convert", ["", *(f"rank {s['rank']}" for s in summaries)],
+                      right=[f"rank {s['rank']}" for s in summaries])
+    rows = {"inputs": [], "nodes": [], "by kind": [], "GPU ops": [], "collectives": [], "steps": [], "edges": [],
+            "ET link": [], "output": []}
     for s in summaries:
-        inputs = "\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k))
-        kinds = "\n".join(f"{k} {v}" for k, v in s["nodes_by_kind"].items())
         link = s.get("link")
-        link_txt = f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-"
-        table.add_row(str(s["rank"]), inputs, str(s["nodes"]), kinds, str(s["gpu_ops"]), str(s["collectives"]),
-                      str(s["steps"]), str(s["edges"]), link_txt, os.path.basename(s["output"]))
-    # piped output is not folded into 80 columns: use a width that fits the table
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+        rows["inputs"].append("\n".join(f"{k}: {os.path.basename(s[k])}" for k in ("et", "kineto") if s.get(k)))
+        rows["nodes"].append(f"{s['nodes']:,}")
+        rows["by kind"].append("\n".join(f"{k} {v:,}" for k, v in s["nodes_by_kind"].items()))
+        rows["GPU ops"].append(f"{s['gpu_ops']:,}")
+        rows["collectives"].append(f"{s['collectives']:,}")
+        rows["steps"].append(str(s["steps"]))
+        rows["edges"].append(f"{s['edges']:,}")
+        rows["ET link"].append(f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-")
+        rows["output"].append(s["output"])
+    for label, values in rows.items():
+        table.add_row(label, *values)
+    console().print(table)

@@ -8,10 +8,8 @@ Output: {"metadata": {"version", "attrs", "attr_types"}, "nodes": [{"id", "name"
 from __future__ import annotations
 
 import base64
-import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
@@ -19,6 +17,7 @@ import orjson
 from chakra_schema.et_io import iter_et
 from chakra_schema.graph import NodeType
 from chakra_schema.graph_io import attr_to_value
+from chakra_schema.safe_io import atomic_output
 
 
 def register(sub) -> None:
@@ -97,21 +96,7 @@ def main(args) -> int:
                 out.write(chunk)
             out.flush()
         return 0
-    target = Path(args.output)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
-                                    prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # mkstemp makes 0600; the output should look like any written file
-        with os.fdopen(fd, "wb") as f:
-            n = write_json(args.file, f)
-        os.replace(tmp_name, target)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    print(f"wrote {target} ({n} nodes)", file=sys.stderr)
+    with atomic_output(args.output) as f:
+        n = write_json(args.file, f)
+    print(f"wrote {args.output} ({n} nodes)", file=sys.stderr)
     return 0

@@ -7,7 +7,8 @@ import orjson
 
 from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
-from lumos_sim.replay_run import TIMING_MODES, print_result, run_replay
+from chakra_schema.safe_io import prepare_output
+from lumos_sim.replay_run import TIMING_MODES, check_replay_arguments, print_result, run_replay
 
 
 def register(sub) -> None:
@@ -33,18 +34,25 @@ def main(args) -> int:
     if not args.inputs and not args.et and not args.kineto:
         print("lumos-sim replay: error: give at least one INPUT (or --et/--kineto)", file=sys.stderr)
         return 2
+    # wrong arguments are reported before seconds of conversion, not after
+    check_replay_arguments(args.timing, args.hardware, args.source_hardware, args.steps)
+    for out in (args.timeline, args.report):
+        if out:
+            prepare_output(out)
     with progress_bar("converting") as cb:
         graphs = load_graphs(args.inputs, et_pattern=args.et, kineto_pattern=args.kineto, progress=cb)
     with progress_bar("replaying") as cb:
         result = run_replay(graphs, args.timing, args.hardware, args.source_hardware, args.steps, progress=cb)
-    if args.timeline:
-        from replay.timeline import write_timeline
-        write_timeline(result.run, args.timeline)
-    if args.report:
-        from lumos_sim.report import write_replay_report
-        write_replay_report(result, args.report)
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     else:
         print_result(result)
+    if args.timeline:  # after the result: a failed write must not lose it
+        from replay.timeline import write_timeline
+        sys.stdout.flush()
+        write_timeline(result.run, args.timeline)
+        print(f"wrote timeline {args.timeline} (open it in https://ui.perfetto.dev)", file=sys.stderr)
+    if args.report:
+        from lumos_sim.report import write_replay_report
+        write_replay_report(result, args.report)
     return 0

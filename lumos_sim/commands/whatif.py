@@ -39,7 +39,7 @@ def register(sub) -> None:
     tr.add_argument("--layers", type=int, help="new number of transformer layers")
     tr.add_argument("--hardware", help="replay on this hardware preset (translated timing)")
     tr.add_argument("--source-hardware", help="GPU the trace was recorded on (when not in the trace)")
-    tr.add_argument("--json", action="store_true")
+    tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(tr)
     tr.set_defaults(func=main_trace)
 
@@ -64,16 +64,16 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     (`required=False`: the model is optional, and so are --seq-len and --global-batch until one is given)."""
     parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
     parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
     parser.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
-    parser.add_argument("--seq-len", type=int, required=required)
+    parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
-    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
     parser.add_argument("--recompute", default="none", help="none | selective | full")
     parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
@@ -131,7 +131,16 @@ def _plan_from_args(args, model):
     return plan
 
 
+def _check_counts(**counts) -> None:
+    """Counts checked before any work: a typo such as 10000000000 GPUs must not allocate first."""
+    from estimators.plan import MAX_GPUS
+    for name, v in counts.items():
+        if v is not None and not 1 <= v <= MAX_GPUS:
+            raise TraceInputError(None, f"--{name.replace('_', '-')} must be between 1 and {MAX_GPUS:,}, got {v}")
+
+
 def main_parallelism(args) -> int:
+    _check_counts(gpus=args.gpus, dp=args.dp, max_plans=args.max_plans if args.search else None)
     if args.search:
         return _main_search(args)
     scenario = scenario_from_args(args)
@@ -218,17 +227,17 @@ def _print_prediction(r) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 80)
     p = r.plan
     t = Table(title=f"{r.model} on {p.gpus} x {r.hardware}: {_plan_text(p)}, seq {p.seq_len}, "
                     f"global batch {p.global_batch} ({p.micro_batches} micro-batches)")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t.add_column("metric", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
     bd = legacy_breakdown_json(r.breakdown)
     rows = [("step time", f"{r.step_time_s:.3f} s"), ("tokens/s", f"{r.tokens_per_s:,.0f}"),
             ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f}"), ("hardware TFLOP/s per GPU", f"{r.hw_tflops_per_gpu:.1f}"),
             ("MFU", f"{100 * r.mfu:.1f}%"),
-            ("memory per GPU", f"{r.memory.total_gib:.1f} GiB" + (" (OUT OF MEMORY)" if r.oom else "")),
+            ("memory per GPU", f"{r.memory.total_gib:.1f} GiB" + (" (OUT OF MEMORY, see below)" if r.oom else "")),
             ("  weights / grads / optimizer / activations",
              f"{r.memory.weights_gib:.1f} / {r.memory.grads_gib:.1f} / {r.memory.optimizer_gib:.1f} / {r.memory.activations_gib:.1f}"),
             ("compute", f"{bd['compute_s']:.3f} s")]
@@ -241,22 +250,28 @@ def _print_prediction(r) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if r.oom:
+        console.print(f"OUT OF MEMORY: {r.memory.total_gib:.1f} GiB per GPU is more than the "
+                      f"{r.memory.capacity_gib:.1f} GiB usable on {r.hardware}; the time assumes it fit. Try "
+                      "--recompute full, a larger --pp or --tp, or --zero 3.")
 
 
 def _print_search(results) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console as make_console, table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     r0 = results[0]
-    t = Table(title=f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput")
-    for col in ("#", "plan", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "bubble", "exposed comm s"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    cols = ("#", "plan", "step\ns", "tokens\n/s", "TFLOP/s\n/GPU", "MFU", "mem\nGiB", "bubble", "exposed\ncomm s")
+    t = table(f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput", cols,
+              right=cols[:1] + cols[2:], whole=cols[:1] + cols[2:])
     for i, r in enumerate(results, 1):
         t.add_row(str(i), _plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
                   f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
                   f"{100 * r.breakdown.mean.idle_fraction:.1f}%", f"{r.breakdown.mean.exposed_comm_us / 1e6:.3f}")
     console.print(t)
+    console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
+                  "size, recompute = activation recomputation (none, selective, full), zero = ZeRO stage (0 DDP, "
+                  "1 distributed optimizer, 2, 3 FSDP)")
 
 
 # ------------------------------------------------------------------------------ trace
@@ -266,6 +281,9 @@ def main_trace(args) -> int:
 
     if args.dp is None and args.layers is None and args.hardware is None and not args.overrides:
         raise TraceInputError(None, "give at least one change: --dp N, --layers L or --hardware NAME")
+    _check_counts(dp=args.dp, layers=args.layers)
+    if args.source_hardware:
+        get_hardware(args.source_hardware)   # an unknown name fails now, not after the conversion
     spec = TraceSpec(inputs=tuple(args.inputs), source_hardware=args.source_hardware, dp=args.dp, layers=args.layers)
     scenario = Scenario(whatif="trace", timing="trace", trace=spec,
                         hardware=get_hardware(args.hardware) if args.hardware else None)
@@ -280,7 +298,7 @@ def main_trace(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 80)
     t = Table(title="trace what-if")
     t.add_column("")
     t.add_column("baseline", justify="right")

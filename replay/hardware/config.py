@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, check_number, reject_unknown_keys, with_path
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -42,6 +42,19 @@ class GPUSpec:
     pcie_bw_gbs: float                      # host link, GB/s per direction (peak)
     kernel_start_after_call_us: float       # an idle GPU starts a kernel this long after the launch call starts
     device_names: tuple[str, ...] = ()      # substrings of Kineto `deviceProperties[].name` that mean this GPU
+
+    def __post_init__(self) -> None:
+        check_number("[gpu] sm_count", self.sm_count, 1, integer=True)
+        for name in ("memory_gb", "hbm_bw_gbs", "pcie_bw_gbs"):
+            check_number(f"[gpu] {name}", getattr(self, name), 0, low_open=True)
+        check_number("[gpu] kernel_start_after_call_us", self.kernel_start_after_call_us, 0)
+        if not self.peak_tflops:
+            raise TraceInputError(None, "[gpu] peak_tflops is empty")
+        reject_unknown_keys(None, self.peak_tflops, _DTYPE_FALLBACK, where=" in [gpu.peak_tflops]")
+        for dtype, v in self.peak_tflops.items():
+            check_number(f"[gpu] peak_tflops.{dtype}", v, 0)   # 0: the GPU lacks the type (no fp8 on A100)
+        if not any(v > 0 for v in self.peak_tflops.values()):
+            raise TraceInputError(None, "[gpu] peak_tflops needs at least one dtype with a peak > 0")
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,21 @@ class ComputeSpec:
     def gemm_efficiency_for(self, dtype: str) -> float:
         return self.gemm_efficiency_by_dtype.get(dtype, self.gemm_efficiency)
 
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "hbm_efficiency", "pcie_efficiency", "attention_fwd_efficiency",
+                     "attention_bwd_efficiency", "pageable_copy_efficiency", "sustained_tensor_fraction"):
+            check_number(f"[compute] {name}", getattr(self, name), 0, 1, low_open=True)
+        if not self.gemm_tiles or any(len(t) != 2 or min(t) <= 0 for t in self.gemm_tiles):
+            raise TraceInputError(None, "[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs > 0")
+        check_number("[compute] gemm_tile_intensity_knee", self.gemm_tile_intensity_knee, 0, low_open=True)
+        check_number("[compute] gemm_k_overhead", self.gemm_k_overhead, 0, integer=True)
+        if not self.gemm_split_k or any(not isinstance(k, int) or k < 1 for k in self.gemm_split_k):
+            raise TraceInputError(None, "[compute] gemm_split_k must be a non-empty list of integers >= 1")
+        check_number("[compute] attention_block", self.attention_block, 1, integer=True)
+        check_number("[compute] min_kernel_us", self.min_kernel_us, 0)
+        for d, v in self.gemm_efficiency_by_dtype.items():
+            check_number(f"[compute] gemm_efficiency_by_dtype.{d}", v, 0, 1, low_open=True)
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -81,6 +109,23 @@ class NodeSpec:
     nvls_efficiency: float                  # achievable fraction of NVLink bandwidth by NVLS multimem ops
     nvlink_link_bw_gbs: float = 0.0         # one NVLink link per direction (mesh topologies)
     nvlink_mesh: tuple[tuple[int, ...], ...] = ()  # (gpu_a, gpu_b, number of links) for mesh topologies
+
+    def __post_init__(self) -> None:
+        check_number("[node] gpus_per_node", self.gpus_per_node, 1, integer=True)
+        if self.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
+            raise TraceInputError(None, f"unknown [node] intra_topology '{self.intra_topology}' "
+                                        "(expected nvswitch or hybrid_cube_mesh)")
+        check_number("[node] nvlink_bw_gbs", self.nvlink_bw_gbs, 0, low_open=True)
+        check_number("[node] nvlink_efficiency", self.nvlink_efficiency, 0, 1, low_open=True)
+        # 0 is allowed where there is no NVLS; a node that has it needs a fraction > 0
+        check_number("[node] nvls_efficiency", self.nvls_efficiency, 0, 1, low_open=self.nvls)
+        check_number("[node] nvlink_link_bw_gbs", self.nvlink_link_bw_gbs, 0)
+        if self.intra_topology == "hybrid_cube_mesh":
+            if not self.nvlink_mesh or self.nvlink_link_bw_gbs <= 0:
+                raise TraceInputError(None, "[node] hybrid_cube_mesh needs nvlink_mesh and nvlink_link_bw_gbs")
+            for e in self.nvlink_mesh:
+                if len(e) != 3 or not all(0 <= g < self.gpus_per_node for g in e[:2]) or e[2] < 1:
+                    raise TraceInputError(None, f"[node] nvlink_mesh entry {list(e)} is not [gpu_a, gpu_b, links]")
 
 
 @dataclass(frozen=True)
@@ -97,6 +142,17 @@ class NetworkSpec:
     pxn: bool = True                        # NCCL PXN: cross-rail traffic hops over NVLink to the right rail
     tree_efficiency: float = 1.0            # achievable fraction of a tree's link-bound bandwidth
 
+    def __post_init__(self) -> None:
+        if self.topology != "rail_fat_tree":
+            raise TraceInputError(None, f"unknown [network] topology '{self.topology}' (expected rail_fat_tree)")
+        check_number("[network] nics_per_node", self.nics_per_node, 1, integer=True)
+        check_number("[network] nodes_per_leaf", self.nodes_per_leaf, 1, integer=True)
+        check_number("[network] nic_gbps", self.nic_gbps, 0, low_open=True)
+        check_number("[network] oversubscription", self.oversubscription, 0, low_open=True)
+        check_number("[network] switch_latency_us", self.switch_latency_us, 0)
+        for name in ("nic_efficiency", "tree_efficiency"):
+            check_number(f"[network] {name}", getattr(self, name), 0, 1, low_open=True)
+
 
 @dataclass(frozen=True)
 class ProtocolSpec:
@@ -107,6 +163,13 @@ class ProtocolSpec:
     base_latency_us: float
     nvlink_hop_us: float
     net_hop_us: float
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TraceInputError(None, "[[protocols]] name is empty")
+        check_number(f"[[protocols]] {self.name}: bw_fraction", self.bw_fraction, 0, 1, low_open=True)
+        for name in ("base_latency_us", "nvlink_hop_us", "net_hop_us"):
+            check_number(f"[[protocols]] {self.name}: {name}", getattr(self, name), 0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +186,11 @@ class KernelClassModel:
     fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
     shaped_by_geometry: bool = False        # the geometry model times kernels with shapes too (it fit them better)
     times_shaped: bool = True               # fitted on kernels with shapes: times them (else they keep the physics)
+
+    def __post_init__(self) -> None:
+        if not self.overhead_us >= 0 or not self.efficiency > 0 or len(self.geometry) not in (0, 2, 3):
+            raise TraceInputError(None, "[kernel_models] needs overhead_us >= 0, efficiency > 0 and "
+                                        "geometry of 2 or 3 numbers or none")
 
 
 @dataclass(frozen=True)
@@ -149,6 +217,10 @@ class HardwareConfig:
     path: str = ""
     kernel_models: dict[str, KernelClassModel] = field(default_factory=dict)  # class -> fitted model
     calibration: CalibrationInfo | None = None
+
+    def __post_init__(self) -> None:
+        if not self.protocols:
+            raise TraceInputError(self.path or None, "[[protocols]] must be a non-empty array of tables")
 
     # -------- derived figures used by the models (GB/s are 1e9 bytes/s)
     @property
@@ -247,7 +319,10 @@ def _build(cls: type, table: Any, section: str, path: str) -> Any:
                 raise TraceInputError(path, f"missing required key '{name}' in [{section}]")
             continue
         kwargs[name] = _convert(table[name], hints[name], f"'{name}' in [{section}]", path)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TraceInputError as e:   # the dataclass's own range checks: name the file
+        raise with_path(e, path) from None
 
 
 def _read_toml(path: Path) -> dict:
@@ -256,7 +331,9 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise TraceInputError(path, "hardware file not found") from None
-    except tomllib.TOMLDecodeError as e:
+    except IsADirectoryError:
+        raise TraceInputError(path, "is a directory, not a hardware .toml file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TraceInputError(path, f"invalid TOML: {e}") from None
     except OSError as e:
         raise TraceInputError(path, f"cannot read: {e.strerror}") from None
@@ -322,57 +399,7 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
         calibration=calibration,
         **specs,
     )
-    _check_values(hw, spath)
     return hw
-
-
-def _check_values(hw: HardwareConfig, path: str) -> None:
-    """Ranges the models rely on (a negative bandwidth would give negative times)."""
-    def positive(v: float, what: str) -> None:
-        if not v > 0:
-            raise TraceInputError(path, f"{what} must be > 0, got {v}")
-
-    for what, v in (("[gpu] sm_count", hw.gpu.sm_count), ("[gpu] hbm_bw_gbs", hw.gpu.hbm_bw_gbs),
-                    ("[node] gpus_per_node", hw.node.gpus_per_node), ("[node] nvlink_bw_gbs", hw.node.nvlink_bw_gbs),
-                    ("[network] nics_per_node", hw.network.nics_per_node), ("[network] nic_gbps", hw.network.nic_gbps),
-                    ("[network] nodes_per_leaf", hw.network.nodes_per_leaf),
-                    ("[network] oversubscription", hw.network.oversubscription),
-                    ("[compute] gemm_tile_intensity_knee", hw.compute.gemm_tile_intensity_knee),
-                    ("[compute] attention_block", hw.compute.attention_block)):
-        positive(v, what)
-    for what, v in (("[compute] gemm_efficiency", hw.compute.gemm_efficiency),
-                    ("[compute] hbm_efficiency", hw.compute.hbm_efficiency),
-                    ("[compute] pcie_efficiency", hw.compute.pcie_efficiency),
-                    ("[compute] attention_fwd_efficiency", hw.compute.attention_fwd_efficiency),
-                    ("[compute] attention_bwd_efficiency", hw.compute.attention_bwd_efficiency),
-                    ("[compute] sustained_tensor_fraction", hw.compute.sustained_tensor_fraction),
-                    ("[node] nvlink_efficiency", hw.node.nvlink_efficiency),
-                    ("[network] nic_efficiency", hw.network.nic_efficiency)):
-        if not 0 < v <= 1:
-            raise TraceInputError(path, f"{what} must be in (0, 1], got {v}")
-    for cls, km in hw.kernel_models.items():
-        if not km.overhead_us >= 0 or not km.efficiency > 0 or len(km.geometry) not in (0, 2, 3):
-            raise TraceInputError(path, f"[kernel_models.{cls}] needs overhead_us >= 0, efficiency > 0 and "
-                                        "geometry of 2 or 3 numbers or none")
-    for d, v in hw.compute.gemm_efficiency_by_dtype.items():
-        if not 0 < v <= 1:
-            raise TraceInputError(path, f"[compute] gemm_efficiency_by_dtype.{d} must be in (0, 1], got {v}")
-    if not hw.gpu.peak_tflops:
-        raise TraceInputError(path, "[gpu] peak_tflops is empty")
-    reject_unknown_keys(path, hw.gpu.peak_tflops, _DTYPE_FALLBACK, where=" in [gpu.peak_tflops]")
-    if not hw.compute.gemm_tiles or any(len(t) != 2 or min(t) <= 0 for t in hw.compute.gemm_tiles):
-        raise TraceInputError(path, "[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs")
-    if hw.node.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
-        raise TraceInputError(path, f"unknown [node] intra_topology '{hw.node.intra_topology}' "
-                                    "(expected nvswitch or hybrid_cube_mesh)")
-    if hw.node.intra_topology == "hybrid_cube_mesh":
-        if not hw.node.nvlink_mesh or hw.node.nvlink_link_bw_gbs <= 0:
-            raise TraceInputError(path, "[node] hybrid_cube_mesh needs nvlink_mesh and nvlink_link_bw_gbs")
-        for e in hw.node.nvlink_mesh:
-            if len(e) != 3 or not all(0 <= g < hw.node.gpus_per_node for g in e[:2]):
-                raise TraceInputError(path, f"[node] nvlink_mesh entry {list(e)} is not [gpu_a, gpu_b, links]")
-    if hw.network.topology != "rail_fat_tree":
-        raise TraceInputError(path, f"unknown [network] topology '{hw.network.topology}' (expected rail_fat_tree)")
 
 
 # ------------------------------------------------------------------------------------------ registry

@@ -16,6 +16,13 @@ its critical chain; its time under an NCCL protocol (LL / LL128 / Simple: bandwi
 latencies) is base latency + hop latencies + the bandwidth time of its rounds. `NetworkModel` picks the
 fastest applicable (algorithm, protocol) pair, as NCCL's tuner does from its own cost model.
 
+Scale: a group of whole consecutive nodes is symmetric, so ring, hierarchical and tree algorithms on
+more than a few leaf groups of nodes take their bandwidth term from a representative sub-cluster
+(`representative_nodes`) and their latency term in closed form: memory and time do not grow with the
+rank count. Groups may have up to `MAX_COLLECTIVE_RANKS` ranks; the direct and pairwise all-to-all
+exchange every pair of ranks, so they are limited to `MAX_ALL_TO_ALL_RANKS`. Past a limit the model
+raises ValueError with a one-line message.
+
 Size conventions are those of nccl-tests: all_reduce/broadcast/reduce: the buffer; all_gather: the
 gathered (output) buffer; reduce_scatter: the input buffer; all_to_all: each rank's send buffer.
 """
@@ -32,6 +39,10 @@ import numpy as np
 from chakra_schema.graph import CommType
 
 from .config import HardwareConfig, ProtocolSpec, get_hardware
+
+MAX_COLLECTIVE_RANKS = 1 << 20      # ranks in one collective group (1,048,576 GPUs)
+MAX_ALL_TO_ALL_RANKS = 512          # pairwise exchanges: n^2 flows (512 ranks: ~8 s, 0.3 GB)
+TREE_REPRESENTATIVE_LEAVES = 4      # trees over more leaf groups take their bandwidth from this many
 
 Link = tuple  # ("nvl_tx", node, gpu), ("nic_tx", node, nic), ("spine_up", leaf_group, rail) ...
 Path = tuple  # tuple of links
@@ -288,11 +299,55 @@ def register_algorithm(cls: type[CollectiveAlgorithm]) -> type[CollectiveAlgorit
 
 
 
+_BY_NODE_CACHE: dict = {}
+
+
 def _by_node(topo: Topology, ranks: Sequence[int]) -> list[list[int]]:
+    """Ranks grouped by node, nodes in order. Cached for the last group: every algorithm and protocol
+    of one estimate asks for the same grouping, and a large group costs a pass over all its ranks."""
+    key = (topo.gpn, ranks if isinstance(ranks, tuple) else tuple(ranks))   # all the grouping depends on
+    hit = _BY_NODE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    gpn = topo.gpn
     nodes: dict[int, list[int]] = {}
     for r in sorted(ranks):
-        nodes.setdefault(topo.node_of(r), []).append(r)
-    return [nodes[k] for k in sorted(nodes)]
+        nodes.setdefault(r // gpn, []).append(r)
+    out = [nodes[k] for k in sorted(nodes)]
+    if len(_BY_NODE_CACHE) >= 4:
+        _BY_NODE_CACHE.clear()
+    _BY_NODE_CACHE[key] = out
+    return out
+
+
+def whole_nodes(topo: Topology, ranks: Sequence[int]) -> tuple[int, int] | None:
+    """(first node, number of nodes) when `ranks` (sorted) are every GPU of consecutive nodes, else None."""
+    n, k = len(ranks), topo.gpn
+    if n == 0 or n % k or ranks[0] % k or ranks[-1] - ranks[0] != n - 1:
+        return None
+    if n > 1 and not bool(np.all(np.diff(np.asarray(ranks, np.int64)) == 1)):
+        return None
+    return ranks[0] // k, n // k
+
+
+def representative_nodes(topo: Topology, first_node: int, num_nodes: int, leaves: int = 2) -> int | None:
+    """How many of a symmetric group's nodes reproduce its per-link loads, or None to use them all.
+
+    Ring-like patterns over whole consecutive nodes load every leaf group alike: per channel one flow
+    leaves and one enters each group, whatever the number of groups. So the first `leaves - 1` full
+    leaf groups plus one group of the last group's size load each link as the whole group does."""
+    per_leaf = topo.hw.network.nodes_per_leaf
+    if first_node % per_leaf or num_nodes <= leaves * per_leaf:
+        return None
+    return (leaves - 1) * per_leaf + (num_nodes % per_leaf or per_leaf)
+
+
+def _spine_crossings(topo: Topology, first_node: int, num_nodes: int, wrap: bool) -> int:
+    """Consecutive node pairs (i, i+1) of a chain over `num_nodes` nodes (and the pair back to the
+    first when `wrap`) that sit under different leaf switches."""
+    per_leaf = topo.hw.network.nodes_per_leaf
+    groups = (first_node + num_nodes - 1) // per_leaf - first_node // per_leaf + 1
+    return (groups - 1) + (1 if wrap and groups > 1 else 0)
 
 
 class CollectiveAlgorithm:
@@ -370,6 +425,11 @@ class Ring(CollectiveAlgorithm):
         return [self.steps(comm, n) * size / n] * n
 
     def time_us(self, topo, comm, size, ranks, proto):
+        layout = whole_nodes(topo, ranks)
+        if layout is not None:
+            rep = representative_nodes(topo, *layout)
+            if rep is not None:
+                return self._time_symmetric(topo, comm, size, ranks, proto, layout, rep)
         n = len(ranks)
         chans = self.channels(topo, ranks)
         c = len(chans)
@@ -382,6 +442,37 @@ class Ring(CollectiveAlgorithm):
         # pipelined: a chunk crosses `steps` hops; the latency is that of the hops it crosses
         loop = max(sum(topo.hop_latency(r[i], r[(i + 1) % n], proto) for i in range(n)) for r in chans)
         return proto.base_latency_us + loop * steps / n + steps * topo.bandwidth_time(flows, proto)
+
+
+    def _time_symmetric(self, topo, comm, size, ranks, proto, layout: tuple[int, int], rep: int) -> float:
+        """`time_us` of a ring over many whole nodes: bandwidth from the first `rep` nodes (the same
+        per-link loads, see `representative_nodes`), hop latencies summed in closed form."""
+        first, num_nodes = layout
+        k, n = topo.gpn, len(ranks)
+        chans = self.channels(topo, ranks[:rep * k])
+        c, m = len(chans), rep * k
+        chain = comm in (CommType.BROADCAST, CommType.REDUCE)
+        lat = max(self._loop_latency(topo, proto, first, num_nodes, ch, wrap=not chain) for ch in range(c))
+        if chain:
+            flows = [(r[i], r[i + 1], size / c) for r in chans for i in range(m - 1)]
+            return proto.base_latency_us + lat + topo.bandwidth_time(flows, proto)
+        flows = [(r[i], r[(i + 1) % m], size / (n * c)) for r in chans for i in range(m)]
+        steps = self.steps(comm, n)
+        return proto.base_latency_us + lat * steps / n + steps * topo.bandwidth_time(flows, proto)
+
+    @staticmethod
+    def _loop_latency(topo, proto, first: int, num_nodes: int, channel: int, wrap: bool) -> float:
+        """Sum of the hop latencies of channel `channel` (as `channels` lays it out) over `num_nodes`
+        whole nodes: node i runs its GPUs from local index (channel + i(k-1)) mod k, and leaves for the
+        next node on the rail it ends on (so inter-node hops stay on one rail)."""
+        k = topo.gpn
+        base = first * k
+        intra = [sum(topo.hop_latency(base + (rot + t) % k, base + (rot + t + 1) % k, proto) for t in range(k - 1))
+                 for rot in range(k)]
+        rots = np.bincount((channel + np.arange(num_nodes, dtype=np.int64) * (k - 1)) % k, minlength=k)
+        hops = num_nodes if wrap else num_nodes - 1
+        return (float(np.dot(rots, intra)) + hops * proto.net_hop_us
+                + _spine_crossings(topo, first, num_nodes, wrap) * topo.hw.network.switch_latency_us)
 
 
 @lru_cache(maxsize=256)
@@ -482,7 +573,14 @@ class DoubleBinaryTree(CollectiveAlgorithm):
         hop_net = topo.hop_latency(a, b, proto)
         hop_nvl = topo.hop_latency(nodes[0][0], nodes[0][1], proto) if k > 1 else 0.0
         lat = 2 * (depth * hop_net + (k - 1) * hop_nvl)
-        bw = topo.bandwidth_time(self.rounds(topo, size, ranks), proto) / topo.hw.network.tree_efficiency
+        # Each node sends and receives a bounded number of tree edges whatever the tree's size, so the
+        # most loaded link of a tree over many leaf groups is taken from a tree over a few of them (an
+        # approximation: heap-ordered trees are not exactly periodic in the leaf groups).
+        layout = whole_nodes(topo, ranks)
+        rep = (representative_nodes(topo, *layout, leaves=TREE_REPRESENTATIVE_LEAVES)
+               if layout is not None else None)
+        bw_ranks = ranks if rep is None else ranks[:rep * topo.gpn]
+        bw = topo.bandwidth_time(self.rounds(topo, size, bw_ranks), proto) / topo.hw.network.tree_efficiency
         return proto.base_latency_us + lat + bw
 
 
@@ -528,6 +626,10 @@ class DirectAllToAll(CollectiveAlgorithm):
     name = "direct"
     ops = frozenset({CommType.ALL_TO_ALL, CommType.GATHER, CommType.SCATTER})
 
+    def supports(self, topo, comm, ranks):
+        return super().supports(topo, comm, ranks) and (comm != CommType.ALL_TO_ALL
+                                                        or len(ranks) <= MAX_ALL_TO_ALL_RANKS)
+
     def flows(self, comm, size, ranks):
         n = len(ranks)
         if comm == CommType.ALL_TO_ALL:
@@ -554,6 +656,9 @@ class PairwiseAllToAll(CollectiveAlgorithm):
     name = "pairwise"
     ops = frozenset({CommType.ALL_TO_ALL})
     auto = False  # NCCL's all-to-all is the grouped (direct) exchange; pairwise runs only when asked for
+
+    def supports(self, topo, comm, ranks):
+        return super().supports(topo, comm, ranks) and len(ranks) <= MAX_ALL_TO_ALL_RANKS
 
     def rounds(self, size, ranks):
         n = len(ranks)
@@ -610,15 +715,25 @@ class Hierarchical(CollectiveAlgorithm):
     def time_us(self, topo, comm, size, ranks, proto):
         nodes = _by_node(topo, ranks)
         k, nn = len(nodes[0]), len(nodes)
+        layout = whole_nodes(topo, ranks)
+        rep = representative_nodes(topo, *layout) if layout is not None else None
         ring = Ring()
         t = 0.0
         for level, op, sub in self._phases(comm, size, k, nn):
-            groups = nodes if level == "intra" else [[n[i] for n in nodes] for i in range(k)]
-            m = len(groups[0])
+            m = k if level == "intra" else nn
+            if rep is None:
+                groups = nodes if level == "intra" else [[n[i] for n in nodes] for i in range(k)]
+                loop = max(sum(topo.hop_latency(g[i], g[(i + 1) % m], proto) for i in range(m)) for g in groups)
+            elif level == "intra":   # symmetric: every node does the same on its own links
+                groups = nodes[:1]
+                loop = sum(topo.hop_latency(groups[0][i], groups[0][(i + 1) % m], proto) for i in range(m))
+            else:                    # one ring per rail over all nodes: same rail, spine at leaf borders
+                groups = [[n[i] for n in nodes[:rep]] for i in range(k)]
+                loop = (nn * proto.net_hop_us
+                        + _spine_crossings(topo, layout[0], nn, wrap=True) * topo.hw.network.switch_latency_us)
             # all groups of the level run at once: their step flows share links
-            flows = [(g[i], g[(i + 1) % m], sub / m) for g in groups for i in range(m)]
+            flows = [(g[i], g[(i + 1) % len(g)], sub / m) for g in groups for i in range(len(g))]
             steps = ring.steps(op, m)
-            loop = max(sum(topo.hop_latency(g[i], g[(i + 1) % m], proto) for i in range(m)) for g in groups)
             t += proto.base_latency_us + loop * steps / m + steps * topo.bandwidth_time(flows, proto)
         return t
 
@@ -659,6 +774,16 @@ def bus_factor(comm: CommType, n: int) -> float:
     return 1.0
 
 
+def check_group_size(comm: CommType, n: int) -> None:
+    """ValueError (one line) for a group past the documented limits of the model (see the module doc)."""
+    if n > MAX_COLLECTIVE_RANKS:
+        raise ValueError(f"{n:,} ranks in one {comm.name.lower()} is more than the network model handles "
+                         f"(at most {MAX_COLLECTIVE_RANKS:,} ranks per collective)")
+    if comm == CommType.ALL_TO_ALL and n > MAX_ALL_TO_ALL_RANKS:
+        raise ValueError(f"all_to_all over {n:,} ranks: the model simulates every pair of ranks, so it is "
+                         f"limited to {MAX_ALL_TO_ALL_RANKS} ranks")
+
+
 class NetworkModel:
     """Collective and point-to-point times on clusters of `hw` nodes (rank r lives on node
     r // gpus_per_node). Results are cached: the model is a pure function of its arguments."""
@@ -680,6 +805,7 @@ class NetworkModel:
         comm = CommType(int(comm_type))
         if isinstance(ranks, int):
             ranks = range(ranks)
+        check_group_size(comm, len(ranks))
         # cheap cache key for the common `range` groups; other sequences as given
         rkey = ("range", ranks.start, ranks.stop, ranks.step) if isinstance(ranks, range) else tuple(ranks)
         key = (comm, float(size_bytes), rkey, algorithm)

@@ -1,0 +1,86 @@
+"""Coverage-guided fuzzing (atheris / libFuzzer) of the trace readers for a bounded time: the target
+(`tests/fuzz/readers_target.py`) fails on any exception other than a one-line TraceInputError, and
+libFuzzer fails on an input that takes more than 2 GB or 10 s. LUMOS_SIM_FUZZ_SECONDS sets the time
+(default 20)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+if importlib.util.find_spec("atheris") is None:
+    # CI (LUMOS_SIM_REQUIRE_SHARED=1) installs the dev extra, which has atheris on Linux x86_64: there a
+    # missing atheris is a broken install, not a reason to skip the fuzzing
+    if os.environ.get("LUMOS_SIM_REQUIRE_SHARED") == "1" and (platform.system(), platform.machine()) == ("Linux", "x86_64"):
+        pytest.fail("atheris is not installed (pip install -e '.[dev]')", pytrace=False)
+    pytest.skip("atheris (the dev extra) is not installed", allow_module_level=True)
+
+TARGET = ROOT / "tests" / "fuzz" / "readers_target.py"
+
+KINETO = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 20,
+     "args": {"Record function id": 1, "External id": 1}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 12, "dur": 5,
+     "args": {"correlation": 7, "External id": 1}},
+    {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 20, "dur": 30,
+     "args": {"device": 0, "stream": 7, "correlation": 7}},
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]}
+
+
+def _attrs(rf_id: int, schema: str) -> list[dict]:
+    return [{"name": "rf_id", "type": "uint64", "value": rf_id}, {"name": "fw_parent", "type": "uint64", "value": 0},
+            {"name": "seq_id", "type": "int64", "value": -1}, {"name": "scope", "type": "uint64", "value": 0},
+            {"name": "tid", "type": "uint64", "value": 1}, {"name": "fw_tid", "type": "uint64", "value": 0},
+            {"name": "op_schema", "type": "string", "value": schema}]
+
+
+EXECUTION_TRACE = {"schema": "1.0.1", "pid": 1, "time": "x", "start_ts": 0, "finish_ts": 10, "nodes": [
+    {"id": 1, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 0,
+     "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []},
+     "attrs": _attrs(0, "")},
+    {"id": 2, "name": "aten::mm", "ctrl_deps": 1,
+     "inputs": {"values": [[1, 2, 0, 4, 4, "cpu"], [3, 4, 0, 4, 4, "cpu"]], "shapes": [[2, 2], [2, 2]],
+                "types": ["Tensor(float)", "Tensor(float)"]},
+     "outputs": {"values": [[5, 6, 0, 4, 4, "cpu"]], "shapes": [[2, 2]], "types": ["Tensor(float)"]},
+     "attrs": _attrs(1, "aten::mm(Tensor self, Tensor mat2) -> Tensor")}]}
+
+
+def _seed_corpus(directory) -> None:
+    """One valid small input per reader (the target's first byte picks the reader)."""
+    from chakra_schema.graph_io import write_graph
+    from chakra_schema.pytorch.converter import RankInputs, convert_rank
+
+    kineto = directory / "kineto.json"
+    kineto.write_text(json.dumps(KINETO))
+    write_graph(convert_rank(RankInputs(None, str(kineto))), directory / "seed.et")
+    (directory / "seed-et").write_bytes(bytes([0]) + (directory / "seed.et").read_bytes())
+    (directory / "seed-kineto").write_bytes(bytes([2]) + json.dumps(KINETO).encode())
+    (directory / "seed-execution-trace").write_bytes(bytes([4]) + json.dumps(EXECUTION_TRACE).encode())
+    kineto.unlink()
+    (directory / "seed.et").unlink()
+
+
+def test_fuzzing_the_readers_finds_no_crash(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _seed_corpus(corpus)
+    seconds = int(os.environ.get("LUMOS_SIM_FUZZ_SECONDS", "20"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, str(TARGET), f"-max_total_time={seconds}", "-rss_limit_mb=2048",
+                        "-timeout=10", "-max_len=4096", f"-artifact_prefix={tmp_path}/", str(corpus)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=seconds + 120)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-4000:]
+    runs = re.search(r"Done (\d+) runs in (\d+) second", log)
+    assert runs, log[-2000:]
+    print(f"atheris: {runs.group(1)} executions in {runs.group(2)} s")
+    assert int(runs.group(1)) > 100   # the target ran, rather than dying at start-up
