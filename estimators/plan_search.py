@@ -98,7 +98,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, seq_len: int, gpus_per_node
                 eps = [1]
                 if model.moe is not None:
                     eps = [e for e in _divisors(dp) if model.moe.num_experts % e == 0]
-                vps = [1] + ([v for v in range(2, model.layers // pp + 1)] if pp > 1 else [])
+                vps = [1] + (list(range(2, (model.layers + 2) // pp + 1)) if pp > 1 else [])
                 for vp in vps:
                     if not _chunking_valid(model, pp, vp):
                         continue

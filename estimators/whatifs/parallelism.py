@@ -36,16 +36,30 @@ def parallelism(scenario: Scenario, progress=None) -> Prediction:
 
 def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int, precision: str = "bf16",
                      max_plans: int = 24, progress=None) -> list[Prediction]:
-    """Every valid plan of `gpus` for the base scenario's model, ranked; the best `max_plans` that fit in
-    memory are evaluated (through `evaluate`) and returned by predicted throughput."""
-    from estimators.whatif_parallel import rank_candidate_plans
+    """Every valid plan of `gpus` for the base scenario's model, ranked by the analytic estimate
+    (`estimators.plan_search`); the best `max_plans` that fit in memory are evaluated (through
+    `evaluate`) and returned by simulated throughput."""
+    from estimators.plan_search import SearchSpace, rank_plans
+
+    ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision,
+                        SearchSpace(attention=base.plan.attention))
+    return simulate_ranked(base, ranked, max_plans, progress)
+
+
+def simulate_ranked(base: Scenario, ranked, top_k: int, progress=None) -> list[Prediction]:
+    """Evaluate the best `top_k` plans of a `plan_search.RankedPlans` as scenarios, fastest first. Each
+    prediction keeps its analytic estimate and rank (`metrics.analytic_step_time_s`, `analytic_rank`)."""
     from estimators.whatifs import evaluate
 
-    plans = rank_candidate_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision, max_plans)
+    rows = ranked.order[:top_k]
     out = []
-    for n, plan in enumerate(plans):
-        out.append(evaluate(dataclasses.replace(base, whatif="parallelism", plan=plan)))
+    for n, row in enumerate(rows):
+        p = evaluate(dataclasses.replace(base, whatif="parallelism", plan=ranked.plan(int(row))))
+        extra = {"analytic_step_time_s": float(ranked.step_s[row]), "analytic_rank": n + 1}
+        p.metrics.update(extra)
+        p.detail.extra.update(extra)
+        out.append(p)
         if progress:
-            progress(n + 1, len(plans))
+            progress(n + 1, len(rows))
     out.sort(key=lambda p: -(p.tokens_per_s or 0.0))
     return out
