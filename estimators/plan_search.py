@@ -227,19 +227,24 @@ class P2PLine:
 
 
 def _template_span_us(tpl, rank: int, timing) -> float:
-    """Schedule a generator template alone (entry at t=0): each op starts when its deps are done and
-    its stream is free; a CP receive waits for the matching send. Returns the pass's span (us)."""
+    """Schedule a generator template alone (entry at t=0) as the replay does: each op starts when its
+    deps are done and its stream is free. An op with no deps at all (a CP ring receive) is posted ahead
+    of the pass, during earlier ones: it only bounds the pass by its stream's total busy time.
+    Returns the pass's span (us)."""
     from estimators.workload import ENTRY
     ends: list[float] = []
     free: dict[int, float] = {}
-    for i, (_, slot, attrs, deps) in enumerate(tpl.ops):
+    ahead: dict[int, float] = {}
+    for _, slot, attrs, deps in tpl.ops:
+        if not deps:
+            ahead[slot] = ahead.get(slot, 0.0) + _op_us(attrs, rank, timing)
+            ends.append(0.0)
+            continue
         ready = max((ends[j] for j in deps if j != ENTRY), default=0.0)
-        if "comm_dst" in attrs and attrs["comm_src"] != rank and i > 0:
-            ready = max(ready, ends[i - 1] - _op_us(tpl.ops[i - 1][2], rank, timing))  # the send's start
         start = max(ready, free.get(slot, 0.0))
         ends.append(start + _op_us(attrs, rank, timing))
         free[slot] = ends[-1]
-    return max(ends, default=0.0)
+    return max(max(ends, default=0.0), max(ahead.values(), default=0.0))
 
 
 def _op_us(attrs: dict, rank: int, timing) -> float:
