@@ -558,8 +558,9 @@ def estimate_step_s(cm: CostModel, cols: dict[str, np.ndarray], global_batch: in
                  for k in ("d", "m")}
     back = {k: pt[f"B_{k}"] + recompute[k] for k in ("d", "m")}
     gath = {"d": gt.gather_d, "m": gt.gather_m}
-    # a ZeRO-3 layer gather is prefetched one layer ahead: only the part longer than the layer pass shows
-    layer = {k: pt[f"F_{k}"] + back[k] + np.maximum(gath[k] - pt[f"F_{k}"], 0) + np.maximum(gath[k] - back[k], 0)
+    # a ZeRO-3 layer gather is prefetched one layer ahead, from the start of the layer's forward or
+    # backward (after its recomputation): only the part longer than that pass shows
+    layer = {k: pt[f"F_{k}"] + back[k] + np.maximum(gath[k] - pt[f"F_{k}"], 0) + np.maximum(gath[k] - pt[f"B_{k}"], 0)
              for k in ("d", "m")}
     sd, shd, _ = _layer_params(model, False)
     sm, shm, em = _layer_params(model, True)
@@ -590,7 +591,11 @@ def estimate_step_s(cm: CostModel, cols: dict[str, np.ndarray], global_batch: in
         mm = m[idx]
         pipe = mm * W.max(axis=0) + (W.sum(axis=0) - W.max(axis=0)) / vp
         hop = gt.p2p[idx]
-        pipe += np.where(cols["overlap_p2p"][idx] == 1, 2 * (pp - 1) * hop, 2 * (mm * vp + pp - 1) * hop)
+        # overlapped p2p shows on the fill and drain hops only; blocking p2p (2021 Megatron) waits at every
+        # communication point: after each pass (1F1B), or after each forward+backward pair in the steady
+        # state and each warm-up / cool-down pass (interleaved)
+        waits = 2 * mm if vp == 1 else mm * vp + 2 * (pp - 1) + (vp - 1) * pp
+        pipe += np.where(cols["overlap_p2p"][idx] == 1, 2 * (pp - 1) * hop, waits * hop)
         slack = np.zeros(len(idx))
         ends = np.zeros(len(idx))
         for s in range(pp):
