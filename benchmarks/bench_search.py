@@ -53,8 +53,8 @@ def run(model_name: str, gpus: int, seq: int, gb: int, top_k: int = 10, spread: 
     print(f"  top {len(top)} simulated in {sim_wall:.1f} s; best: {best.detail.plan and _label(best.detail.plan)} "
           f"step {best.step_time_s:.3f} s (estimate {best.metrics['analytic_step_time_s']:.3f} s, "
           f"analytic rank {best.metrics['analytic_rank']}), MFU {100 * best.mfu:.1f}%", flush=True)
-    # quality: the top plans and plans spread over the whole ranked order
-    rows = list(r.order[:top_k]) + list(r.order[np.linspace(top_k, r.fitting - 1, spread).astype(int)])
+    # quality: the (distinct) top plans and plans spread over the whole ranked order
+    rows = list(r.top(top_k)) + list(r.order[np.linspace(top_k, r.fitting - 1, spread).astype(int)])
     est = [float(r.step_s[i]) for i in rows]
     sim = [p.step_time_s for p in sorted(top, key=lambda p: p.metrics["analytic_rank"])]
     for i in rows[top_k:]:

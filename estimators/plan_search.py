@@ -682,6 +682,24 @@ class RankedPlans:
         rows = self.order if k is None else self.order[:k]
         return [self.plan(int(i)) for i in rows]
 
+    def top(self, k: int, distinct: bool = True) -> np.ndarray:
+        """Rows of the best k fitting plans. `distinct`: skip a plan whose estimated step time and memory
+        both equal those of a better-ranked one (e.g. CP4 x micro-batch 1 against CP8 x micro-batch 2 with
+        no TP: the same shapes per GPU), so the k simulations are spent on k different outcomes."""
+        if not distinct:
+            return self.order[:k]
+        rows: list[int] = []
+        seen: set[tuple[float, float]] = set()
+        for i in self.order:
+            key = (round(float(self.step_s[i]), 9), round(float(self.memory_gib[i]), 6))
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append(int(i))
+            if len(rows) == k:
+                break
+        return np.array(rows, dtype=np.int64)
+
     def tokens_per_s(self) -> np.ndarray:
         return self.global_batch * self.seq_len / self.step_s
 

@@ -159,3 +159,14 @@ def test_cli_search_reports_candidates_and_speed():
     rows = json.loads(p.stdout)
     assert len(rows) == 3 and all("analytic_step_time_s" in r and "step_time_s" in r for r in rows)
     assert "candidate plans" in p.stderr and "plans/s" in p.stderr
+
+
+def test_top_k_skips_plans_whose_estimate_and_memory_repeat_a_better_one():
+    r = rank_plans(load_model("llama3-8b"), "h100-sxm", 64, 8192, 512)
+    top = r.top(10)
+    assert top[0] == r.order[0] and len(top) == 10
+    keys = {(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in top}
+    assert len(keys) == 10
+    assert len({(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in r.order[:10]}) < 10
+    positions = [int(np.flatnonzero(r.order == i)[0]) for i in top]
+    assert positions == sorted(positions)

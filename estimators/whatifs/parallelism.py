@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
@@ -47,15 +49,17 @@ def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int,
 
 
 def simulate_ranked(base: Scenario, ranked, top_k: int, progress=None) -> list[Prediction]:
-    """Evaluate the best `top_k` plans of a `plan_search.RankedPlans` as scenarios, fastest first. Each
-    prediction keeps its analytic estimate and rank (`metrics.analytic_step_time_s`, `analytic_rank`)."""
+    """Evaluate the best `top_k` distinct plans of a `plan_search.RankedPlans` (see `RankedPlans.top`) as
+    scenarios, fastest first. Each prediction keeps its analytic estimate and its rank among the plans
+    that fit (`metrics.analytic_step_time_s`, `metrics.analytic_rank`)."""
     from estimators.whatifs import evaluate
 
-    rows = ranked.order[:top_k]
+    rows = ranked.top(top_k)
     out = []
     for n, row in enumerate(rows):
         p = evaluate(dataclasses.replace(base, whatif="parallelism", plan=ranked.plan(int(row))))
-        extra = {"analytic_step_time_s": float(ranked.step_s[row]), "analytic_rank": n + 1}
+        extra = {"analytic_step_time_s": float(ranked.step_s[row]),
+                 "analytic_rank": int(np.flatnonzero(ranked.order == row)[0]) + 1}
         p.metrics.update(extra)
         p.detail.extra.update(extra)
         out.append(p)
