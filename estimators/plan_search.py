@@ -176,18 +176,28 @@ def plan_of_row(cols: dict[str, np.ndarray], i: int, seq_len: int, global_batch:
 
 
 # ============================================================================ 2. unit costs
-class CollectiveLine:
+class _Lines:
+    """A time that is the lowest of several lines latency + bytes x seconds-per-byte (us), zero for no
+    bytes; evaluated over arrays of sizes."""
+
+    lat: np.ndarray = np.zeros(1)
+    per_byte: np.ndarray = np.zeros(1)
+
+    def time_us(self, size_bytes: np.ndarray) -> np.ndarray:
+        size = np.asarray(size_bytes, dtype=np.float64)
+        t = np.min(self.lat[:, None] + self.per_byte[:, None] * size.ravel()[None, :], axis=0).reshape(size.shape)
+        return np.where(size > 0, t, 0.0)
+
+
+class CollectiveLine(_Lines):
     """A collective over one group in closed form: the network model's time for each (algorithm,
     protocol) is latency + bytes x seconds-per-byte (its flows scale linearly with the size); NCCL's
     tuner takes the fastest, so the time is the lowest of these lines."""
 
     def __init__(self, network, comm: CommType, ranks: tuple[int, ...]):
         from replay.hardware.network import ALGORITHMS, DirectAllToAll
-        self.n = len(ranks)
-        self.lat = np.zeros(0)
-        self.per_byte = np.zeros(0)
-        if self.n < 2:
-            return
+        if len(ranks) < 2:
+            return  # no communication: the zero line
         topo = network.topology
         names = network.algorithms_for(comm, ranks, auto_only=True) or (
             ["direct"] if comm in DirectAllToAll.ops else ["ring"])
@@ -204,26 +214,14 @@ class CollectiveLine:
                 lat.append(t1 - slope[-1] * s1)
         self.lat, self.per_byte = np.array(lat), np.array(slope)
 
-    def time_us(self, size_bytes: np.ndarray) -> np.ndarray:
-        size = np.asarray(size_bytes, dtype=np.float64)
-        if self.n < 2:
-            return np.zeros_like(size)
-        t = np.min(self.lat[:, None] + self.per_byte[:, None] * size.ravel()[None, :], axis=0).reshape(size.shape)
-        return np.where(size > 0, t, 0.0)
 
-
-class P2PLine:
+class P2PLine(_Lines):
     """A send/recv between two ranks: the lowest of the protocols' latency + bytes / path bandwidth."""
 
     def __init__(self, network, src: int, dst: int):
         topo = network.topology
         self.lat = np.array([p.base_latency_us + topo.hop_latency(src, dst, p) for p in network.hw.protocols])
         self.per_byte = np.array([topo.bandwidth_time([(src, dst, 1.0)], p) for p in network.hw.protocols])
-
-    def time_us(self, size_bytes: np.ndarray) -> np.ndarray:
-        size = np.asarray(size_bytes, dtype=np.float64)
-        t = np.min(self.lat[:, None] + self.per_byte[:, None] * size.ravel()[None, :], axis=0).reshape(size.shape)
-        return np.where(size > 0, t, 0.0)
 
 
 def _template_span_us(tpl, rank: int, timing) -> float:

@@ -145,8 +145,12 @@ def _main_search(args) -> int:
         raise TraceInputError(None, "--top-k must be >= 1")
     ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision,
                         SearchSpace(attention=base.plan.attention))
+    if not ranked.candidates:
+        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs for {model.name} with global batch "
+                                    f"{args.global_batch} and sequence length {args.seq_len}")
     if not ranked.fitting:
-        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name}")
+        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name} "
+                                    f"({ranked.candidates:,} plans tried)")
     with progress_bar("simulating plans") as cb:
         preds = simulate_ranked(base, ranked, args.top_k, progress=cb)
     sim_s = sum(p.wall_s for p in preds)
