@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -460,182 +460,211 @@ def _layer_params(model: ModelConfig, moe: bool) -> tuple[float, float, float]:
 
 
 @dataclass
-class GroupTimes:
-    """Per candidate, us: DP gradient reduction of one dense / MoE layer bucket, of the embedding and
-    output layer grads; ZeRO-3 parameter all-gather of one layer; pipeline hop."""
+class _GroupLines:
+    """The DP-side collectives of one group layout: gradient reduction (a reduce-scatter or all-reduce,
+    HSDP adds an all-reduce across replicas of 1/shard of the bytes), expert gradients, ZeRO gathers."""
 
-    bucket_d: np.ndarray
-    bucket_m: np.ndarray
-    gather_d: np.ndarray
-    gather_m: np.ndarray
-    p2p: np.ndarray
-    grad_line: Callable[[np.ndarray, np.ndarray], np.ndarray]      # (rows, dense bytes) -> us
-    expert_grad_line: Callable[[np.ndarray, np.ndarray], np.ndarray]
-    gather_line: Callable[[np.ndarray, np.ndarray], np.ndarray]    # (rows, bytes) -> us, ZeRO-1/2 after the step
-    expert_gather_line: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    grad: list[tuple[_Lines, float]]
+    expert_grad: _Lines
+    gather: _Lines
+    expert_gather: _Lines
 
 
-def group_times(cm: CostModel, cols: dict[str, np.ndarray]) -> GroupTimes:
-    """DP / EP-DP / PP communication of every candidate through per-group closed-form lines."""
-    model = cm.model
-    n = len(cols["tp"])
-    tp = cols["tp"].astype(np.float64)
-    z = cols["zero"]
-    grad_b = np.where(z >= 3, 2.0, 4.0)
-    sd, shd, ed = _layer_params(model, False)
-    sm, shm, em = _layer_params(model, True)
-    dense_d, dense_m = sd / tp, sm / tp + shm
-    exp_m = em / cols["ep"]
-    # one evaluator per distinct group layout: (tp, cp, dp, ep, dp_shard, zero) fixes every group
-    uniq, inv = _unique_rows(cols["tp"], cols["cp"], cols["dp"], cols["ep"], cols["dp_shard"], np.minimum(z, 1))
-    evaluators = []
-    for tp_, cp_, dp_, ep_, g_, z1 in uniq:
-        p = ParallelPlan(tp=int(tp_), cp=int(cp_), dp=int(dp_), ep=int(ep_), dp_shard=int(g_), zero=3 if g_ else int(z1))
+class GroupComm:
+    """DP / expert-DP communication of every candidate: one `_GroupLines` per distinct group layout
+    ((tp, cp, dp, ep, dp_shard, ZeRO or not) fixes every group's ranks), evaluated over arrays."""
+
+    def __init__(self, cm: CostModel, cols: dict[str, np.ndarray]):
+        uniq, self.inv = _unique_rows(cols["tp"], cols["cp"], cols["dp"], cols["ep"], cols["dp_shard"],
+                                      np.minimum(cols["zero"], 1))
+        self.lines = [self._layout(cm, *(int(x) for x in u)) for u in uniq]
+
+    @staticmethod
+    def _layout(cm: CostModel, tp: int, cp: int, dp: int, ep: int, shard: int, zero: int) -> _GroupLines:
+        p = ParallelPlan(tp=tp, cp=cp, dp=dp, ep=ep, dp_shard=shard, zero=3 if shard else zero)
         dpg, edp = p.dp_group(0), p.expert_dp_group(0)
-        if z1 == 0:
+        shard_g = p.dp_shard_group(0) if shard else dpg
+        if zero == 0:
             grad = [(cm.collective(CommType.ALL_REDUCE, dpg), 1.0)]
         else:
-            shard = p.dp_shard_group(0) if g_ else dpg
-            grad = [(cm.collective(CommType.REDUCE_SCATTER, shard), 1.0)]
-            if g_ and g_ < dp_:
-                grad.append((cm.collective(CommType.ALL_REDUCE, p.dp_replica_group(0)), 1.0 / len(shard)))
-        egrad = cm.collective(CommType.REDUCE_SCATTER if z1 else CommType.ALL_REDUCE, edp)
-        shard_g = p.dp_shard_group(0) if g_ else dpg
-        evaluators.append((grad, egrad, cm.collective(CommType.ALL_GATHER, shard_g), cm.collective(CommType.ALL_GATHER, edp)))
+            grad = [(cm.collective(CommType.REDUCE_SCATTER, shard_g), 1.0)]
+            if shard and shard < dp:
+                grad.append((cm.collective(CommType.ALL_REDUCE, p.dp_replica_group(0)), 1.0 / len(shard_g)))
+        return _GroupLines(grad, cm.collective(CommType.REDUCE_SCATTER if zero else CommType.ALL_REDUCE, edp),
+                           cm.collective(CommType.ALL_GATHER, shard_g), cm.collective(CommType.ALL_GATHER, edp))
 
-    def per_group(k: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        def f(rows: np.ndarray, size: np.ndarray) -> np.ndarray:
-            out = np.zeros(len(rows))
-            g = inv[rows]
-            for u in np.unique(g):
-                sel = g == u
-                ev = evaluators[u][k]
-                if k == 0:
-                    out[sel] = sum(line.time_us(size[sel] * frac) for line, frac in ev)
-                else:
-                    out[sel] = ev.time_us(size[sel])
-            return out
-        return f
+    def _eval(self, rows: np.ndarray, size: np.ndarray, which: str) -> np.ndarray:
+        out = np.zeros(len(rows))
+        g = self.inv[rows]
+        for u in np.unique(g):
+            sel = g == u
+            lines = getattr(self.lines[u], which)
+            if which == "grad":
+                out[sel] = sum(line.time_us(size[sel] * frac) for line, frac in lines)
+            else:
+                out[sel] = lines.time_us(size[sel])
+        return out
 
-    grad_line, expert_grad_line, gather_line, expert_gather_line = (per_group(k) for k in range(4))
-    rows = np.arange(n)
-    bucket_d = grad_line(rows, dense_d * grad_b)
-    bucket_m = grad_line(rows, dense_m * grad_b) + expert_grad_line(rows, exp_m * grad_b) if model.moe else np.zeros(n)
-    z3 = z >= 3
-    gather_d = np.where(z3, gather_line(rows, dense_d * 2.0), 0.0)
-    gather_m = np.where(z3, gather_line(rows, (dense_m + exp_m) * 2.0), 0.0) if model.moe else np.zeros(n)
-    # pipeline hop: activations of one micro-batch (1/tp of them + an NVLink all-gather without SP)
-    sp = cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1)
-    act = cols["micro_batch"] * (cm.seq_len // cols["cp"]) * model.hidden * 2.0
-    sg = (cols["tp"] > 1) & ~sp
-    p2p_bytes = np.where(sp | sg, act / tp, act)
-    p2p = np.zeros(n)
-    stride = cols["tp"] * cols["cp"] * cols["dp"]
-    for (dst, tp_), idx in _groups(np.where(cols["pp"] > 1, stride, 0), cols["tp"]):
+    def grad_us(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return self._eval(rows, size, "grad")
+
+    def expert_grad_us(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return self._eval(rows, size, "expert_grad")
+
+    def gather_us(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return self._eval(rows, size, "gather")
+
+    def expert_gather_us(self, rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return self._eval(rows, size, "expert_gather")
+
+
+def pipeline_hop_us(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """One micro-batch's activations (or gradients) to the next stage: all of them with SP's sharding,
+    or 1/tp of them and an NVLink all-gather on arrival without SP (Megatron's scatter/gather)."""
+    tp = cols["tp"]
+    sp = cols["sequence_parallel"].astype(bool) & (tp > 1)
+    act = cols["micro_batch"] * (cm.seq_len // cols["cp"]) * cm.model.hidden * 2.0
+    scatter_gather = (tp > 1) & ~sp
+    nbytes = np.where(sp | scatter_gather, act / tp, act)
+    hop = np.zeros(len(tp))
+    stride = tp * cols["cp"] * cols["dp"]        # the next stage's rank
+    for (dst, t), idx in _groups(np.where(cols["pp"] > 1, stride, 0), tp):
         if dst == 0:
             continue
-        p2p[idx] = cm.p2p(dst).time_us(p2p_bytes[idx])
-        if tp_ > 1:
-            ag = cm.collective(CommType.ALL_GATHER, tuple(range(tp_))).time_us(act[idx])
-            p2p[idx] += np.where(sg[idx], ag, 0.0)
-    return GroupTimes(bucket_d, bucket_m, gather_d, gather_m, p2p, grad_line, expert_grad_line,
-                      gather_line, expert_gather_line)
+        hop[idx] = cm.p2p(dst).time_us(nbytes[idx])
+        if t > 1:
+            gather = cm.collective(CommType.ALL_GATHER, tuple(range(t))).time_us(act[idx])
+            hop[idx] += np.where(scatter_gather[idx], gather, 0.0)
+    return hop
+
+
+@dataclass
+class LayerTimes:
+    """Per candidate, us per micro-batch, of a dense (d) / MoE (m) layer: `layer` = forward + recompute +
+    backward + exposed ZeRO-3 gathers, `back` = recompute + backward; `bucket` = its DP gradient reduction."""
+
+    layer: dict[str, np.ndarray]
+    back: dict[str, np.ndarray]
+    bucket: dict[str, np.ndarray]
+
+
+def layer_times(model: ModelConfig, pt: dict[str, np.ndarray], comm: GroupComm,
+                cols: dict[str, np.ndarray]) -> LayerTimes:
+    rows = np.arange(len(cols["tp"]))
+    tp = cols["tp"].astype(np.float64)
+    z3 = cols["zero"] >= 3
+    grad_b = np.where(z3, 2.0, 4.0)
+    rc = cols["recompute"]
+    layer, back, bucket = {}, {}, {}
+    for k, moe in (("d", False), ("m", True)):
+        sharded, shared, experts = _layer_params(model, moe)
+        dense, expert = sharded / tp + shared, experts / cols["ep"]
+        if not any(model.is_moe_layer(i) == moe for i in range(model.layers)):
+            layer[k] = back[k] = bucket[k] = np.zeros(len(rows))
+            continue
+        bucket[k] = comm.grad_us(rows, dense * grad_b) + (comm.expert_grad_us(rows, expert * grad_b) if moe else 0.0)
+        gather = np.where(z3, comm.gather_us(rows, (dense + expert) * 2.0), 0.0)
+        f, b = pt[f"F_{k}"], pt[f"B_{k}"]
+        back[k] = b + np.where(rc == RC_FULL, f, np.where(rc == RC_SELECTIVE, pt[f"S_{k}"], 0.0))
+        # a ZeRO-3 layer gather is prefetched one layer ahead, from the start of the layer's forward or
+        # backward (after its recomputation): only the part longer than that pass shows
+        layer[k] = f + back[k] + np.maximum(gather - f, 0) + np.maximum(gather - b, 0)
+    return LayerTimes(layer, back, bucket)
+
+
+def _stage_work(st: StageTable, s: int, pp: int, lt: LayerTimes, pt: dict[str, np.ndarray],
+                idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(all passes, backward passes) of one micro-batch on stage s, us."""
+    nd, nm = st.dense_layers[s], st.moe_layers[s]
+    w = nd * lt.layer["d"][idx] + nm * lt.layer["m"][idx]
+    wb = nd * lt.back["d"][idx] + nm * lt.back["m"][idx]
+    if s == 0:
+        w, wb = w + pt["emb"][idx], wb + pt["emb_b"][idx]
+    if s == pp - 1:
+        w, wb = w + pt["out"][idx], wb + pt["out_b"][idx]
+    return w, wb
+
+
+def _pipeline_us(W: np.ndarray, m: np.ndarray, vp: int, hop: np.ndarray, overlap_p2p: np.ndarray) -> np.ndarray:
+    """(Interleaved) 1F1B over stages with per-micro-batch work W[stage]: m times the slowest stage plus
+    the fill and drain through the others, 1/vp of it with virtual stages; plus the exposed p2p: the
+    fill/drain hops when overlapped, else (2021 Megatron) a wait at every communication point: after each
+    pass (1F1B), or after each forward+backward pair in the steady state and each warm-up / cool-down
+    pass (interleaved)."""
+    pp = W.shape[0]
+    pipe = m * W.max(axis=0) + (W.sum(axis=0) - W.max(axis=0)) / vp
+    waits = 2 * m if vp == 1 else m * vp + 2 * (pp - 1) + (vp - 1) * pp
+    return pipe + np.where(overlap_p2p == 1, 2 * (pp - 1) * hop, waits * hop)
+
+
+class StageTail:
+    """What follows a stage's last backward: DP gradient reduction not hidden under it, the optimizer
+    step over the stage's (sharded) parameters, the ZeRO-1/2 parameter all-gather (us)."""
+
+    def __init__(self, cm: CostModel, cols: dict[str, np.ndarray], comm: GroupComm, lt: LayerTimes):
+        model, hw = cm.model, cm.hw
+        self.model, self.cols, self.comm, self.lt = model, cols, comm, lt
+        rows = np.arange(len(cols["tp"]))
+        self.tp = cols["tp"].astype(np.float64)
+        grad_b = np.where(cols["zero"] >= 3, 2.0, 4.0)
+        self.emb = model.vocab * model.hidden / self.tp
+        pos = model.max_seq * model.hidden if model.position == "learned" else 0
+        self.emb_grad = comm.grad_us(rows, (self.emb + pos) * grad_b)
+        self.out_grad = comm.grad_us(rows, self.emb * grad_b)
+        z = cols["zero"]
+        self.shard = np.where(z >= 1, np.where(cols["dp_shard"] > 0, cols["dp_shard"], cols["dp"]) * cols["cp"], 1)
+        self.eshard = np.where(z >= 1, cols["dp"] // cols["ep"] * cols["cp"], 1)
+        # Adam over fp32 states: memory-bound (workload.OPTIM_BYTES_PER_PARAM / _FLOPS_PER_PARAM)
+        self.opt_us_per_param = max(30.0 / hw.hbm_bytes_per_us, 12.0 / (hw.peak_flops("fp32") / 1e6))
+        self.min_kernel_us = hw.compute.min_kernel_us
+
+    def __call__(self, idx: np.ndarray, st: StageTable, s: int, pp: int, wb: np.ndarray) -> np.ndarray:
+        cols, lt, model = self.cols, self.lt, self.model
+        nd, nm = st.dense_layers[s], st.moe_layers[s]
+        out_layer = s == pp - 1 and (not model.tied_embeddings or pp > 1)
+        grads = nd * lt.bucket["d"][idx] + nm * lt.bucket["m"][idx]
+        last = np.where(nd > 0, lt.bucket["d"][idx], lt.bucket["m"][idx])
+        if s == 0:
+            grads, last = grads + self.emb_grad[idx], self.emb_grad[idx]
+        if out_layer:
+            grads = grads + self.out_grad[idx]
+        # buckets go out as the last micro-batch's backward of each layer ends
+        window = np.maximum(wb - np.where(nd > 0, lt.back["d"][idx], lt.back["m"][idx]), 0.0)
+        exposed = np.where(cols["overlap_grad_reduce"][idx] == 1, np.maximum(grads - window, last), grads)
+        exposed = np.where(cols["dp"][idx] * cols["cp"][idx] > 1, exposed, 0.0)
+        params = st.shardable[s] / self.tp[idx] + st.shared[s] + self.emb[idx] * ((s == 0) + out_layer)
+        experts = st.experts[s] / cols["ep"][idx]
+        opt = np.maximum((params / self.shard[idx] + experts / self.eshard[idx]) * self.opt_us_per_param,
+                         self.min_kernel_us)
+        z12 = (cols["zero"][idx] >= 1) & (cols["zero"][idx] <= 2) & (self.shard[idx] > 1)
+        gather = np.where(z12, self.comm.gather_us(idx, params * 2.0), 0.0)
+        if st.experts[s] > 0:
+            gather += np.where(z12 & (self.eshard[idx] > 1), self.comm.expert_gather_us(idx, experts * 2.0), 0.0)
+        return exposed + opt + gather
 
 
 def estimate_step_s(cm: CostModel, cols: dict[str, np.ndarray], global_batch: int,
                     tables: dict | None = None) -> np.ndarray:
     """Estimated step time (s) of every candidate (see the module docstring, pass 4)."""
-    model, hw = cm.model, cm.hw
-    n = len(cols["tp"])
+    model = cm.model
     pt = cm.pass_table(cols)
-    gt = group_times(cm, cols)
-    rc = cols["recompute"]
-    tp = cols["tp"].astype(np.float64)
+    comm = GroupComm(cm, cols)
+    hop = pipeline_hop_us(cm, cols)
+    lt = layer_times(model, pt, comm, cols)
+    tail = StageTail(cm, cols, comm, lt)
     m = (global_batch // (cols["dp"] * cols["micro_batch"])).astype(np.float64)
-    recompute = {k: np.where(rc == RC_FULL, pt[f"F_{k}"], np.where(rc == RC_SELECTIVE, pt[f"S_{k}"], 0.0))
-                 for k in ("d", "m")}
-    back = {k: pt[f"B_{k}"] + recompute[k] for k in ("d", "m")}
-    gath = {"d": gt.gather_d, "m": gt.gather_m}
-    # a ZeRO-3 layer gather is prefetched one layer ahead, from the start of the layer's forward or
-    # backward (after its recomputation): only the part longer than that pass shows
-    layer = {k: pt[f"F_{k}"] + back[k] + np.maximum(gath[k] - pt[f"F_{k}"], 0) + np.maximum(gath[k] - pt[f"B_{k}"], 0)
-             for k in ("d", "m")}
-    sd, shd, _ = _layer_params(model, False)
-    sm, shm, em = _layer_params(model, True)
-    emb = model.vocab * model.hidden / tp
-    pos = model.max_seq * model.hidden if model.position == "learned" else 0
-    grad_b = np.where(cols["zero"] >= 3, 2.0, 4.0)
-    shard = np.where(cols["zero"] >= 1, np.where(cols["dp_shard"] > 0, cols["dp_shard"], cols["dp"]) * cols["cp"], 1)
-    eshard = np.where(cols["zero"] >= 1, cols["dp"] // cols["ep"] * cols["cp"], 1)
-    rows_all = np.arange(n)
-    emb_grad = gt.grad_line(rows_all, (emb + pos) * grad_b)
-    out_grad = gt.grad_line(rows_all, emb * grad_b)
-    opt_us_per_param = max(30.0 / hw.hbm_bytes_per_us, 12.0 / (hw.peak_flops("fp32") / 1e6))
-    step = np.zeros(n)
+    step = np.zeros(len(m))
     tables = {} if tables is None else tables
     for (pp, vp), idx in _groups(cols["pp"], cols["vp"]):
         st = tables.setdefault((pp, vp), stage_table(model, pp, vp))
-        W = np.zeros((pp, len(idx)))
-        Wb = np.zeros((pp, len(idx)))
-        for s in range(pp):
-            W[s] = st.dense_layers[s] * layer["d"][idx] + st.moe_layers[s] * layer["m"][idx]
-            Wb[s] = st.dense_layers[s] * back["d"][idx] + st.moe_layers[s] * back["m"][idx]
-            if s == 0:
-                W[s] += pt["emb"][idx]
-                Wb[s] += pt["emb_b"][idx]
-            if s == pp - 1:
-                W[s] += pt["out"][idx]
-                Wb[s] += pt["out_b"][idx]
-        mm = m[idx]
-        pipe = mm * W.max(axis=0) + (W.sum(axis=0) - W.max(axis=0)) / vp
-        hop = gt.p2p[idx]
-        # overlapped p2p shows on the fill and drain hops only; blocking p2p (2021 Megatron) waits at every
-        # communication point: after each pass (1F1B), or after each forward+backward pair in the steady
-        # state and each warm-up / cool-down pass (interleaved)
-        waits = 2 * mm if vp == 1 else mm * vp + 2 * (pp - 1) + (vp - 1) * pp
-        pipe += np.where(cols["overlap_p2p"][idx] == 1, 2 * (pp - 1) * hop, waits * hop)
+        work = [_stage_work(st, s, pp, lt, pt, idx) for s in range(pp)]
+        pipe = _pipeline_us(np.array([w for w, _ in work]), m[idx], vp, hop[idx], cols["overlap_p2p"][idx])
+        # the last backward reaches stage 0 last: stage s has finished earlier by the backward hops below it
         slack = np.zeros(len(idx))
-        ends = np.zeros(len(idx))
-        for s in range(pp):
-            tail = _stage_tail(cm, cols, idx, st, s, pp, gt, Wb[s], emb_grad, out_grad, shard, eshard,
-                               opt_us_per_param, back)
-            ends = np.maximum(ends, pipe - slack + tail)
-            slack += Wb[s] / vp + hop
-        step[idx] = ends
+        for s, (_, wb) in enumerate(work):
+            step[idx] = np.maximum(step[idx], pipe - slack + tail(idx, st, s, pp, wb))
+            slack += wb / vp + hop[idx]
     return step / 1e6
-
-
-def _stage_tail(cm, cols, idx, st: StageTable, s: int, pp: int, gt: GroupTimes, wb: np.ndarray,
-                emb_grad, out_grad, shard, eshard, opt_us_per_param: float, back) -> np.ndarray:
-    """After stage s's last backward: exposed DP gradient reduction, the optimizer step, and the ZeRO-1/2
-    parameter all-gather (us)."""
-    model = cm.model
-    nd, nm = st.dense_layers[s], st.moe_layers[s]
-    D = nd * gt.bucket_d[idx] + nm * gt.bucket_m[idx]
-    last = np.where(nd > 0, gt.bucket_d[idx], gt.bucket_m[idx])
-    if s == 0:
-        D = D + emb_grad[idx]
-        last = emb_grad[idx]
-    if s == pp - 1 and (not model.tied_embeddings or pp > 1):
-        D = D + out_grad[idx]
-    one_layer = np.where(nd > 0, back["d"][idx], back["m"][idx])
-    window = np.maximum(wb - one_layer, 0.0)
-    exposed = np.where(cols["overlap_grad_reduce"][idx] == 1, np.maximum(D - window, last), D)
-    exposed = np.where(cols["dp"][idx] * cols["cp"][idx] > 1, exposed, 0.0)
-    tp = cols["tp"][idx].astype(np.float64)
-    params = st.shardable[s] / tp + st.shared[s]
-    emb = model.vocab * model.hidden / tp
-    if s == 0:
-        params = params + emb
-    if s == pp - 1 and (not model.tied_embeddings or pp > 1):
-        params = params + emb
-    experts = st.experts[s] / cols["ep"][idx]
-    opt = np.maximum((params / shard[idx] + experts / eshard[idx]) * opt_us_per_param, cm.hw.compute.min_kernel_us)
-    z12 = (cols["zero"][idx] >= 1) & (cols["zero"][idx] <= 2) & (shard[idx] > 1)
-    ag = np.where(z12, gt.gather_line(idx, params * 2.0), 0.0)
-    if model.moe is not None and st.experts[s] > 0:
-        ag = ag + np.where(z12 & (eshard[idx] > 1), gt.expert_gather_line(idx, experts * 2.0), 0.0)
-    return exposed + opt + ag
 
 
 # ============================================================================ 5. ranking
