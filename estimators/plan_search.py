@@ -315,18 +315,12 @@ def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
         for i in layers:
-            total, _ = model.layer_params(i)
-            out["biggest"][s] = max(out["biggest"][s], total)
-            if model.is_moe_layer(i):
-                mo = model.moe
-                e = model.ffn_params(mo.expert_ffn)
-                out["shardable"][s] += total - mo.num_experts * e - mo.shared_experts * e
-                out["shared"][s] += mo.shared_experts * e
-                out["experts"][s] += mo.num_experts * e
-                out["moe_layers"][s] += 1
-            else:
-                out["shardable"][s] += total
-                out["dense_layers"][s] += 1
+            sharded, shared, experts = _layer_split(model, i)
+            out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
+            out["shardable"][s] += sharded
+            out["shared"][s] += shared
+            out["experts"][s] += experts
+            out["moe_layers" if model.is_moe_layer(i) else "dense_layers"][s] += 1
     return StageTable(**out)
 
 
@@ -446,17 +440,21 @@ class CostModel:
         return {k: vals[inv, i] for i, k in enumerate(names)}
 
 
-def _layer_params(model: ModelConfig, moe: bool) -> tuple[float, float, float]:
-    """(TP-sharded, shared-expert, routed-expert) parameters of one dense or MoE layer."""
-    i = next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None)
-    if i is None:
-        return 0.0, 0.0, 0.0
+def _layer_split(model: ModelConfig, i: int) -> tuple[float, float, float]:
+    """(TP-sharded, shared-expert, routed-expert) parameters of layer i (as `estimate_memory` splits them)."""
     total, _ = model.layer_params(i)
-    if not moe:
+    if not model.is_moe_layer(i):
         return float(total), 0.0, 0.0
     mo = model.moe
     e = model.ffn_params(mo.expert_ffn)
-    return float(total - (mo.num_experts + mo.shared_experts) * e), float(mo.shared_experts * e), float(mo.num_experts * e)
+    routed, shared = mo.num_experts * e, mo.shared_experts * e
+    return float(total - routed - shared), float(shared), float(routed)
+
+
+def _layer_params(model: ModelConfig, moe: bool) -> tuple[float, float, float]:
+    """`_layer_split` of the first dense / MoE layer (zeros when the model has none)."""
+    i = next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None)
+    return (0.0, 0.0, 0.0) if i is None else _layer_split(model, i)
 
 
 @dataclass

@@ -94,9 +94,10 @@ def test_vectorized_memory_equals_estimate_memory(model, gpus, seq, gb):
         assert mem[i] == pytest.approx(estimate_memory(model, plan).total_gib, rel=1e-9), plan
 
 
-@pytest.mark.parametrize("comm,ranks", [(CommType.ALL_REDUCE, tuple(range(8))), (CommType.ALL_REDUCE, tuple(range(0, 256, 8))),
-                                        (CommType.REDUCE_SCATTER, tuple(range(0, 64, 2))),
-                                        (CommType.ALL_GATHER, tuple(range(16))), (CommType.ALL_TO_ALL, tuple(range(0, 32, 4)))])
+@pytest.mark.parametrize("comm,ranks", [
+    (CommType.ALL_REDUCE, tuple(range(8))), (CommType.ALL_REDUCE, tuple(range(0, 256, 8))),
+    (CommType.REDUCE_SCATTER, tuple(range(0, 64, 2))), (CommType.ALL_GATHER, tuple(range(16))),
+    (CommType.ALL_TO_ALL, tuple(range(0, 32, 4)))])
 def test_collective_lines_equal_the_network_model(comm, ranks):
     net = NetworkModel("h100-sxm")
     line = CollectiveLine(net, comm, ranks)
