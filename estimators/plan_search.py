@@ -10,23 +10,25 @@ Passes, top-down:
    plans are not repeated: selective recomputation with flash attention recomputes nothing (flash
    attention already drops the scores), ZeRO stages without a DP group shard nothing, SP without TP does
    nothing. The rules are those of `estimators.plan.validate_plan`, vectorized.
-2. Unit costs (`UnitCosts`): the per-micro-batch time of one layer's forward / backward / recomputation,
+2. Unit costs (`CostModel.pass_table`, `GroupComm`): the per-micro-batch time of one layer's forward / backward / recomputation,
    of the embedding and of the output layer, for each distinct (tp, cp, ep, micro-batch, SP, async TP)
    that occurs -- a few hundred -- by scheduling the generator's own op templates
    (`estimators.workload`) on a compute stream and comm streams with the hardware's compute model (GEMM
    tiles, flash-attention efficiency) and network model (TP all-gather / reduce-scatter inside the node,
    CP ring exchange, EP all-to-all). Collectives of the DP and PP groups, whose sizes vary per plan, use
-   the network model in closed form per group: each (algorithm, protocol) pair is a line
-   latency + bytes / bandwidth, and the time is the lowest line (`CollectiveLine`).
+   the network model in closed form per group (intra-node NVLink or inter-node NIC paths, as the group's
+   ranks sit): each (algorithm, protocol) pair is a line latency + bytes / bandwidth, and the time is
+   the lowest line (`CollectiveLine`, `P2PLine`).
 3. Memory (`memory_gib`): `estimators.memory.estimate_memory` in closed form over the candidate arrays,
    stage by stage (weights, gradients, optimizer states under the ZeRO stage, activations in flight).
 4. Step time (`estimate_step_s`): per pipeline stage the work of one micro-batch W_s (its layers, the
    embedding / output layer, exposed ZeRO-3 parameter gathers); the pipeline takes m * max W + the
    fill / drain (sum W - max W) / v, i.e. the bubble (p-1)/(v*m+p-1) for balanced stages; plus exposed
    p2p hops; then per stage the DP gradient reduction not hidden under the last micro-batch's backward,
-   the optimizer step and the ZeRO-1/2 parameter all-gather.
+   the optimizer step and the ZeRO-1/2 parameter all-gather (`StageTail`).
 5. Rank (`rank_plans`): drop plans that do not fit in the GPU's memory, sort by estimated step time;
-   `RankedPlans.plans(k)` builds `ParallelPlan` objects for the best k only.
+   `RankedPlans.plans(k)` / `top(k)` build `ParallelPlan` objects for the best k only
+   (`estimators.whatifs.parallelism.simulate_ranked` evaluates them as scenarios).
 
 The estimate is no substitute for the replay (it does not see stage imbalance interplay, link sharing
 or exact overlap); `tests/test_plan_search.py` checks that it ranks plans as the simulation does.
