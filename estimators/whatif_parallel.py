@@ -15,7 +15,6 @@ FLOP conventions (per step):
 from __future__ import annotations
 
 import gc
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -264,72 +263,11 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
 
 
 # ------------------------------------------------------------------------------------ search
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidate_plans(model: ModelConfig, gpus: int, seq_len: int, global_batch: int, precision: str = "bf16",
-                    gpus_per_node: int = 8, micro_batches: Sequence[int] = (1, 2), zero: int = 1) -> list[ParallelPlan]:
-    """Every valid plan for `gpus` over tp (within a node), pp, cp, vp, ep and micro-batch size."""
-    out = []
-    tps = [t for t in _divisors(gpus) if t <= gpus_per_node]
-    cps = [1] + ([c for c in (2, 4, 8, 16) if seq_len >= 16384] if seq_len >= 16384 else [])
-    for tp, cp in itertools.product(tps, cps):
-        for pp in _divisors(gpus // (tp * cp)):
-            if pp > 64:
-                continue
-            dp = gpus // (tp * cp * pp)
-            eps = [1]
-            if model.moe is not None:
-                eps = [e for e in _divisors(dp) if model.moe.num_experts % e == 0 and e <= 64] or [1]
-            vps = [1] + ([2, 4] if pp > 1 else [])
-            for ep, vp, mb in itertools.product(eps, vps, micro_batches):
-                plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vp=vp, seq_len=seq_len,
-                                    global_batch=global_batch, micro_batch=mb, precision=precision, zero=zero,
-                                    gpus_per_node=gpus_per_node)
-                try:
-                    validate_plan(model, plan, gpus)
-                except TraceInputError:
-                    continue
-                out.append(plan)
-    return out
-
-
 def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
-                         precision: str = "bf16", max_plans: int = 24) -> list[ParallelPlan]:
-    """The `max_plans` most promising valid plans that fit in memory. For each parallel layout the
-    cheapest recomputation that fits is used (none, then selective, then full); layouts are ordered by a
-    proxy preferring the least pipeline bubble and TP."""
-    hw = resolve_hardware(hardware)
-    cap = hbm_capacity_gib(hw)
-    fitting: list[ParallelPlan] = []
-    for plan in candidate_plans(model, gpus, seq_len, global_batch, precision, hw.node.gpus_per_node):
-        for rc in ("none", "selective", "full"):
-            p = plan.with_(recompute=rc)
-            if not estimate_memory(model, p, cap).oom:
-                fitting.append(p)
-                break
-
-    def proxy(p: ParallelPlan) -> tuple:
-        bubble = (p.pp - 1) / (p.vp * p.micro_batches + p.pp - 1)
-        return (bubble + 0.02 * (p.tp - 1) + 0.03 * (p.cp - 1) + (0.25 if p.recompute == "full" else 0.0),
-                p.pp, p.tp)
-
-    fitting.sort(key=proxy)
-    return fitting[:max_plans]
-
-
-def search(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
-           precision: str = "bf16", max_plans: int = 24, progress: Callable[[int, int], None] | None = None,
-           timing: Any = None) -> list[PlanPrediction]:
-    """Valid plans ranked by predicted throughput among those that fit in memory (see
-    `rank_candidate_plans`); at most `max_plans` are simulated."""
-    hw = resolve_hardware(hardware)
-    plans = rank_candidate_plans(model, hw, gpus, seq_len, global_batch, precision, max_plans)
-    results = []
-    for n, p in enumerate(plans):
-        results.append(predict(model, p, hw, timing=timing))
-        if progress:
-            progress(n + 1, len(plans))
-    results.sort(key=lambda r: -r.tokens_per_s)
-    return results
+                         precision: str = "bf16", max_plans: int | None = 24) -> list[ParallelPlan]:
+    """The `max_plans` most promising valid plans of `gpus` that fit in memory, best first (every one of
+    them for `max_plans=None`): the whole plan space (TP, PP, VP, CP, DP, EP, micro-batch, recompute,
+    ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.plan_search`'s analytic
+    step-time estimate."""
+    from estimators.plan_search import rank_plans
+    return rank_plans(model, hardware, gpus, seq_len, global_batch, precision).plans(max_plans)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
@@ -36,16 +38,32 @@ def parallelism(scenario: Scenario, progress=None) -> Prediction:
 
 def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int, precision: str = "bf16",
                      max_plans: int = 24, progress=None) -> list[Prediction]:
-    """Every valid plan of `gpus` for the base scenario's model, ranked; the best `max_plans` that fit in
-    memory are evaluated (through `evaluate`) and returned by predicted throughput."""
-    from estimators.whatif_parallel import rank_candidate_plans
+    """Every valid plan of `gpus` for the base scenario's model, ranked by the analytic estimate
+    (`estimators.plan_search`); the best `max_plans` that fit in memory are evaluated (through
+    `evaluate`) and returned by simulated throughput."""
+    from estimators.plan_search import SearchSpace, rank_plans
+
+    ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision,
+                        SearchSpace(attention=base.plan.attention))
+    return simulate_ranked(base, ranked, max_plans, progress)
+
+
+def simulate_ranked(base: Scenario, ranked, top_k: int, progress=None) -> list[Prediction]:
+    """Evaluate the best `top_k` distinct plans of a `plan_search.RankedPlans` (see `RankedPlans.top`) as
+    scenarios, fastest first. Each prediction keeps its analytic estimate and its rank among the plans
+    that fit (`metrics.analytic_step_time_s`, `metrics.analytic_rank`)."""
     from estimators.whatifs import evaluate
 
-    plans = rank_candidate_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision, max_plans)
+    rows = ranked.top(top_k)
     out = []
-    for n, plan in enumerate(plans):
-        out.append(evaluate(dataclasses.replace(base, whatif="parallelism", plan=plan)))
+    for n, row in enumerate(rows):
+        p = evaluate(dataclasses.replace(base, whatif="parallelism", plan=ranked.plan(int(row))))
+        extra = {"analytic_step_time_s": float(ranked.step_s[row]),
+                 "analytic_rank": int(np.flatnonzero(ranked.order == row)[0]) + 1}
+        p.metrics.update(extra)
+        p.detail.extra.update(extra)
+        out.append(p)
         if progress:
-            progress(n + 1, len(plans))
+            progress(n + 1, len(rows))
     out.sort(key=lambda p: -(p.tokens_per_s or 0.0))
     return out

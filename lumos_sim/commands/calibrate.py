@@ -8,7 +8,7 @@ import sys
 import orjson
 
 from chakra_schema.errors import TraceInputError
-from lumos_sim.inputs import load_graphs
+from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
 
 
@@ -33,7 +33,7 @@ def _load_one(path: str):
     import re
     from glob import glob
 
-    from lumos_sim.inputs import sniff_trace_kind
+    from chakra_schema.inputs import sniff_trace_kind
 
     if not os.path.isdir(path):
         return load_graphs([path])

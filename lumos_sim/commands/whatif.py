@@ -28,7 +28,8 @@ def register(sub) -> None:
     par.add_argument("--full-simulation", action="store_true",
                      help="simulate every rank instead of one per pipeline stage (slow; for checking)")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
-    par.add_argument("--max-plans", type=int, default=24, help="with --search: plans to simulate")
+    par.add_argument("--top-k", "--max-plans", type=int, default=10, dest="top_k", metavar="K",
+                     help="with --search: simulate the K plans the analytic estimate ranks best (default 10)")
     par.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(par)
     par.set_defaults(func=main_parallelism)
@@ -155,22 +156,35 @@ def main_parallelism(args) -> int:
 def _main_search(args) -> int:
     from estimators.model_config import load_model
     from estimators.scenario import Scenario
-    from estimators.whatifs.parallelism import search_scenarios
+    from estimators.plan_search import SearchSpace, rank_plans
+    from estimators.whatifs.parallelism import simulate_ranked
     from replay.hardware.config import get_hardware
 
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
     base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
+    if args.top_k < 1:
+        raise TraceInputError(None, "--top-k must be >= 1")
+    ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision,
+                        SearchSpace(attention=base.plan.attention))
+    if not ranked.candidates:
+        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs for {model.name} with global batch "
+                                    f"{args.global_batch} and sequence length {args.seq_len}")
+    if not ranked.fitting:
+        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name} "
+                                    f"({ranked.candidates:,} plans tried)")
     with progress_bar("simulating plans") as cb:
-        preds = search_scenarios(base, args.gpus, args.seq_len, args.global_batch, args.precision,
-                                 max_plans=args.max_plans, progress=cb)
+        preds = simulate_ranked(base, ranked, args.top_k, progress=cb)
+    sim_s = sum(p.wall_s for p in preds)
+    summary = (f"ranked {ranked.candidates:,} candidate plans ({ranked.fitting:,} fit in memory) in "
+               f"{ranked.wall_s:.2f} s ({ranked.plans_per_s:,.0f} plans/s); simulated the best {len(preds)} "
+               f"in {sim_s:.1f} s")
     results = [p.detail for p in preds]
-    if not results:
-        raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name}")
     if args.json:
         _print_json([r.to_json() for r in results])
+        print(summary, file=sys.stderr)
     else:
-        _print_search(results)
+        _print_search(results, summary)
     return 0
 
 
@@ -256,22 +270,42 @@ def _print_prediction(r) -> None:
                       "--recompute full, a larger --pp or --tp, or --zero 3.")
 
 
-def _print_search(results) -> None:
+def _print_search(results, summary: str = "") -> None:
     from lumos_sim.tables import console as make_console, table
 
     console = make_console()
     r0 = results[0]
-    cols = ("#", "plan", "step\ns", "tokens\n/s", "TFLOP/s\n/GPU", "MFU", "mem\nGiB", "bubble", "exposed\ncomm s")
+    cols = ("#", "plan", "step\ns", "esti-\nmate s", "tokens\n/s", "TFLOP/s\n/GPU", "MFU", "mem\nGiB", "bubble",
+            "exposed\ncomm s")
     t = table(f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput", cols,
               right=cols[:1] + cols[2:], whole=cols[:1] + cols[2:])
     for i, r in enumerate(results, 1):
-        t.add_row(str(i), _plan_text(r.plan), f"{r.step_time_s:.3f}", f"{r.tokens_per_s:,.0f}",
+        est = r.extra.get("analytic_step_time_s")
+        t.add_row(str(i), _search_plan_text(r.plan), f"{r.step_time_s:.3f}", f"{est:.3f}" if est else "",
+                  f"{r.tokens_per_s:,.0f}",
                   f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
                   f"{100 * r.breakdown.mean.idle_fraction:.1f}%", f"{r.breakdown.mean.exposed_comm_us / 1e6:.3f}")
     console.print(t)
     console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
                   "size, recompute = activation recomputation (none, selective, full), zero = ZeRO stage (0 DDP, "
-                  "1 distributed optimizer, 2, 3 FSDP)")
+                  "1 distributed optimizer, 2, 3 FSDP); hsdp=N shards within N DP ranks, no-sp = TP without "
+                  "sequence parallelism, no-<overlap> = that overlap is off")
+    if summary:
+        console.print(summary)
+
+
+def _search_plan_text(p) -> str:
+    """The plan label plus the search's switches where they differ from the defaults."""
+    s = _plan_text(p)
+    if p.dp_shard and p.dp_shard < p.dp:
+        s += f" hsdp={p.dp_shard}"
+    if p.tp > 1 and not p.sequence_parallel:
+        s += " no-sp"
+    for flag, name in ((p.overlap_grad_reduce, "dp-overlap"), (p.overlap_p2p, "p2p-overlap"),
+                       (p.async_tp_comm or p.sequence_parallel or p.tp == 1, "async-tp")):
+        if not flag:
+            s += f" no-{name}"
+    return s
 
 
 # ------------------------------------------------------------------------------ trace
