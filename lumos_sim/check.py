@@ -280,7 +280,7 @@ def print_results(results: list[CaseResult], verbose: bool = False, file=None) -
         tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
                                                    if r.case.mean_tolerance is not None else "")
         status = "[green]PASS[/green]" if r.passed else f"[red]FAIL[/red] {r.error or ''}"
-        t.add_row(r.suite, r.case.name, r.case.timing + (f" {r.case.hardware}" if r.case.hardware else ""),
+        t.add_row(r.suite, r.case.name, r.case.timing + (f" {os.path.basename(r.case.hardware)}" if r.case.hardware else ""),
                   str(len(r.steps)), "-" if r.max_error is None else f"{100 * r.max_error:.2f}%",
                   "-" if r.mean_error is None else f"{100 * r.mean_error:.2f}%", tol, status)
         if verbose:
