@@ -1,0 +1,34 @@
+"""Held-out H100 check: model-mode step error of the base h100-sxm preset and of the preset calibrated on
+tests/data/h100 (tests/data/h100/h100-sxm-calibrated.toml), on two training steps of other models that no
+fit has seen (tests/data/h100/heldout, see its README).
+
+    python benchmarks/h100_heldout.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from chakra_schema.inputs import load_graphs  # noqa: E402
+from lumos_sim.replay_run import run_replay  # noqa: E402
+
+H100 = ROOT / "tests" / "data" / "h100"
+PRESETS = {"h100-sxm (base)": "h100-sxm", "calibrated on tests/data/h100": str(H100 / "h100-sxm-calibrated.toml")}
+
+
+def main() -> int:
+    print(f"{'trace':28s} {'preset':32s} step errors (model mode vs measured)")
+    for folder in sorted((H100 / "heldout").glob("llama_*")):
+        graphs = load_graphs([str(folder / "device.{rank}.json.gz")], et_pattern=str(folder / "host.{rank}.json.gz"))
+        for label, preset in PRESETS.items():
+            result = run_replay(graphs, "model", preset)
+            errors = ", ".join(f"{100 * s.error:+.1f}%" for s in result.steps if s.error is not None)
+            print(f"{folder.name:28s} {label:32s} {errors}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
