@@ -12,6 +12,12 @@ Model
 - A collective whose process group is fully simulated is a rendezvous: it completes for every member
   once the last member arrives plus the transfer time. Otherwise it takes its timing duration.
 
+Ranks start where the recording put them (`align="recorded"`): one rank's clock is compared to another's
+through the collectives they share (the members of one collective finish together), and when they agree
+every rank keeps its recorded offset from the earliest one, so a rank that entered the step late still
+does and the early ranks' first collective absorbs the wait, as measured. When the clocks do not agree
+(or `align="start"`) every rank starts at its own first timestamp.
+
 Time travels on the events: a process computes its nodes' start/end times as far as their inputs are
 known and blocks (yields a SimPy event) only on a dep or a rendezvous that is not complete yet. Because
 each resource serves a fixed order and every constraint is a max over finished inputs, this gives the
@@ -35,8 +41,25 @@ NEG_INF = float("-inf")
 _COLL_TYPES = (int(NodeType.COMM_COLL_NODE), int(NodeType.COMM_SEND_NODE), int(NodeType.COMM_RECV_NODE))
 
 
+ALIGN_MODES = ("recorded", "start")
+# Members of one collective finish together; on one shared clock a rank's recorded ends differ from the
+# others' by the wake-up jitter of the waiting threads (NCCL kernels: microseconds; gloo on CPU: up to
+# about 1 ms, seen on 4-rank sets). Clocks of unsynchronized hosts differ by far more.
+CLOCK_TOLERANCE_US = 2000.0
+
+
 class ReplayError(RuntimeError):
     """The graphs cannot be replayed (a collective some member never reaches, a dependency deadlock)."""
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """How the ranks' timelines were placed relative to each other."""
+
+    requested: str                    # "recorded" | "start"
+    used: str                         # what the replay did ("start" when recorded offsets are unusable)
+    note: str = ""                    # why `used` differs from `requested`, or what the clock check found
+    clock_skew_us: float | None = None  # largest clock offset of a rank against the others (clock_offsets_us)
 
 
 @dataclass
@@ -54,6 +77,7 @@ class SimulatedRun:
     rendezvous: list[list[int]]    # global node indices of each completed multi-rank collective
     timing_name: str = ""
     durations: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 [total] timing durations
+    alignment: Alignment = field(default_factory=lambda: Alignment("start", "start"))
 
     def rank_slice(self, r: int) -> slice:
         return slice(int(self.offsets[r]), int(self.offsets[r + 1]))
@@ -201,22 +225,82 @@ def _thread_marks(start: np.ndarray, end: np.ndarray, nodes: np.ndarray) -> list
     return codes[order].tolist()
 
 
+def _clock_origin(g: ExecutionGraph) -> float:
+    """The rank's recorded clock reading at its time 0 (converted traces keep their times relative to
+    their first event and the absolute origin in metadata["time_origin_us"])."""
+    try:
+        return float(g.metadata.get("time_origin_us") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def clock_offsets_us(graphs: Sequence[ExecutionGraph], plan: dict[int, _Rendezvous]) -> np.ndarray | None:
+    """Each rank's clock offset (us) against the others, read from the collectives they share: members
+    of one collective finish together, so a rank whose recorded end of a collective is consistently
+    later than the collective's median end runs a later clock. The median over a rank's collectives
+    keeps the wake-up jitter of single collectives out. None when no recorded collective spans two
+    ranks. Point-to-point pairs are left out: an eager send does not end with its receive."""
+    ends = np.concatenate([g.start_us + g.duration_us + _clock_origin(g) for g in graphs])
+    offsets = np.cumsum([0] + [len(g) for g in graphs])
+    members: dict[int, list[int]] = {}
+    for gi, rv in plan.items():
+        if rv.sender < 0:
+            members.setdefault(id(rv), []).append(gi)
+    lag: list[list[float]] = [[] for _ in graphs]
+    for m in members.values():
+        if len(m) < 2:
+            continue
+        e = ends[m]
+        mid = float(np.median(e))
+        for gi, t in zip(m, e.tolist()):
+            lag[int(np.searchsorted(offsets, gi, side="right") - 1)].append(t - mid)
+    if not any(lag):
+        return None
+    return np.array([float(np.median(x)) if x else 0.0 for x in lag])
+
+
+def rank_origins(graphs: Sequence[ExecutionGraph], plan: dict[int, _Rendezvous], align: str = "recorded") -> tuple[np.ndarray, Alignment]:
+    """The recorded time each rank's replay starts from: one common origin (the earliest rank's first
+    timestamp) when `align` is "recorded" and the ranks' clocks agree, else each rank's own first timestamp."""
+    if align not in ALIGN_MODES:
+        raise ValueError(f"unknown alignment '{align}' (choose from {', '.join(ALIGN_MODES)})")
+    own = np.array([float(g.start_us.min()) if len(g) else 0.0 for g in graphs])
+    if align == "start" or len(graphs) < 2 or not any(g.start_us.any() for g in graphs):
+        return own, Alignment(align, align)  # one rank, or no recorded times (a generated graph): nothing to align
+    lag = clock_offsets_us(graphs, plan)
+    if lag is None:
+        return own, Alignment(align, "start", "no recorded collective spans two of the replayed ranks, so their "
+                                              "clocks cannot be compared: every rank starts at its first event")
+    worst = int(np.argmax(np.abs(lag)))
+    skew = float(np.abs(lag).max())
+    if skew > CLOCK_TOLERANCE_US:
+        return own, Alignment(align, "start", f"the ranks' clocks disagree (rank {graphs[worst].rank}'s collectives "
+                                              f"end {lag[worst] / 1000:+.3f} ms from the other members', more than "
+                                              f"{CLOCK_TOLERANCE_US / 1000:g} ms): every rank starts at its first "
+                                              f"event", skew)
+    clock = np.array([_clock_origin(g) for g in graphs])
+    first = float((own + clock).min())  # the earliest rank's first event on the shared clock
+    return first - clock, Alignment(align, "recorded", "", skew)
+
+
 def simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
-             progress: Callable[[int, int], None] | None = None) -> SimulatedRun:
-    """Replay all ranks together. Returns per-node simulated times."""
+             progress: Callable[[int, int], None] | None = None, align: str = "recorded") -> SimulatedRun:
+    """Replay all ranks together. Returns per-node simulated times. `align`: "recorded" keeps the
+    recorded offsets between ranks when their clocks agree (see `rank_origins`), "start" starts every rank
+    at its own first event."""
     # The run allocates millions of small objects that all live until it ends: the cyclic garbage
     # collector would rescan them again and again for nothing.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(graphs, timing, progress)
+        return _simulate(graphs, timing, progress, align)
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
-              progress: Callable[[int, int], None] | None) -> SimulatedRun:
+              progress: Callable[[int, int], None] | None, align: str) -> SimulatedRun:
     graphs = list(graphs)
     ranks = [g.rank for g in graphs]
     if len(set(ranks)) != len(ranks):
@@ -225,6 +309,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     offsets = np.zeros(len(graphs) + 1, np.int64)
     offsets[1:] = np.cumsum(sizes)
     total = int(offsets[-1])
+    plan = _plan_rendezvous(graphs, offsets)
+    origins, alignment = rank_origins(graphs, plan, align)
 
     # Flat per-node columns over all ranks (Python lists: the loop below indexes them one by one).
     dur: list[float] = []
@@ -237,11 +323,9 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     ssrc: list[int] = []
     eptr: list[int] = [0]         # end deps of CPU marks (SYNC)
     esrc: list[int] = []
-    origins = np.zeros(len(graphs))
     for r, g in enumerate(graphs):
         off = int(offsets[r])
-        origin = float(g.start_us.min()) if len(g) else 0.0
-        origins[r] = origin
+        origin = float(origins[r])
         d = np.asarray(timing.node_durations(g), np.float64)
         la = timing.launch_latency_us(g)
         dur.extend(d.tolist())
@@ -261,7 +345,6 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 
     rec_start_np = np.asarray(rec_start)
     rec_end_np = np.asarray(rec_end)
-    plan = _plan_rendezvous(graphs, offsets)
     env = simpy.Environment()
     finish: list[float | None] = [None] * total
     sstart: list[float] = [0.0] * total
@@ -456,7 +539,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     return SimulatedRun(graphs=graphs, offsets=offsets, start=np.asarray(sstart), end=np.asarray(finish, dtype=float),
                         bound_by=np.asarray(bound, np.int64),
                         bound_end=np.asarray(bound_end, np.int64), origin_us=origins, rendezvous=rendezvous_groups,
-                        timing_name=getattr(timing, "name", type(timing).__name__), durations=np.asarray(dur))
+                        timing_name=getattr(timing, "name", type(timing).__name__), durations=np.asarray(dur),
+                        alignment=alignment)
 
 
 def _stuck_message(graphs, offsets, processes, finish, plan) -> str:
