@@ -9,6 +9,12 @@ What goes where (the file stays a valid Chakra trace for ASTRA-sim and Chakra's 
   double attr `lumos_start_us` / `lumos_dur_us`.
 - `lumos_kind` (int64, OpKind) on every node; `lumos_dep_kinds` (int64_list parallel to data_deps) when
   any dep is not a plain DATA dep.
+- Resource order as explicit deps: Chakra consumers (ASTRA-sim's ETFeeder) issue a node once its data
+  deps are done and know nothing of our per-thread / per-stream node order, so every node whose previous
+  node on the same CPU thread (GPU stream) is not already one of its deps gets that node appended to its
+  `data_deps` (kind THREAD_ORDER / STREAM_ORDER), and int64 attr `lumos_order_deps` counts these
+  trailing deps. Our reader drops them again (the order is implicit in the graph), so the graph - and
+  its replay - is the same as before the round trip.
 - The resource in Chakra's convention: CPU nodes `is_cpu_op`=true, `tid`, `pid`; GPU nodes
   `is_cpu_op`=false, `stream`, `device` (int64). The metadata keeps the resource table (order, names)
   in `lumos_res_*` lists so resource indices survive.
@@ -76,7 +82,8 @@ FEEDER_TYPES = {
 # Attrs that are columns of the graph, not entries of `graph.attrs`.
 _KIND, _START_NS, _DUR_NS, _DEP_KINDS = "lumos_kind", "lumos_start_ns", "lumos_dur_ns", "lumos_dep_kinds"
 _START_US, _DUR_US = "lumos_start_us", "lumos_dur_us"
-_COLUMN_ATTRS = {_KIND, _START_NS, _DUR_NS, _START_US, _DUR_US, _DEP_KINDS, "is_cpu_op"}
+_ORDER_DEPS = "lumos_order_deps"
+_COLUMN_ATTRS = {_KIND, _START_NS, _DUR_NS, _START_US, _DUR_US, _DEP_KINDS, _ORDER_DEPS, "is_cpu_op"}
 RESOURCE_ATTRS = ("tid", "pid", "stream", "device")  # encode a node's resource; kept in attrs on read
 # attrs <-> IOInfo fields
 _IO_ATTRS = {"input": ("inputs", {"values": "input_values", "shapes": "input_shapes", "types": "input_types"}),
@@ -346,6 +353,9 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
     attrs = graph.attrs
     data_kind = int(EdgeKind.DATA)
     skip = _COLUMN_ATTRS | _IO_KEYS
+    order_prev = _resource_predecessors(graph).tolist()
+    order_kind = [int(EdgeKind.STREAM_ORDER) if r.is_gpu else int(EdgeKind.THREAD_ORDER) for r in graph.resources]
+    dep_src = graph.dep_src.tolist()
 
     with EtWriter(path, _metadata_message(graph)) as w:
         for i in range(n):
@@ -358,9 +368,15 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
             if p >= 0:
                 node.ctrl_deps.append(ids[p])
             a, b = ptr[i], ptr[i + 1]
-            if b > a:
+            ks = dep_kinds[a:b]
+            q = order_prev[i]
+            if q >= 0 and q not in dep_src[a:b]:  # the resource order, unless a dep already says it
                 node.data_deps.extend(dep_ids[a:b])
-                ks = dep_kinds[a:b]
+                node.data_deps.append(ids[q])
+                parts.append(enc(_DEP_KINDS, ks + [order_kind[res[i]]]))
+                parts.append(enc(_ORDER_DEPS, 1))
+            elif b > a:
+                node.data_deps.extend(dep_ids[a:b])
                 if any(k != data_kind for k in ks):
                     parts.append(enc(_DEP_KINDS, ks))
             if start != start_us:
@@ -389,6 +405,19 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
             w.write_node_bytes(node.SerializeToString() + b"".join(parts))
             if progress is not None and (i % 20000 == 0 or i == n - 1):
                 progress(i + 1, n)
+
+
+def _resource_predecessors(graph: ExecutionGraph) -> np.ndarray:
+    """int64 [N]: the node just before each node on its resource (CPU thread or GPU stream, in graph
+    order, which is the order the replay serves them in), -1 for the first."""
+    n = len(graph)
+    prev = np.full(n, -1, np.int64)
+    if n == 0:
+        return prev
+    order = np.argsort(graph.resource, kind="stable")
+    same = graph.resource[order[1:]] == graph.resource[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
 
 
 # ------------------------------------------------------------------ reading
@@ -498,12 +527,18 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
         starts.append(start)
         durs.append(dur)
         dk = a.pop(_DEP_KINDS, None)
+        n_order = a.pop(_ORDER_DEPS, 0)
         ids.append(node.id)  # type: ignore[union-attr]
         names.append(name)
         types.append(ntype)
         # copies: holding upb containers would keep every parsed message alive
         ctrl.append(list(node.ctrl_deps))  # type: ignore[union-attr]
         data = list(node.data_deps)  # type: ignore[union-attr]
+        if type(n_order) is int and 0 < n_order <= len(data):
+            # the resource order written out for Chakra consumers: implicit in our graph
+            del data[len(data) - n_order:]
+            if isinstance(dk, list):
+                del dk[len(dk) - n_order:]
         deps.append(data)
         dep_kinds.append(dk if isinstance(dk, list) and len(dk) == len(data) else None)
         if a:
