@@ -11,7 +11,9 @@ network; a `Fabric` says when it ends. Engine code never looks at links or algor
   are known rather than in global time order, so it cannot know, when a transfer starts, which others
   will overlap it; the fabric therefore works in passes: a pass replays with the contended durations
   of the previous pass, the fabric re-shares the links over the transfers that pass saw, and the engine
-  replays again until no transfer's duration moves by more than `tolerance_us` (or `max_passes`).
+  replays again until no transfer's duration moves by more than `tolerance_us` or `relative_tolerance`
+  of the simulated span (or `max_passes`). A transfer whose correction flips direction between passes
+  (two overlap patterns taking turns) then moves only part of the way (`relaxation`).
   A run without overlapping transfers settles after its first pass.
 
 A fabric is chosen by the timing source (`TimingSource.fabric()`, optional), so a new network backend
@@ -66,6 +68,7 @@ class SharedLinkFabric:
     network: "object"                 # replay.hardware.network.NetworkModel
     max_passes: int = 6
     tolerance_us: float = 1.0
+    relative_tolerance: float = 1e-4  # of the span the transfers cover: a long run settles sooner
     relaxation: float = 0.5
     passes: int = 0
     residual_us: float = 0.0
@@ -115,7 +118,9 @@ class SharedLinkFabric:
             self._last_step[k] = step
             self._contended[k] = used + (self.relaxation * step if k in self._damped else step)
         self.residual_us = moved
-        return moved <= self.tolerance_us or self.passes >= self.max_passes
+        span = float(np.max(ends) - min(starts))
+        tolerance = max(self.tolerance_us, self.relative_tolerance * span)
+        return moved <= tolerance or self.passes >= self.max_passes
 
     def _paths(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int]) -> list:
         kind = int(graph.kind[node])
