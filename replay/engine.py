@@ -292,7 +292,8 @@ def clock_offsets_us(graphs: Sequence[ExecutionGraph], plan: dict[int, _Rendezvo
     return np.array([float(np.median(x)) if x else 0.0 for x in lag])
 
 
-def rank_origins(graphs: Sequence[ExecutionGraph], plan: dict[int, _Rendezvous], align: str = "recorded") -> tuple[np.ndarray, Alignment]:
+def rank_origins(graphs: Sequence[ExecutionGraph], plan: dict[int, _Rendezvous],
+                 align: str = "recorded") -> tuple[np.ndarray, Alignment]:
     """The recorded time each rank's replay starts from: one common origin (the earliest rank's first
     timestamp) when `align` is "recorded" and the ranks' clocks agree, else each rank's own first timestamp."""
     if align not in ALIGN_MODES:
@@ -427,8 +428,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                 if i == rv.sender:
                     g, local = locate(i)
                     group = sorted({int(g.rank), int(g.attr(local, "comm_dst", g.rank))})
-                    done = transfer_end(rv_key[id(rv)], arrival, float(timing.collective_us(g, local, group, [dur[i]])),
-                                    g, local, group)
+                    alone = float(timing.collective_us(g, local, group, [dur[i]]))
+                    done = transfer_end(rv_key[id(rv)], arrival, alone, g, local, group)
                     rv.nodes.append(i)
                     rv.arrival, rv.last, rv.send_done = arrival, i, done
                     rv.event.succeed(done)
@@ -449,8 +450,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                 g0 = graphs[r0]
                 local = rv.nodes[0] - int(offsets[r0])
                 group = sorted(ranks[int(np.searchsorted(offsets, j, side="right") - 1)] for j in rv.nodes)
-                done = transfer_end(rv_key[id(rv)], rv.arrival, float(timing.collective_us(g0, local, group, member_durs)),
-                                g0, local, group)
+                alone = float(timing.collective_us(g0, local, group, member_durs))
+                done = transfer_end(rv_key[id(rv)], rv.arrival, alone, g0, local, group)
                 rv.event.succeed(done)
                 return done
             done = yield rv.event

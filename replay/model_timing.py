@@ -4,8 +4,9 @@
 ModelTiming(hw) re-times every GPU node with the compute model (kernels by class and the shapes of
 their launching host op, generated nodes by their `op` attrs) and every collective / send / recv with
 the network model (collectives in flight together share its links: `fabric()`); CPU ops and launch
-calls keep their recorded durations (host time does not depend on the GPU). Kernels whose shapes are unknown keep their recorded duration scaled by the peak ratio of the
-trace's GPU to `hw` (1.0 when they are the same GPU).
+calls keep their recorded durations (host time does not depend on the GPU). Kernels whose shapes are
+unknown keep their recorded duration scaled by the peak ratio of the trace's GPU to `hw` (1.0 when they
+are the same GPU).
 
 TranslatedTiming(source, target) keeps the trace's own timing and moves it to another GPU: each GPU
 compute duration is multiplied by model(target)/model(source) for the same kernel (or the peak ratio
