@@ -12,7 +12,8 @@ What goes where (the file stays a valid Chakra trace for ASTRA-sim and Chakra's 
 - Resource order as explicit deps: Chakra consumers (ASTRA-sim's ETFeeder) issue a node once its data
   deps are done and know nothing of our per-thread / per-stream node order, so every node whose previous
   node on the same CPU thread (GPU stream) is not already one of its deps gets that node appended to its
-  `data_deps` (kind THREAD_ORDER / STREAM_ORDER), and int64 attr `lumos_order_deps` counts these
+  `data_deps` (kind THREAD_ORDER / STREAM_ORDER); a node nested in the op before it (its ctrl dep) takes
+  the op before that one instead. Int64 attr `lumos_order_deps` counts these
   trailing deps. Our reader drops them again (the order is implicit in the graph), so the graph - and
   its replay - is the same as before the round trip.
 - The resource in Chakra's convention: CPU nodes `is_cpu_op`=true, `tid`, `pid`; GPU nodes
@@ -57,8 +58,8 @@ from chakra_schema.et_def_pb2 import AttributeProto, GlobalMetadata, IOInfo, Nod
 from chakra_schema.et_io import EtWriter, encode_varint, iter_et
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
-__all__ = ["ET_VERSION", "FEEDER_TYPES", "RESOURCE_ATTRS", "attr_to_value", "graph_paths", "read_graph",
-           "read_graphs", "value_to_attr", "write_graph", "write_graphs"]
+__all__ = ["ET_VERSION", "FEEDER_TYPES", "RESOURCE_ATTRS", "attr_to_value", "graph_paths", "order_deps_written",
+           "read_graph", "read_graphs", "value_to_attr", "write_graph", "write_graphs"]
 
 PathLike = Union[str, os.PathLike]
 Progress = Callable[[int, int], None]
@@ -408,8 +409,12 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
 
 
 def _resource_predecessors(graph: ExecutionGraph) -> np.ndarray:
-    """int64 [N]: the node just before each node on its resource (CPU thread or GPU stream, in graph
-    order, which is the order the replay serves them in), -1 for the first."""
+    """int64 [N]: for each node the last node before it on its resource (CPU thread or GPU stream, in
+    graph order, the order the replay serves them in) that does not enclose it, -1 for none. A node
+    nested in the op just before it (its call-stack parent) takes that op's own predecessor instead:
+    the nesting is its ctrl dep, and a data dep on an enclosing op would make a consumer that issues a
+    node once its data deps *finished* wait for the op it is part of (a cycle when the parent waits on
+    work the child launched)."""
     n = len(graph)
     prev = np.full(n, -1, np.int64)
     if n == 0:
@@ -417,7 +422,37 @@ def _resource_predecessors(graph: ExecutionGraph) -> np.ndarray:
     order = np.argsort(graph.resource, kind="stable")
     same = graph.resource[order[1:]] == graph.resource[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
-    return prev
+    parent = graph.parent
+    out = prev.copy()
+    for i in order.tolist():  # resource order: a parent is resolved before its children
+        p = int(prev[i])
+        if p >= 0 and _encloses(parent, p, i):
+            out[i] = out[p]
+    return out
+
+
+def _encloses(parent: np.ndarray, a: int, i: int, depth: int = 256) -> bool:
+    """Whether node `a` is a call-stack ancestor of node `i`."""
+    j = int(parent[i])
+    while j >= 0 and depth:
+        if j == a:
+            return True
+        j = int(parent[j])
+        depth -= 1
+    return False
+
+
+def order_deps_written(graph: ExecutionGraph) -> int:
+    """How many resource-order deps `write_graph` adds to the graph's own (see the module doc): the file
+    holds graph.num_edges + this many data deps."""
+    prev = _resource_predecessors(graph)
+    has = prev >= 0
+    if graph.num_edges:
+        dst = np.repeat(np.arange(len(graph)), np.diff(graph.dep_ptr))
+        already = np.zeros(len(graph), bool)
+        already[dst[graph.dep_src == prev[dst]]] = True
+        has &= ~already
+    return int(has.sum())
 
 
 # ------------------------------------------------------------------ reading

@@ -42,16 +42,36 @@ def _resource_of(node: dict) -> tuple:
     return ("gpu", a.get("device", 0), a.get("stream", a.get("tid", 0)))
 
 
+def _encloses(parent: dict, a: int, i: int) -> bool:
+    j = parent.get(i)
+    while j is not None:
+        if j == a:
+            return True
+        j = parent.get(j)
+    return False
+
+
 def _unordered_pairs(nodes: list[dict]) -> list[tuple[int, int]]:
     """(previous, node) id pairs on one thread/stream where the node does not depend on the previous one
-    directly or transitively through data deps."""
+    (the previous one that does not enclose it) directly or transitively through data deps."""
     deps = {n["id"]: n["data_deps"] for n in nodes}
+    parent = {n["id"]: (n["ctrl_deps"] or [None])[0] for n in nodes}
     by_res: dict[tuple, list[int]] = defaultdict(list)
     for n in nodes:
         by_res[_resource_of(n)].append(n["id"])
     bad = []
     for ids in by_res.values():
-        for prev, cur in zip(ids, ids[1:]):
+        for k, cur in enumerate(ids[1:], 1):
+            prev = ids[k - 1]
+            # an op nested in the one before it is ordered by its ctrl dep (the call stack); it must
+            # follow what came before its enclosing ops, so check against the last op that does not
+            # enclose it (a finish-based consumer would wait forever on a data dep to its own parent)
+            j = k - 1
+            while j >= 0 and _encloses(parent, ids[j], cur):
+                j -= 1
+            if j < 0:
+                continue
+            prev = ids[j]
             if prev in deps[cur]:
                 continue
             seen, todo = {cur}, list(deps[cur])
