@@ -9,6 +9,13 @@ What goes where (the file stays a valid Chakra trace for ASTRA-sim and Chakra's 
   double attr `lumos_start_us` / `lumos_dur_us`.
 - `lumos_kind` (int64, OpKind) on every node; `lumos_dep_kinds` (int64_list parallel to data_deps) when
   any dep is not a plain DATA dep.
+- Resource order as explicit deps: Chakra consumers (ASTRA-sim's ETFeeder) issue a node once its data
+  deps are done and know nothing of our per-thread / per-stream node order, so every node whose previous
+  node on the same CPU thread (GPU stream) is not already one of its deps gets that node appended to its
+  `data_deps` (kind THREAD_ORDER / STREAM_ORDER); a node nested in the op before it (its ctrl dep) takes
+  the op before that one instead. Int64 attr `lumos_order_deps` counts these
+  trailing deps. Our reader drops them again (the order is implicit in the graph), so the graph - and
+  its replay - is the same as before the round trip.
 - The resource in Chakra's convention: CPU nodes `is_cpu_op`=true, `tid`, `pid`; GPU nodes
   `is_cpu_op`=false, `stream`, `device` (int64). The metadata keeps the resource table (order, names)
   in `lumos_res_*` lists so resource indices survive.
@@ -53,8 +60,8 @@ from chakra_schema.et_def_pb2 import AttributeProto, GlobalMetadata, IOInfo, Nod
 from chakra_schema.et_io import EtWriter, encode_varint, iter_et
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
-__all__ = ["ET_VERSION", "FEEDER_TYPES", "RESOURCE_ATTRS", "attr_to_value", "graph_paths", "read_graph",
-           "read_graphs", "value_to_attr", "write_graph", "write_graphs"]
+__all__ = ["ET_VERSION", "FEEDER_TYPES", "RESOURCE_ATTRS", "attr_to_value", "graph_paths", "order_deps_written",
+           "read_graph", "read_graphs", "value_to_attr", "write_graph", "write_graphs"]
 
 PathLike = Union[str, os.PathLike]
 Progress = Callable[[int, int], None]
@@ -78,7 +85,8 @@ FEEDER_TYPES = {
 # Attrs that are columns of the graph, not entries of `graph.attrs`.
 _KIND, _START_NS, _DUR_NS, _DEP_KINDS = "lumos_kind", "lumos_start_ns", "lumos_dur_ns", "lumos_dep_kinds"
 _START_US, _DUR_US = "lumos_start_us", "lumos_dur_us"
-_COLUMN_ATTRS = {_KIND, _START_NS, _DUR_NS, _START_US, _DUR_US, _DEP_KINDS, "is_cpu_op"}
+_ORDER_DEPS = "lumos_order_deps"
+_COLUMN_ATTRS = {_KIND, _START_NS, _DUR_NS, _START_US, _DUR_US, _DEP_KINDS, _ORDER_DEPS, "is_cpu_op"}
 RESOURCE_ATTRS = ("tid", "pid", "stream", "device")  # encode a node's resource; kept in attrs on read
 # attrs <-> IOInfo fields
 _IO_ATTRS = {"input": ("inputs", {"values": "input_values", "shapes": "input_shapes", "types": "input_types"}),
@@ -352,6 +360,9 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
     attrs = graph.attrs
     data_kind = int(EdgeKind.DATA)
     skip = _COLUMN_ATTRS | _IO_KEYS
+    order_prev = _resource_predecessors(graph).tolist()
+    order_kind = [int(EdgeKind.STREAM_ORDER) if r.is_gpu else int(EdgeKind.THREAD_ORDER) for r in graph.resources]
+    dep_src = graph.dep_src.tolist()
 
     with EtWriter(path, _metadata_message(graph)) as w:
         for i in range(n):
@@ -364,9 +375,15 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
             if p >= 0:
                 node.ctrl_deps.append(ids[p])
             a, b = ptr[i], ptr[i + 1]
-            if b > a:
+            ks = dep_kinds[a:b]
+            q = order_prev[i]
+            if q >= 0 and q not in dep_src[a:b]:  # the resource order, unless a dep already says it
                 node.data_deps.extend(dep_ids[a:b])
-                ks = dep_kinds[a:b]
+                node.data_deps.append(ids[q])
+                parts.append(enc(_DEP_KINDS, ks + [order_kind[res[i]]]))
+                parts.append(enc(_ORDER_DEPS, 1))
+            elif b > a:
+                node.data_deps.extend(dep_ids[a:b])
                 if any(k != data_kind for k in ks):
                     parts.append(enc(_DEP_KINDS, ks))
             if start != start_us:
@@ -395,6 +412,53 @@ def write_graph(graph: ExecutionGraph, path: PathLike, progress: Progress | None
             w.write_node_bytes(node.SerializeToString() + b"".join(parts))
             if progress is not None and (i % 20000 == 0 or i == n - 1):
                 progress(i + 1, n)
+
+
+def _resource_predecessors(graph: ExecutionGraph) -> np.ndarray:
+    """int64 [N]: for each node the last node before it on its resource (CPU thread or GPU stream, in
+    graph order, the order the replay serves them in) that does not enclose it, -1 for none. A node
+    nested in the op just before it (its call-stack parent) takes that op's own predecessor instead:
+    the nesting is its ctrl dep, and a data dep on an enclosing op would make a consumer that issues a
+    node once its data deps *finished* wait for the op it is part of (a cycle when the parent waits on
+    work the child launched)."""
+    n = len(graph)
+    prev = np.full(n, -1, np.int64)
+    if n == 0:
+        return prev
+    order = np.argsort(graph.resource, kind="stable")
+    same = graph.resource[order[1:]] == graph.resource[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    parent = graph.parent
+    out = prev.copy()
+    for i in order.tolist():  # resource order: a parent is resolved before its children
+        p = int(prev[i])
+        if p >= 0 and _encloses(parent, p, i):
+            out[i] = out[p]
+    return out
+
+
+def _encloses(parent: np.ndarray, a: int, i: int, depth: int = 256) -> bool:
+    """Whether node `a` is a call-stack ancestor of node `i`."""
+    j = int(parent[i])
+    while j >= 0 and depth:
+        if j == a:
+            return True
+        j = int(parent[j])
+        depth -= 1
+    return False
+
+
+def order_deps_written(graph: ExecutionGraph) -> int:
+    """How many resource-order deps `write_graph` adds to the graph's own (see the module doc): the file
+    holds graph.num_edges + this many data deps."""
+    prev = _resource_predecessors(graph)
+    has = prev >= 0
+    if graph.num_edges:
+        dst = np.repeat(np.arange(len(graph)), np.diff(graph.dep_ptr))
+        already = np.zeros(len(graph), bool)
+        already[dst[graph.dep_src == prev[dst]]] = True
+        has &= ~already
+    return int(has.sum())
 
 
 # ------------------------------------------------------------------ reading
@@ -504,12 +568,18 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
         starts.append(start)
         durs.append(dur)
         dk = a.pop(_DEP_KINDS, None)
+        n_order = a.pop(_ORDER_DEPS, 0)
         ids.append(node.id)  # type: ignore[union-attr]
         names.append(name)
         types.append(ntype)
         # copies: holding upb containers would keep every parsed message alive
         ctrl.append(list(node.ctrl_deps))  # type: ignore[union-attr]
         data = list(node.data_deps)  # type: ignore[union-attr]
+        if type(n_order) is int and 0 < n_order <= len(data):
+            # the resource order written out for Chakra consumers: implicit in our graph
+            del data[len(data) - n_order:]
+            if isinstance(dk, list):
+                del dk[len(dk) - n_order:]
         deps.append(data)
         dep_kinds.append(dk if isinstance(dk, list) and len(dk) == len(data) else None)
         if a:

@@ -21,9 +21,9 @@ def load(inputs: Sequence[str], et: str | None = None, kineto: str | None = None
 
 def replay_traces(inputs: Sequence[str], timing: str = "trace", hardware: str | None = None,
                   source_hardware: str | None = None, et: str | None = None,
-                  kineto: str | None = None) -> ReplayResult:
-    """Load and replay; `timing`/`hardware` as in `lumos-sim replay`."""
-    return run_replay(load(inputs, et, kineto), timing, hardware, source_hardware)
+                  kineto: str | None = None, align: str = "recorded") -> ReplayResult:
+    """Load and replay; `timing`/`hardware`/`align` as in `lumos-sim replay`."""
+    return run_replay(load(inputs, et, kineto), timing, hardware, source_hardware, align=align)
 
 
 __all__ = ["load", "make_timing", "replay_traces", "run_replay"]

@@ -7,6 +7,7 @@ from typing import Sequence
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from replay.api import TIMING_MODES, make_timing, replay  # noqa: F401 (re-exported)
+from replay.engine import ALIGN_MODES
 from replay.results import ReplayResult
 
 
@@ -26,10 +27,13 @@ def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str
 
 
 def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
-               source_hardware: str | None = None, steps: int | None = None, progress=None) -> ReplayResult:
+               source_hardware: str | None = None, steps: int | None = None, progress=None,
+               align: str = "recorded") -> ReplayResult:
     check_replay_arguments(mode, hardware, source_hardware, steps)
+    if align not in ALIGN_MODES:
+        raise TraceInputError(None, f"unknown alignment '{align}' (choose from {', '.join(ALIGN_MODES)})")
     timing = make_timing(mode, hardware, source_hardware, graphs)
-    result = replay(graphs, timing, progress=progress)
+    result = replay(graphs, timing, progress=progress, align=align)
     if steps is not None:
         keep_names: list[str] = []
         for s in result.steps:
@@ -75,6 +79,29 @@ def print_result(result: ReplayResult, file=None) -> None:
     console.print(t1)
     if t2 is not None:
         console.print(t2)
+    _print_job_steps(console, result)
     errs = result.errors()
     tail = f"; mean |error| {100 * sum(errs) / len(errs):.2f}% over {len(errs)} steps" if errs else ""
     console.print(f"step time {result.step_time_us / 1000:.3f} ms (slowest rank, mean over steps){tail}")
+
+
+def _print_job_steps(console, result: ReplayResult) -> None:
+    """The job-level steps (first rank's step start to last rank's step end) when several ranks ran."""
+    from rich.table import Table
+
+    jobs = result.job_steps
+    al = result.alignment
+    if al is not None and al.note:
+        console.print(f"note: {al.note}")
+    if not jobs or max(j.ranks for j in jobs) < 2:
+        return
+    t = Table(title=f"Job steps (ranks aligned: {al.used if al else 'start'})")
+    for col in ("step", "ranks", "measured ms", "predicted ms", "error"):
+        t.add_column(col, justify="left" if col == "step" else "right")
+    for j in jobs:
+        t.add_row(j.name, str(j.ranks), _fmt_ms(j.measured_us), _fmt_ms(j.predicted_us),
+                  "-" if j.error is None else f"{100 * j.error:+.2f}%")
+    console.print(t)
+    measured = result.measured_job_step_time_us
+    console.print(f"job step time {result.job_step_time_us / 1000:.3f} ms (steady state)"
+                  + ("" if measured is None else f", measured {measured / 1000:.3f} ms"))

@@ -14,9 +14,12 @@ TIMING_MODES = ("trace", "model")
 
 
 def replay(graphs: Sequence[ExecutionGraph], timing: TimingSource | None = None,
-           progress: Callable[[int, int], None] | None = None, critical_path: bool = True) -> ReplayResult:
-    """Replay the graphs of all given ranks together; `timing` defaults to the trace's own durations."""
-    run = simulate(graphs, timing or TraceTiming(), progress=progress)
+           progress: Callable[[int, int], None] | None = None, critical_path: bool = True,
+           align: str = "recorded") -> ReplayResult:
+    """Replay the graphs of all given ranks together; `timing` defaults to the trace's own durations.
+    `align`: "recorded" keeps the recorded offsets between ranks when their clocks agree (the default),
+    "start" starts every rank at its own first event."""
+    run = simulate(graphs, timing or TraceTiming(), progress=progress, align=align)
     return summarize(run, with_critical_path=critical_path)
 
 

@@ -3,9 +3,10 @@
 
 ModelTiming(hw) re-times every GPU node with the compute model (kernels by class and the shapes of
 their launching host op, generated nodes by their `op` attrs) and every collective / send / recv with
-the network model; CPU ops and launch calls keep their recorded durations (host time does not depend on
-the GPU). Kernels whose shapes are unknown keep their recorded duration scaled by the peak ratio of the
-trace's GPU to `hw` (1.0 when they are the same GPU).
+the network model (collectives in flight together share its links: `fabric()`); CPU ops and launch
+calls keep their recorded durations (host time does not depend on the GPU). Kernels whose shapes are
+unknown keep their recorded duration scaled by the peak ratio of the trace's GPU to `hw` (1.0 when they
+are the same GPU).
 
 TranslatedTiming(source, target) keeps the trace's own timing and moves it to another GPU: each GPU
 compute duration is multiplied by model(target)/model(source) for the same kernel (or the peak ratio
@@ -20,6 +21,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 
+from .fabric import SharedLinkFabric
 from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
                                launching_op, peak_ratio, traced_kernel_class)
 from .hardware.config import HardwareConfig, get_hardware, trace_hardware
@@ -106,6 +108,10 @@ class _ModelBase:
 
     def __init__(self):
         self._memo: dict[tuple, OpEstimate | None] = {}
+
+    def fabric(self) -> SharedLinkFabric:
+        """Collectives are timed alone by the network model; in flight together they share its links."""
+        return SharedLinkFabric(self.network)
 
     def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
                       member_durations: Sequence[float]) -> float:

@@ -73,6 +73,7 @@ class StepResult:
     measured_us: float | None
     start_us: float
     breakdown: Breakdown
+    measured_start_us: float | None = None  # recorded step start in the replay's time frame
     critical_path: dict[str, float] = field(default_factory=dict)   # category -> share of the step
     critical_nodes: list[str] = field(default_factory=list)         # names of the longest path's top nodes
 
@@ -84,12 +85,69 @@ class StepResult:
 
 
 @dataclass
+class JobStep:
+    """One step of the whole job: from the first rank's step start to the last rank's step end
+    (predicted, and measured when the ranks were replayed on their recorded clock)."""
+
+    name: str
+    start_us: float
+    predicted_us: float
+    measured_us: float | None
+    ranks: int
+
+    @property
+    def error(self) -> float | None:
+        if not self.measured_us:
+            return None
+        return (self.predicted_us - self.measured_us) / self.measured_us
+
+
+def steady_state(values: list[float]) -> float:
+    """Mean over the steps after the first (the first often holds one-off work), or the only step."""
+    tail = values[1:] if len(values) > 1 else values
+    return float(np.mean(tail)) if tail else 0.0
+
+
+@dataclass
 class ReplayResult:
     steps: list[StepResult]
     ranks: dict[int, Breakdown]
     timing: str
     num_nodes: int
     run: SimulatedRun | None = None
+
+    @property
+    def job_steps(self) -> list[JobStep]:
+        """Job-level steps, one per step name, in order of their start."""
+        by_name: dict[str, list[StepResult]] = {}
+        for s in self.steps:
+            by_name.setdefault(s.name, []).append(s)
+        out = []
+        for name, steps in by_name.items():
+            lo = min(s.start_us for s in steps)
+            hi = max(s.start_us + s.predicted_us for s in steps)
+            measured = None
+            if all(s.measured_us and s.measured_start_us is not None for s in steps):
+                m_lo = min(s.measured_start_us for s in steps)
+                measured = max(s.measured_start_us + s.measured_us for s in steps) - m_lo
+            out.append(JobStep(name, lo, hi - lo, measured, len(steps)))
+        return sorted(out, key=lambda j: j.start_us)
+
+    @property
+    def job_step_time_us(self) -> float:
+        """Steady-state job step time (see `steady_state`), predicted."""
+        return steady_state([j.predicted_us for j in self.job_steps])
+
+    @property
+    def measured_job_step_time_us(self) -> float | None:
+        jobs = self.job_steps
+        if not jobs or any(j.measured_us is None for j in jobs):
+            return None
+        return steady_state([j.measured_us for j in jobs])
+
+    @property
+    def alignment(self):
+        return self.run.alignment if self.run is not None else None
 
     @property
     def step_time_us(self) -> float:
@@ -107,8 +165,13 @@ class ReplayResult:
             "timing": self.timing,
             "num_nodes": self.num_nodes,
             "step_time_us": self.step_time_us,
-            "steps": [{"rank": s.rank, "name": s.name, "predicted_us": s.predicted_us,
-                       "measured_us": s.measured_us, "error": s.error,
+            "job_step_time_us": self.job_step_time_us,
+            "measured_job_step_time_us": self.measured_job_step_time_us,
+            "alignment": asdict(self.alignment) if self.alignment is not None else None,
+            "job_steps": [{"name": j.name, "start_us": j.start_us, "predicted_us": j.predicted_us,
+                           "measured_us": j.measured_us, "error": j.error, "ranks": j.ranks} for j in self.job_steps],
+            "steps": [{"rank": s.rank, "name": s.name, "start_us": s.start_us, "predicted_us": s.predicted_us,
+                       "measured_us": s.measured_us, "measured_start_us": s.measured_start_us, "error": s.error,
                        "breakdown": asdict(s.breakdown), "critical_path": s.critical_path,
                        "critical_nodes": s.critical_nodes} for s in self.steps],
             "ranks": {str(r): asdict(b) for r, b in self.ranks.items()},
@@ -280,10 +343,14 @@ def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResul
             # a graph with no recorded timeline (a foreign or generated .et) has nothing measured
             recorded = step.node >= 0 or bool(g.start_us.any())
             measured = step.duration_us if step.duration_us > 0 and recorded else None
+            # recorded start in the replay's frame: comparable across ranks when they kept their offsets
+            comparable = recorded and (len(run.graphs) == 1 or run.alignment.used == "recorded")
+            measured_start = step.start_us - float(run.origin_us[r]) if comparable else None
             b = _breakdown(g, run, r, lo, hi)
             total.add(b)
             cp, nodes = critical_path(run, r, lo, hi, step.node, cols) if with_critical_path else ({}, [])
             steps.append(StepResult(rank=g.rank, name=step.name, predicted_us=hi - lo, measured_us=measured,
-                                    start_us=lo, breakdown=b, critical_path=cp, critical_nodes=nodes))
+                                    start_us=lo, breakdown=b, measured_start_us=measured_start,
+                                    critical_path=cp, critical_nodes=nodes))
         ranks[g.rank] = total
     return ReplayResult(steps=steps, ranks=ranks, timing=run.timing_name, num_nodes=int(run.offsets[-1]), run=run)

@@ -120,7 +120,7 @@ def _check_et_file(path, summary) -> None:
             succ[d].append(n["id"])
             indeg[n["id"]] += 1
             edges += 1
-    assert edges == summary["edges"]
+    assert edges == summary["edges"] + summary["order_deps"]  # the graph's deps + thread/stream order
     ready = [i for i, k in indeg.items() if k == 0]
     seen = 0
     while ready:

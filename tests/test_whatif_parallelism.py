@@ -11,6 +11,15 @@ import pytest
 from estimators.model_config import load_model, model_from_dict
 from estimators.plan import ParallelPlan
 from estimators.whatif_parallel import predict
+from replay.fabric import IdealFabric
+from replay.model_timing import ModelTiming
+
+
+class _AloneOnNetwork(ModelTiming):
+    """Model timing with every collective alone on the network (no link sharing)."""
+
+    def fabric(self):
+        return IdealFabric()
 
 SMALL = model_from_dict(dict(name="small", layers=8, hidden=1024, heads=16, kv_heads=4, ffn=3584, vocab=32000))
 
@@ -19,10 +28,18 @@ def test_symmetric_prediction_equals_full_simulation_on_64_gpus():
     """One representative rank per stage, its TP/CP/DP collectives timed by the network model, against
     all 64 ranks replayed together with rendezvous collectives and p2p."""
     plan = ParallelPlan(tp=2, pp=4, cp=2, dp=4, seq_len=2048, global_batch=16, zero=1)
-    sym = predict(SMALL, plan, "h100-sxm", mode="symmetric", extrapolate=False)
-    full = predict(SMALL, plan, "h100-sxm", mode="all", extrapolate=False)
+    # collectives alone on the network: rank symmetry is exact
+    sym = predict(SMALL, plan, "h100-sxm", mode="symmetric", extrapolate=False, timing=_AloneOnNetwork("h100-sxm"))
+    full = predict(SMALL, plan, "h100-sxm", mode="all", extrapolate=False, timing=_AloneOnNetwork("h100-sxm"))
     assert full.simulated_ranks == 64 and sym.simulated_ranks == 4
     assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
+    # sharing links (the default): the representative ranks' own TP/CP/DP traffic contends in both runs;
+    # only the full run also sees the other groups' flows on shared links, so it can only be slower
+    sym_c = predict(SMALL, plan, "h100-sxm", mode="symmetric", extrapolate=False)
+    full_c = predict(SMALL, plan, "h100-sxm", mode="all", extrapolate=False)
+    assert sym_c.step_time_s > sym.step_time_s
+    assert sym_c.step_time_s <= full_c.step_time_s * 1.001
+    assert sym_c.step_time_s == pytest.approx(full_c.step_time_s, rel=0.02)
 
 
 def test_symmetric_equals_full_with_fsdp_and_moe():

@@ -229,7 +229,7 @@ def _validate(graph: ExecutionGraph, inputs: RankInputs) -> None:
 def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str | os.PathLike,
             progress: ProgressFn | None = None) -> list[dict[str, Any]]:
     """Convert every rank and write `OUT_PREFIX.<rank>.et`; returns one summary dict per rank."""
-    from chakra_schema.graph_io import write_graph
+    from chakra_schema.graph_io import order_deps_written, write_graph
 
     out_prefix = str(out_prefix)
     out_dir = os.path.dirname(out_prefix) or "."
@@ -250,6 +250,7 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
             write_graph(graph, tmp)
             written.append((tmp, final))
             s = summarize(graph)
+            s["order_deps"] = order_deps_written(graph)  # thread/stream order, written as data deps too
             s.update({"et": inp.et_path, "kineto": inp.kineto_path, "output": final,
                       "seconds": round(time.perf_counter() - t0, 3)})
             if "link" in graph.metadata:

@@ -428,7 +428,10 @@ def _parse_nested(nodes, path, progress: ProgressFn | None, total: int) -> Execu
                 a_schema = v or ""
             elif an in comm_names:
                 comm.setdefault(i, {})[an] = v
-            elif an not in ("fw_parent", "fw_tid") and v not in ("", None):
+            elif an in ("fw_parent", "fw_tid"):
+                if v not in ("", None, 0):  # the forward op (and its thread) an autograd op belongs to
+                    extra.setdefault(i, {})[an] = v
+            elif v not in ("", None):
                 extra.setdefault(i, {})[an] = v
         rf.append(a_rf)
         tid.append(a_tid)
@@ -464,6 +467,9 @@ def _parse_flat(nodes, path, progress: ProgressFn | None, total: int) -> Executi
         cols["tid"].append(n.get("tid", -1))
         cols["seq_id"].append(n.get("seq_id", -1))
         cols["scope"].append(n.get("scope", -1))
+        fw = {k: n[k] for k in ("fw_parent", "fw_tid") if n.get(k) not in (None, "", 0)}
+        if fw:
+            extra.setdefault(i, {}).update(fw)
         cols["op_schema"].append(strings(n.get("op_schema", "") or ""))
         cols["in_values"].append(n.get("inputs", ()))
         cols["in_shapes"].append(shared(n.get("input_shapes", ())))

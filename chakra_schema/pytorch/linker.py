@@ -260,11 +260,20 @@ def _align(a: list[int], b: list[int]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ ET attrs
 def _et_attrs(et: ExecutionTrace, i: int, with_rf: bool = True,
               parent_of: list[int] | None = None) -> dict[str, Any]:
-    """What an ET node adds to its Kineto host op: shapes, types, schema, ids, comm attrs. (`rf_id` only
+    """What an ET node adds to its Kineto host op: shapes, types, schema, ids (et_id, rf_id, scope, fw_parent,
+    fw_tid), comm attrs. (`rf_id` only
     when linked by it: a name-sequence link may give one ET node to several Kineto iterations.)"""
     a: dict[str, Any] = {"et_id": int(et.ids[i])}
     if with_rf and et.rf_id[i] >= 0:
         a["rf_id"] = int(et.rf_id[i])
+    # the ET's RecordScope and the forward op / thread of an autograd op, as Chakra's converter keeps them
+    if et.scope[i] >= 0:
+        a["scope"] = int(et.scope[i])
+    extra = et.extra.get(i)
+    if extra:
+        for key in ("fw_parent", "fw_tid"):
+            if key in extra:
+                a[key] = int(extra[key])
     a.update(op_attrs(et, i))
     nm = et.names[i]
     if nm == "record_param_comms" or nm.startswith(("nccl:", "gloo:")):

@@ -1,6 +1,7 @@
 """`lumos-sim bench`: what the hardware models predict for one collective or one GEMM.
 
-    lumos-sim bench collective --hardware h100-sxm --op all_reduce --size 1GiB --gpus 8 [--algorithm ring] [--json]
+    lumos-sim bench collective --hardware h100-sxm --op all_reduce --size 1GiB --gpus 8 [--algorithm ring]
+        [--concurrent 2] [--json]
     lumos-sim bench gemm --hardware h100-sxm --m 8192 --n 8192 --k 8192 --dtype bf16 [--json]
     lumos-sim bench presets [--json]
 
@@ -68,6 +69,9 @@ def register(subparsers) -> None:
                    help="ranks 0..N-1 (rank // gpus_per_node = node); at most 1,048,576 (512 for all_to_all)")
     c.add_argument("--algorithm", default=None, help="force an algorithm (ring, tree, nvls, direct, pairwise, "
                                                    "hierarchical); default: the fastest, as NCCL's tuner")
+    c.add_argument("--concurrent", type=_positive_int, default=1,
+                   help="N identical collectives in flight together on the same ranks, sharing the links "
+                        "max-min fairly (default 1: alone)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.set_defaults(func=_collective)
 
@@ -98,10 +102,18 @@ def _collective(args) -> int:
     out = est.to_dict()
     out["hardware"] = hw.name
     out["nodes"] = (args.gpus + hw.node.gpus_per_node - 1) // hw.node.gpus_per_node
-    _emit(out, args.json, f"{args.op} on {hw.name}",
-          [("time_us", "time (us)"), ("algbw_gbps", "algbw (GB/s)"), ("busbw_gbps", "busbw (GB/s)"),
-           ("algorithm", "algorithm"), ("protocol", "protocol"), ("gpus", "GPUs"), ("nodes", "nodes"),
-           ("size_bytes", "size (bytes)")])
+    rows = [("time_us", "time (us)"), ("algbw_gbps", "algbw (GB/s)"), ("busbw_gbps", "busbw (GB/s)"),
+            ("algorithm", "algorithm"), ("protocol", "protocol"), ("gpus", "GPUs"), ("nodes", "nodes"),
+            ("size_bytes", "size (bytes)")]
+    if args.concurrent > 1:
+        ranks = list(range(args.gpus))
+        together = net.concurrent_us([(_OPS[args.op], args.size, ranks)] * args.concurrent)
+        out["concurrent"] = args.concurrent
+        out["concurrent_time_us"] = max(together)
+        out["slowdown"] = out["concurrent_time_us"] / est.time_us if est.time_us > 0 else 1.0
+        rows += [("concurrent", "collectives in flight"), ("concurrent_time_us", "time together (us)"),
+                 ("slowdown", "slow-down")]
+    _emit(out, args.json, f"{args.op} on {hw.name}", rows)
     return 0
 
 

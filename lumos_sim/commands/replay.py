@@ -9,6 +9,7 @@ from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
 from chakra_schema.safe_io import prepare_output
 from lumos_sim.replay_run import TIMING_MODES, check_replay_arguments, print_result, run_replay
+from replay.engine import ALIGN_MODES
 
 
 def register(sub) -> None:
@@ -23,6 +24,10 @@ def register(sub) -> None:
                    help="trace: recorded durations (translated when --hardware is given); model: hardware models")
     p.add_argument("--hardware", help="target hardware preset name or TOML path")
     p.add_argument("--source-hardware", help="GPU the trace was recorded on (guessed from the trace when absent)")
+    p.add_argument("--align", choices=ALIGN_MODES, default="recorded",
+                   help="recorded (default): keep the recorded offsets between ranks when their clocks agree "
+                        "(checked on their shared collectives; falls back to start with a note); start: every "
+                        "rank starts at its own first event")
     p.add_argument("--steps", type=int, help="report only the first N steps")
     p.add_argument("--timeline", metavar="OUT.json", help="write the simulated run as a Perfetto/chrome trace")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -42,7 +47,8 @@ def main(args) -> int:
     with progress_bar("converting") as cb:
         graphs = load_graphs(args.inputs, et_pattern=args.et, kineto_pattern=args.kineto, progress=cb)
     with progress_bar("replaying") as cb:
-        result = run_replay(graphs, args.timing, args.hardware, args.source_hardware, args.steps, progress=cb)
+        result = run_replay(graphs, args.timing, args.hardware, args.source_hardware, args.steps, progress=cb,
+                            align=args.align)
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     else:

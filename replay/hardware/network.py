@@ -118,6 +118,119 @@ def flow_completion_times(paths: Sequence[Sequence[Link]], sizes: Sequence[float
     return done
 
 
+def shared_completion_times(starts: Sequence[float], alone_us: Sequence[float], paths: Sequence[Sequence[Path]],
+                            capacity: dict[Link, float] | callable) -> np.ndarray:
+    """End times of transfers that start at `starts` and would take `alone_us` on an idle network, when
+    those in flight at the same time share links. Each transfer is a set of flows (`paths[i]`, one path
+    per flow); while it runs, its speed is the lowest ratio over its flows of the max-min fair rate
+    among all flows in flight to the rate its flows get alone (a ring runs at the pace of its slowest
+    link). Speeds are re-shared whenever a transfer starts or ends (a fluid model). A transfer with no
+    path, or alone in flight, runs at full speed."""
+    n = len(starts)
+    start = np.asarray(starts, float)
+    left = np.asarray(alone_us, float).copy()
+    end = start + left
+    if n < 2:
+        return end
+    order = np.argsort(start, kind="stable").tolist()
+    eps = 1e-9 * np.maximum(1.0, np.asarray(alone_us, float))
+    cache: dict[tuple, dict[int, float]] = {}  # the same mix of transfers recurs every layer and step
+    active: list[int] = []
+    now = -np.inf
+    k = 0
+    while k < n or active:
+        speed = _speeds(active, paths, capacity, cache)
+        # next event: the next start, or the first active transfer to finish at the current speeds
+        t_next, fin = (start[order[k]] if k < n else np.inf), -1
+        for j, sp in zip(active, speed):
+            t = now + left[j] / sp
+            if t < t_next:
+                t_next, fin = t, j
+        for j, sp in zip(active, speed):
+            left[j] -= (t_next - now) * sp
+        now = t_next
+        if fin >= 0:
+            left[fin] = 0.0
+        done = [j for j in active if left[j] <= eps[j]]
+        for j in done:
+            end[j] = now
+        active = [j for j in active if left[j] > eps[j]]
+        if fin < 0:
+            j = order[k]
+            k += 1
+            if left[j] > 0.0:
+                active.append(j)
+    return end
+
+
+def _speeds(active: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> list[float]:
+    """Speed (fraction of its alone speed) of each active transfer under max-min fair sharing. Only
+    transfers that share links (directly or through others) affect each other, so each such cluster is
+    solved on its own; transfers on the same path list (the same group) get the same speed, so a
+    cluster's answer depends only on its mix of path lists, which is the cache key."""
+    with_paths = [j for j in active if paths[j]]
+    if len(with_paths) < 2:
+        return [1.0] * len(active)
+    speed: dict[int, float] = {}
+    for cluster in _link_clusters(with_paths, paths, cache):
+        if len(cluster) < 2:
+            continue
+        key = tuple(sorted(id(paths[j]) for j in cluster))
+        by_path = cache.get(key)
+        if by_path is None:
+            by_path = cache[key] = _cluster_speeds(cluster, paths, capacity, cache)
+        for j in cluster:
+            speed[j] = by_path[id(paths[j])]
+    return [speed.get(j, 1.0) for j in active]
+
+
+def _link_clusters(transfers: list[int], paths: Sequence[Sequence[Path]], cache: dict) -> list[list[int]]:
+    """Groups of transfers connected by shared links (union-find over the links they use)."""
+    parent = list(range(len(transfers)))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[Link, int] = {}
+    for pos, j in enumerate(transfers):
+        links = cache.get(("links", id(paths[j])))
+        if links is None:
+            links = cache[("links", id(paths[j]))] = {link for p in paths[j] for link in p}
+        for link in links:
+            other = owner.setdefault(link, pos)
+            if other != pos:
+                a, b = root(other), root(pos)
+                if a != b:
+                    parent[b] = a
+    groups: dict[int, list[int]] = {}
+    for pos, j in enumerate(transfers):
+        groups.setdefault(root(pos), []).append(j)
+    return list(groups.values())
+
+
+def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> dict[int, float]:
+    flat, owner = [], []
+    for j in cluster:
+        flat.extend(paths[j])
+        owner.extend([j] * len(paths[j]))
+    shared = max_min_fair_share(flat, capacity)
+    owner_a = np.asarray(owner)
+    by_path: dict[int, float] = {}
+    for j in cluster:
+        pid = id(paths[j])
+        if pid in by_path:
+            continue
+        alone = cache.get(("alone", pid))
+        if alone is None:
+            alone = cache[("alone", pid)] = max_min_fair_share(paths[j], capacity)
+        slow = float(np.max(alone / shared[owner_a == j]))
+        by_path[pid] = 1.0 / max(slow, 1.0)
+    return by_path
+
+
 # --------------------------------------------------------------------------------------- topology
 class Topology:
     """Links, capacities (bytes/us) and paths of a cluster of `hw` nodes."""
@@ -793,6 +906,7 @@ class NetworkModel:
         self.topology = Topology(self.hw)
         self._protos = {p.name: p for p in self.hw.protocols}
         self._cache: dict[tuple, CollectiveEstimate] = {}
+        self._paths_cache: dict[tuple, list] = {}
 
     def algorithms_for(self, comm: CommType, ranks: Sequence[int], auto_only: bool = False) -> list[str]:
         """Registered algorithms that can run `comm` over `ranks` (`auto_only`: those the tuner
@@ -892,39 +1006,46 @@ class NetworkModel:
         return min(p.base_latency_us + self.topology.max_latency(rk[src], rk[dst], p) + drain / p.bw_fraction
                    for p in self.hw.protocols if p.name in DirectAllToAll.protocols)
 
-    def concurrent_us(self, collectives: Sequence[tuple[CommType | int, float, Sequence[int]]]) -> list[float]:
-        """Times of collectives that run at the same time on shared links: each one's time alone is
-        stretched by how much the max-min fair share of its (ring-channel) flows drops when the other
-        collectives' flows are on the same links. (A first-order model: the whole time is stretched,
-        which slightly over-counts the latency part of small collectives.)"""
-        ests = [self.estimate(c, s, r) for c, s, r in collectives]
-        ring = Ring()
-        paths, owner = [], []
-        for i, (c, s, r) in enumerate(collectives):
-            ranks = sorted(int(x) for x in (range(r) if isinstance(r, int) else r))
-            if len(ranks) < 2:
-                continue
-            for ch in ring.channels(self.topology, ranks):
+    def transfer_paths(self, ranks: Sequence[int]) -> list[Path]:
+        """The links a collective over `ranks` keeps busy, as one path per flow of its ring channels
+        (the flows that carry its bandwidth term); a 2-rank group is the pair's two directions."""
+        ranks = sorted(int(x) for x in ranks)
+        if len(ranks) < 2:
+            return []
+        key = tuple(ranks)
+        hit = self._paths_cache.get(key)
+        if hit is None:
+            hit = []
+            for ch in Ring().channels(self.topology, ranks):
                 for j in range(len(ch)):
                     p = self.topology.path(ch[j], ch[(j + 1) % len(ch)])
                     if p:
-                        paths.append(p)
-                        owner.append(i)
-        if not paths:
-            return [e.time_us for e in ests]
-        owner_a = np.asarray(owner)
-        cap = self.topology.capacity
-        shared = max_min_fair_share(paths, cap)
-        out = []
-        for i, e in enumerate(ests):
-            mine = owner_a == i
-            if not mine.any():
-                out.append(e.time_us)
-                continue
-            alone = max_min_fair_share([p for p, m in zip(paths, mine) if m], cap)
-            slow = float(np.max(alone / shared[mine]))
-            out.append(e.time_us * max(slow, 1.0))
-        return out
+                        hit.append(p)
+            if len(self._paths_cache) > 4096:
+                self._paths_cache.clear()
+            self._paths_cache[key] = hit
+        return hit
+
+    def p2p_paths(self, src: int, dst: int) -> list[Path]:
+        """The one path of a transfer from `src` to `dst` (the same list object for the same pair)."""
+        key = ("p2p", int(src), int(dst))
+        hit = self._paths_cache.get(key)
+        if hit is None:
+            p = self.topology.path(int(src), int(dst)) if src != dst else ()
+            hit = self._paths_cache[key] = [p] if p else []
+        return hit
+
+    def concurrent_us(self, collectives: Sequence[tuple[CommType | int, float, Sequence[int]]],
+                      starts: Sequence[float] | None = None) -> list[float]:
+        """Times of collectives that run at the same time on shared links (all starting at 0, or at
+        `starts`): each one's time alone, stretched while others share its links (max-min fair, re-shared
+        as collectives start and end; see `shared_completion_times`). (A first-order model: the whole time
+        is stretched, which slightly over-counts the latency part of small collectives.)"""
+        alone = [self.estimate(c, s, r).time_us for c, s, r in collectives]
+        paths = [self.transfer_paths(range(r) if isinstance(r, int) else r) for _, _, r in collectives]
+        t0 = np.zeros(len(alone)) if starts is None else np.asarray(starts, float)
+        ends = shared_completion_times(t0, alone, paths, self.topology.capacity)
+        return (ends - t0).tolist()
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
