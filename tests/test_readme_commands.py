@@ -23,6 +23,14 @@ SKIPPED = {
     "pip install": "installs from PyPI (network); CI's .ci/run runs the README's install verbatim",
     "python -m pytest": "the whole test suite, which this test is part of (CI runs it verbatim)",
     "lumos-sim check tests/accuracy": "the accuracy suites (minutes): CI runs this command verbatim first",
+    "command -v chromium": "installs Debian's chromium when missing (root, package registry): .ci/run runs it verbatim",
+    "apt-get install": "the second half of the chromium install line above",
+    "lumos-sim sweep examples/sweeps/llama3_70b_scaling.toml": "the 200-point example sweep (minutes); "
+                                                               "tests/test_examples_sweeps.py runs it on a reduced grid",
+    "lumos-sim report scaling.parquet": "reports the 200-point sweep above; tests/test_examples_sweeps.py and "
+                                        "tests/test_report_html.py render reports of reduced grids",
+    "python examples/sweeps/best_plan_per_gpu_count.py": "the same 200-point sweep through the Python API; "
+                                                         "tests/test_examples_sweeps.py runs it on a reduced grid",
     "python examples/sweeps/moe_placement.py": "a 1.5-minute sweep; tests/test_example_moe_sweep.py runs "
                                                "the example's code on a smaller grid",
     "lumos-sim collect train_moe.py": "profiles the reader's own training script (needs torch); not in the checkout",

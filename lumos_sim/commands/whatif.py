@@ -137,11 +137,12 @@ def _check_counts(**counts) -> None:
     from estimators.plan import MAX_GPUS
     for name, v in counts.items():
         if v is not None and not 1 <= v <= MAX_GPUS:
-            raise TraceInputError(None, f"--{name.replace('_', '-')} must be between 1 and {MAX_GPUS:,}, got {v}")
+            flag = "--top-k (--max-plans)" if name == "top_k" else f"--{name.replace('_', '-')}"
+            raise TraceInputError(None, f"{flag} must be between 1 and {MAX_GPUS:,}, got {v}")
 
 
 def main_parallelism(args) -> int:
-    _check_counts(gpus=args.gpus, dp=args.dp, max_plans=args.max_plans if args.search else None)
+    _check_counts(gpus=args.gpus, dp=args.dp, top_k=args.top_k if args.search else None)
     if args.search:
         return _main_search(args)
     scenario = scenario_from_args(args)

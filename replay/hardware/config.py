@@ -306,6 +306,13 @@ def _convert(value: Any, tp: Any, where: str, path: str) -> Any:
     raise bad  # pragma: no cover - every annotation used above is handled
 
 
+def _build_kernel_model(cls_name: str, table: Any, path: str) -> "KernelClassModel":
+    try:
+        return _build(KernelClassModel, table, f"kernel_models.{cls_name}", path)
+    except TraceInputError as e:   # the model's own checks do not know which class they belong to
+        raise TraceInputError(path, e.problem.replace("[kernel_models]", f"[kernel_models.{cls_name}]")) from None
+
+
 def _build(cls: type, table: Any, section: str, path: str) -> Any:
     if not isinstance(table, dict):
         raise TraceInputError(path, f"[{section}] must be a table")
@@ -385,7 +392,7 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
     kernel_models = data.get("kernel_models", {})
     if not isinstance(kernel_models, dict):
         raise TraceInputError(spath, "[kernel_models] must be a table of kernel classes")
-    models = {str(k): _build(KernelClassModel, v, f"kernel_models.{k}", spath) for k, v in kernel_models.items()}
+    models = {str(k): _build_kernel_model(k, v, spath) for k, v in kernel_models.items()}
     calibration = (_build(CalibrationInfo, data["calibration"], "calibration", spath)
                    if "calibration" in data else None)
     hw = HardwareConfig(

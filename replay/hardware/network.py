@@ -49,10 +49,12 @@ Path = tuple  # tuple of links
 
 
 # ------------------------------------------------------------------------------- sharing of links
-def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, float] | callable) -> np.ndarray:
+def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, float] | callable,
+                       weights: Sequence[float] | None = None) -> np.ndarray:
     """Rates (capacity units) of flows that each use every link of their path, shared max-min fairly
     (progressive filling: the most contended link fixes the rate of its flows, repeat). A flow with an
-    empty path gets an infinite rate."""
+    empty path gets an infinite rate. `weights[f]` > 1 stands for that many identical copies of flow f
+    (each copy gets the returned rate): exact, and far cheaper than listing the copies."""
     nflows = len(paths)
     rates = np.full(nflows, np.inf)
     if nflows == 0:
@@ -70,12 +72,13 @@ def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, flo
     if not index:
         return rates
     fl_a, lk_a = np.asarray(fl), np.asarray(lk)
+    w = np.ones(nflows) if weights is None else np.asarray(weights, float)
     remaining = np.array([float(cap_of(link)) for link in index])
     active = np.ones(nflows, bool)
     active[np.setdiff1d(np.arange(nflows), fl_a)] = False
     while active.any():
         sel = active[fl_a]
-        counts = np.bincount(lk_a[sel], minlength=len(index))
+        counts = np.bincount(lk_a[sel], weights=w[fl_a[sel]], minlength=len(index))
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
         best = share.min()
@@ -87,7 +90,7 @@ def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, flo
         rates[fixed] = best
         active[fixed] = False
         used = np.isin(fl_a, fixed)
-        np.subtract.at(remaining, lk_a[used], best)
+        np.subtract.at(remaining, lk_a[used], best * w[fl_a[used]])
         remaining = np.maximum(remaining, 0.0)
     return rates
 
@@ -171,6 +174,17 @@ def _speeds(active: list[int], paths: Sequence[Sequence[Path]], capacity, cache:
     with_paths = [j for j in active if paths[j]]
     if len(with_paths) < 2:
         return [1.0] * len(active)
+    # The answer depends only on the multiset of path lists in flight, which recurs every layer and step:
+    # cache it whole, so the union-find below runs once per distinct mix instead of once per event.
+    mix = ("mix", tuple(sorted(id(paths[j]) for j in with_paths)))
+    by_pid = cache.get(mix)
+    if by_pid is None:
+        by_pid = _mix_speeds(with_paths, paths, capacity, cache)
+        cache[mix] = by_pid
+    return [by_pid.get(id(paths[j]), 1.0) if paths[j] else 1.0 for j in active]
+
+
+def _mix_speeds(with_paths: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> dict[int, float]:
     speed: dict[int, float] = {}
     for cluster in _link_clusters(with_paths, paths, cache):
         if len(cluster) < 2:
@@ -180,53 +194,70 @@ def _speeds(active: list[int], paths: Sequence[Sequence[Path]], capacity, cache:
         if by_path is None:
             by_path = cache[key] = _cluster_speeds(cluster, paths, capacity, cache)
         for j in cluster:
-            speed[j] = by_path[id(paths[j])]
-    return [speed.get(j, 1.0) for j in active]
+            speed[id(paths[j])] = by_path[id(paths[j])]
+    return speed
 
 
 def _link_clusters(transfers: list[int], paths: Sequence[Sequence[Path]], cache: dict) -> list[list[int]]:
-    """Groups of transfers connected by shared links (union-find over the links they use)."""
-    parent = list(range(len(transfers)))
+    """Groups of transfers connected by shared links. Transfers on one path list share all its links, so
+    the union-find runs over the distinct path lists in flight (a handful: the TP, CP, DP... groups),
+    and its partition is cached per set of path lists."""
+    by_pid: dict[int, list[int]] = {}
+    for j in transfers:
+        by_pid.setdefault(id(paths[j]), []).append(j)
+    key = ("clusters", frozenset(by_pid))
+    parts = cache.get(key)
+    if parts is None:
+        pids = list(by_pid)
+        parent = list(range(len(pids)))
 
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+        def root(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
 
-    owner: dict[Link, int] = {}
-    for pos, j in enumerate(transfers):
-        links = cache.get(("links", id(paths[j])))
-        if links is None:
-            links = cache[("links", id(paths[j]))] = {link for p in paths[j] for link in p}
-        for link in links:
-            other = owner.setdefault(link, pos)
-            if other != pos:
-                a, b = root(other), root(pos)
-                if a != b:
-                    parent[b] = a
-    groups: dict[int, list[int]] = {}
-    for pos, j in enumerate(transfers):
-        groups.setdefault(root(pos), []).append(j)
-    return list(groups.values())
+        owner: dict[Link, int] = {}
+        for pos, pid in enumerate(pids):
+            j = by_pid[pid][0]
+            links = cache.get(("links", pid))
+            if links is None:
+                links = cache[("links", pid)] = {link for p in paths[j] for link in p}
+            for link in links:
+                other = owner.setdefault(link, pos)
+                if other != pos:
+                    a, b = root(other), root(pos)
+                    if a != b:
+                        parent[b] = a
+        groups: dict[int, list[int]] = {}
+        for pos, pid in enumerate(pids):
+            groups.setdefault(root(pos), []).append(pid)
+        parts = cache[key] = list(groups.values())
+    return [[j for pid in part for j in by_pid[pid]] for part in parts]
 
 
 def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> dict[int, float]:
-    flat, owner = [], []
-    for j in cluster:
-        flat.extend(paths[j])
-        owner.extend([j] * len(paths[j]))
-    shared = max_min_fair_share(flat, capacity)
-    owner_a = np.asarray(owner)
-    by_path: dict[int, float] = {}
+    # Transfers on the same path list are identical flows: list each path list once, weighted by how many
+    # transfers use it (exact for max-min fairness, and a ZeRO-3 or DP ring has thousands of flows).
+    copies: dict[int, int] = {}
+    first: dict[int, int] = {}
     for j in cluster:
         pid = id(paths[j])
-        if pid in by_path:
-            continue
+        copies[pid] = copies.get(pid, 0) + 1
+        first.setdefault(pid, j)
+    flat, owner, weight = [], [], []
+    for pid, j in first.items():
+        flat.extend(paths[j])
+        owner.extend([pid] * len(paths[j]))
+        weight.extend([copies[pid]] * len(paths[j]))
+    shared = max_min_fair_share(flat, capacity, weight)
+    owner_a = np.asarray(owner)
+    by_path: dict[int, float] = {}
+    for pid, j in first.items():
         alone = cache.get(("alone", pid))
         if alone is None:
             alone = cache[("alone", pid)] = max_min_fair_share(paths[j], capacity)
-        slow = float(np.max(alone / shared[owner_a == j]))
+        slow = float(np.max(alone / shared[owner_a == pid]))
         by_path[pid] = 1.0 / max(slow, 1.0)
     return by_path
 
