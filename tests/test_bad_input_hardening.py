@@ -507,4 +507,4 @@ def test_oom_plans_explain_the_flag_and_labels_spell_out_the_plan():
     p = run_shell("lumos-sim whatif parallelism --model llama3-405b --hardware h100-sxm --gpus 16384 --tp 8 "
                   "--pp 16 --cp 1 --dp 128 --seq-len 8192 --global-batch 2048 --micro-batch 2 | cat")
     assert "OUT OF MEMORY:" in p.stdout and "--recompute full" in p.stdout
-    assert "mb1" in p.stdout and "zero=1" in p.stdout and "recompute=none" in p.stdout
+    assert "mb2" in p.stdout and "zero=1" in p.stdout and "recompute=none" in p.stdout
