@@ -119,7 +119,7 @@ def test_linked_host_ops_keep_the_execution_trace_ids(converted):
 
 def test_replay_of_the_written_file_is_the_replay_of_the_graph(converted):
     """Multi-rank sets: the replay of the `.et` files equals the replay of the graphs converted in memory."""
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
 
     name, out, files, _ = converted
     if len(files) < 2:

@@ -20,7 +20,7 @@ SETS = DATA / "ddp4"
 
 @lru_cache(maxsize=None)
 def _graphs(name: str) -> tuple:
-    from lumos_sim.inputs import load_graphs
+    from chakra_schema.inputs import load_graphs
 
     return tuple(load_graphs([], et_pattern=str(SETS / name / "host.{rank}.json.gz"),
                              kineto_pattern=str(SETS / name / "device.{rank}.json.gz")))
