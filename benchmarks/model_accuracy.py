@@ -106,11 +106,13 @@ def main() -> None:
     pct = lambda x: "      -" if x is None or not np.isfinite(x) else f"{100 * x:6.1f}%"  # noqa: E731
     print("per kernel class, cross-validated (kernels >= 1 us; GMAE = exp(mean |ln(pred/measured)|) - 1);"
           " repeat floor = identical kernels of the fit folds predicting each other (run-to-run noise)")
+    print("  calibrated GMAE split: kernels that ran alone / under communication (contended: own models)")
     print(f"  {'hardware':<14} {'folds':<9} {'class':<12} {'n':>5} | {'uncalibrated n':>14} {'GMAE':>7} | "
-          f"{'calibrated n':>12} {'GMAE':>7} | {'repeat floor':>12}")
+          f"{'calibrated n':>12} {'GMAE':>7} | {'alone':>7} {'contended n':>11} {'GMAE':>7} | {'repeat floor':>12}")
     for r in out["classes"]:
         print(f"  {r['hardware']:<14} {r['folds']:<9} {r['kernel_class']:<12} {r['kernels']:>5} | "
               f"{r['before_kernels']:>14} {pct(r['before_gmae'])} | {r['after_kernels']:>12} {pct(r['after_gmae'])} | "
+              f"{pct(r['isolated_gmae'])} {r['contended_kernels']:>11} {pct(r['contended_gmae'])} | "
               f"{pct(r['floor_gmae']):>12}")
     print("GPU-bound steps: compute-busy time recorded vs model-mode replay (calibrated on the other steps);"
           " 'modelled' = share of kernel time the model estimates, the rest keeps its recorded duration")

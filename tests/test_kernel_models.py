@@ -1,16 +1,20 @@
 """Kernel classification, fitted per-class kernel models, `lumos-sim calibrate`, honest cross-validation."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.graph import OpKind
 from lumos_sim.cli import main as cli_main
 from replay.hardware import get_hardware
 from replay.hardware.config import KernelClassModel
 from replay.hardware.kernel_classes import classify_kernel, unclassified_report
-from replay.hardware.kernel_models import (KernelSamples, cross_validate, fit_geometry, fit_roofline,
-                                           kernel_family, predict_all)
+from replay.hardware.kernel_models import (CONTENDED, ISOLATED, KernelSamples, class_model, communication_overlap,
+                                           cross_validate, fit_class_models, fit_geometry, fit_roofline, gmae,
+                                           kernel_family, kernel_variant, model_keys, predict_all)
 
 
 def test_classification_uses_the_launching_op_when_the_name_says_nothing():
@@ -67,7 +71,7 @@ def _samples(n_steps=3, per_step=40) -> KernelSamples:
                          measured_us=2.0 + roof / 0.5 * np.exp(rng.normal(0, 0.02, n)), roofline_us=roof,
                          base_us=roof, ctas=np.zeros(n), threads=np.zeros(n),
                          name=np.full(n, "void at::native::vectorized_elementwise_kernel<4>()", object),
-                         tensor_fraction=np.full(n, np.nan),
+                         tensor_fraction=np.full(n, np.nan), contended=np.zeros(n, bool),
                          trace_names=["t"])
 
 
@@ -126,3 +130,58 @@ def test_calibrate_cli_writes_a_preset_that_extends_the_base(shared_traces, tmp_
     assert cli_main(["calibrate", str(trace), "--hardware", "a100-sxm-40gb", "-o", str(tmp_path / "x.txt")]) == 2
     assert cli_main(["calibrate", str(trace), "--hardware", "h100-sxm", "-o", str(tmp_path / "h.toml")]) == 2
     assert "recorded on A100" in capsys.readouterr().err and not (tmp_path / "h.toml").exists()
+
+
+def _stream_graph(kernels):
+    """A one-GPU graph from (name, stream, start_us, duration_us, kind) tuples."""
+    from chakra_schema.graph import GraphBuilder, NodeType, ResourceKind
+
+    b = GraphBuilder()
+    for name, stream, start, dur, kind in kernels:
+        r = b.resource(ResourceKind.GPU_STREAM, 0, stream)
+        b.add_node(name, NodeType.COMP_NODE if kind != OpKind.COLLECTIVE else NodeType.COMM_COLL_NODE, kind, r,
+                   start, dur)
+    return b.build()
+
+
+def test_communication_overlap_is_the_share_of_a_kernel_run_under_nccl():
+    g = _stream_graph([("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", 20, 10.0, 10.0, OpKind.COLLECTIVE),
+                       ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", 20, 18.0, 4.0, OpKind.COLLECTIVE),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 0.0, 5.0, OpKind.KERNEL),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 5.0, 10.0, OpKind.KERNEL),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 15.0, 10.0, OpKind.KERNEL),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 30.0, 2.0, OpKind.KERNEL)])
+    ov = communication_overlap(g)
+    # communication covers [10, 22): the kernels see 0, 5/10, 7/10 and 0 of it; collectives are not counted
+    assert ov.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.5, 0.7, 0.0])
+
+
+def test_contended_kernels_get_their_own_model_and_fall_back_to_the_isolated_one():
+    s = _samples(3, 40)
+    s.contended[::2] = True
+    s.measured_us[s.contended] *= 3.0  # communication triples what it shares the GPU with
+    models = fit_class_models(s)
+    assert {"elementwise", "elementwise" + ISOLATED, "elementwise" + CONTENDED} <= set(models)
+    pred = predict_all(models, s)
+    assert gmae(pred, s.measured_us) < 0.05  # one model for both would be off by ~sqrt(3)
+    plain = {k: m for k, m in models.items() if "@" not in k}
+    assert gmae(predict_all(plain, s), s.measured_us) > 0.3
+    no_contended = {k: m for k, m in models.items() if CONTENDED not in k}
+    assert np.all(np.isfinite(predict_all(no_contended, s)))  # no contended model: the plain one times them
+    few = s.subset(~s.contended | (np.arange(len(s)) < 8))  # 4 contended kernels: too few for their own model
+    assert not any(CONTENDED in k for k in fit_class_models(few))
+    hw = dataclasses.replace(get_hardware("a100-sxm-40gb"), kernel_models=models)
+    name = s.name[0]
+    # replay picks the most specific model of the kernel's state: its family's (these kernels have shapes,
+    # so no variant model: see fit_class_models)
+    assert not any(k.endswith("<4>") for k in models)
+    assert class_model(hw, "elementwise", "fp32", name, contended=True) is models[
+        model_keys("elementwise" + CONTENDED, name)[1]]
+    assert class_model(hw, "elementwise", "fp32", name) is models[model_keys("elementwise" + ISOLATED, name)[1]]
+
+
+def test_kernel_variants_keep_the_numbers_that_name_the_work_per_thread():
+    bw128 = "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float)"
+    bw512 = "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float, float)"
+    assert kernel_family(bw128) == kernel_family(bw512) and kernel_variant(bw128) != kernel_variant(bw512)
+    assert model_keys("norm", bw128)[-1] == "norm/cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>"

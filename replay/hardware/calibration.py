@@ -17,7 +17,7 @@ from chakra_schema.errors import TraceInputError
 
 from .config import HardwareConfig, KernelClassModel, get_hardware
 from .kernel_models import (ClassAccuracy, KernelSamples, cross_validate, fit_class_models, folds_by_step,
-                            folds_by_trace, kernel_samples, sustained_tensor_fraction)
+                            folds_by_trace, kernel_samples, key_class, sustained_tensor_fraction)
 
 if TYPE_CHECKING:  # pragma: no cover
     from chakra_schema.graph import ExecutionGraph
@@ -108,7 +108,7 @@ def preset_toml(result: CalibrationResult, name: str, tool: str) -> str:
         lines.append(f"{_toml_value('compute.sustained_tensor_fraction')} = "
                      f"{_toml_value(f'measured by lumos-sim calibrate: 99th percentile of the achieved fraction of dense tensor peak over {n} compute-bound tensor-core GEMMs of >= 1 GFLOP in ' + ', '.join(result.samples.trace_names))}")
     for key, m in sorted(result.models.items()):
-        cls = key.split("/")[0].split("_")[0]
+        cls = key_class(key)
         held = cv.get(cls)
         cv_txt = (f"; cross-validated ({fold}) class GMAE {100 * held.after_gmae:.1f}%"
                   if held is not None and np.isfinite(held.after_gmae) else "")

@@ -19,6 +19,17 @@ forms fits its kernels better:
 Fits minimise the mean |ln(pred / measured)| -- the GMAE the accuracy reports use -- by a grid search
 over (overhead, efficiency) and iteratively reweighted least squares for the regression.
 
+Kernels that ran while a communication kernel was running on another stream of the same GPU are
+slower and far noisier: NCCL kernels hold SMs and memory bandwidth (on the shared A100 traces a 1-block
+elementwise kernel takes a median 7 us under an all-reduce and 3 us alone). So each class, family and
+variant gets a model fitted on all its kernels (plain key, 'elementwise') and, where there are enough,
+one on the kernels that ran alone ('elementwise@alone') and one on those that ran under communication
+('elementwise@comm'); a kernel takes the most specific model of its own state, else the plain one.
+Contended kernels vary most (how much communication shares the GPU changes), so their models need
+CONTENDED_SAMPLES times the kernels. Replay picks the contended model for a traced kernel that
+overlapped communication in the recorded trace (the engine does not re-derive contention from the
+simulated schedule).
+
 Evaluation (`cross_validate`) is k-fold with folds by trace (fit on the other traces of the same GPU) and
 by step (fit on the other ProfilerSteps): a kernel is never in the fit that predicts it.
 """
@@ -43,23 +54,36 @@ MIN_KERNELS = 8         # fewer kernels than this in a class: no fit
 MIN_FAMILY_KERNELS = 4  # a kernel family (one implementation) varies less: fewer samples suffice
 TENSOR_DTYPES = ("tf32", "bf16", "fp16", "fp8")
 MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustained tensor fraction
+CONTENDED = "@comm"     # model-key suffix of kernels that ran under communication
+ISOLATED = "@alone"     # model-key suffix of kernels that ran without communication on the GPU
+CONTENDED_OVERLAP = 0.5 # a kernel is contended when communication covered at least this share of it
+CONTENDED_SAMPLES = 4   # a contended model needs this many times the kernels of another
 _OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
 _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
 
 
 # ------------------------------------------------------------------------------------ applying a model
-def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "") -> KernelClassModel | None:
-    """The fitted model for a kernel: its family's ('elementwise/at::native::...'), else its class's (a
-    dtype-specific one like 'gemm_tf32' first)."""
+def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "",
+                contended: bool = False, shaped: bool | None = None) -> KernelClassModel | None:
+    """The fitted model for a kernel, most specific first: its variant's, family's and class's models of its
+    state (ran alone / under communication), then those fitted on all kernels (a dtype-specific class like
+    'gemm_tf32' before 'gemm'). With `shaped` known (the kernel has a roofline), a model that cannot time
+    such a kernel is passed over."""
     models = hw.kernel_models
     if not models:
         return None
     key = model_key(cls, dtype)
-    if kernel:
-        fam = models.get(f"{key}/{kernel_family(kernel)}")
-        if fam is not None:
-            return fam
-    return models.get(key) or models.get(cls)
+    for k in (key + (CONTENDED if contended else ISOLATED), key):
+        for level in reversed(model_keys(k, kernel)):
+            got = models.get(level)
+            if got is not None and (shaped is None or can_time(got, shaped)):
+                return got
+    return models.get(cls)
+
+
+def can_time(model: KernelClassModel, shaped: bool) -> bool:
+    """Whether `model` times a kernel with (`shaped`) or without a roofline, as `predict` does."""
+    return (model.times_shaped or model.shaped_by_geometry) if shaped else bool(model.geometry)
 
 
 def apply_class_model(est: "OpEstimate", model: KernelClassModel, min_us: float = 0.0) -> "OpEstimate":
@@ -96,6 +120,48 @@ def geometry_estimate(model: KernelClassModel, grid: Any, block: Any, dtype: str
     return OpEstimate(t, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "calibrated launch-geometry regression")
 
 
+def communication_overlap(graph: "ExecutionGraph") -> np.ndarray:
+    """float [N]: per GPU node, the share of its recorded interval during which a communication kernel
+    ran on the same GPU (any stream; the node's own, if communication, is not counted). 0 elsewhere."""
+    from chakra_schema.graph import OpKind
+
+    from .compute import traced_kernel_class
+
+    out = np.zeros(len(graph))
+    gpu = np.flatnonzero(graph.is_gpu() & (graph.duration_us > 0))
+    if len(gpu) == 0:
+        return out
+    comm_kinds = np.isin(graph.kind[gpu], [int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV)])
+    names: dict[str, bool] = {}
+    comm = np.asarray([bool(c) or names.setdefault(graph.name[i], traced_kernel_class(graph, i)[0] == "communication")
+                       for i, c in zip(gpu.tolist(), comm_kinds.tolist())], bool)
+    device = np.asarray([graph.resources[r].device for r in graph.resource[gpu].tolist()])
+    for d in np.unique(device[comm]).tolist():
+        c = gpu[comm & (device == d)]
+        lo, hi = _interval_union(graph.start_us[c], graph.start_us[c] + graph.duration_us[c])
+        covered_before = np.concatenate([[0.0], np.cumsum(hi - lo)])
+
+        def covered(x: np.ndarray) -> np.ndarray:  # communication time in (-inf, x]
+            k = np.searchsorted(lo, x, side="right")
+            j = np.maximum(k - 1, 0)
+            inside = np.where(k > 0, np.clip(np.minimum(x, hi[j]) - lo[j], 0.0, None), 0.0)
+            return covered_before[j] * (k > 0) + inside
+
+        w = gpu[~comm & (device == d)]
+        a, b = graph.start_us[w], graph.start_us[w] + graph.duration_us[w]
+        out[w] = (covered(b) - covered(a)) / (b - a)
+    return out
+
+
+def _interval_union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted disjoint intervals covering the union of [start, end)."""
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], np.maximum.accumulate(end[order])
+    new = np.concatenate([[True], start[1:] > end[:-1]])   # a gap before it: a new interval starts
+    last = np.concatenate([np.flatnonzero(new)[1:] - 1, [len(start) - 1]])
+    return start[new], end[last]
+
+
 # ------------------------------------------------------------------------------------------- samples
 @dataclass
 class KernelSamples:
@@ -113,6 +179,7 @@ class KernelSamples:
     name: np.ndarray         # object[n] kernel name
     tensor_fraction: np.ndarray  # float [n] achieved fraction of the dense tensor peak (compute-bound
                                  # tensor-core GEMMs of >= 1 GFLOP), nan otherwise
+    contended: np.ndarray    # bool  [n] communication ran on the GPU for >= CONTENDED_OVERLAP of the kernel
     trace_names: list[str]
 
     def __len__(self) -> int:
@@ -150,6 +217,7 @@ def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str)
     steps = [(s.start_us, s.start_us + s.duration_us) for s in graph.steps if s.node >= 0]
     rows: list[tuple] = []
     memo: dict[tuple, Any] = {}
+    overlap = communication_overlap(graph)
     for i in sel.tolist():
         cls, dtype = traced_kernel_class(graph, i)
         if cls == "communication":
@@ -169,15 +237,16 @@ def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str)
             tensor = est.flops / (dur * 1e-6) / hw.peak_flops(dtype)
         rows.append((step, cls, dtype, dur,
                      max(est.compute_us, est.memory_us) if est is not None else np.nan,
-                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i], tensor))
+                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i], tensor,
+                     bool(overlap[i] >= CONTENDED_OVERLAP)))
     n = len(rows)
-    cols = list(zip(*rows)) if rows else [[]] * 10
+    cols = list(zip(*rows)) if rows else [[]] * 11
     return KernelSamples(trace=np.zeros(n, np.int64), step=np.asarray(cols[0], np.int64),
                          cls=np.asarray(cols[1], object), dtype=np.asarray(cols[2], object),
                          measured_us=np.asarray(cols[3], float), roofline_us=np.asarray(cols[4], float),
                          base_us=np.asarray(cols[5], float), ctas=np.asarray(cols[6], float),
                          threads=np.asarray(cols[7], float), name=np.asarray(cols[8], object),
-                         tensor_fraction=np.asarray(cols[9], float),
+                         tensor_fraction=np.asarray(cols[9], float), contended=np.asarray(cols[10], bool),
                          trace_names=[trace_name])
 
 
@@ -263,9 +332,26 @@ def fit_geometry(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray)
     return float(np.median(y - x[:, 1:] @ slopes)), float(slopes[0]), float(slopes[1])
 
 
-def model_key(cls: str, dtype: str) -> str:
-    """GEMM efficiency depends on the dtype (BF16, FP8, TF32 tensor cores, FP32 SIMT): fit it per dtype."""
-    return f"{cls}_{dtype}" if cls in ("gemm", "conv") else cls
+def model_key(cls: str, dtype: str, state: str = "") -> str:
+    """GEMM efficiency depends on the dtype (BF16, FP8, TF32 tensor cores, FP32 SIMT): fit it per dtype.
+    `state`: '' (all kernels), ISOLATED or CONTENDED."""
+    key = f"{cls}_{dtype}" if cls in ("gemm", "conv") else cls
+    return key + state
+
+
+def key_class(key: str) -> str:
+    """The kernel class a model key belongs to ('gemm_tf32@comm/cutlass...' -> 'gemm')."""
+    return key.split("/")[0].split("@")[0].split("_")[0]
+
+
+def model_keys(key: str, kernel: str = "") -> list[str]:
+    """The model keys of a kernel, least specific first: its class key, its family ('key/family') and its
+    variant ('key/variant': the family with its numbers, which name tile sizes and per-thread work: a
+    cuDNN batch-norm kernel's template argument 32 / 128 / 512 says how many elements a channel has)."""
+    if not kernel:
+        return [key]
+    fam, var = kernel_family(kernel), kernel_variant(kernel)
+    return [key, f"{key}/{fam}"] + ([f"{key}/{var}"] if var != fam else [])
 
 
 def kernel_family(name: str) -> str:
@@ -273,6 +359,11 @@ def kernel_family(name: str) -> str:
     parameter list, digits folded ('at::native::reduce_kernel<#, #, ...>', 'ampere_sgemm_#x#_nn'). Kernels
     of one family share a per-thread work pattern, so a class splits into families where the traces have
     enough of each."""
+    return "".join("#" if ch.isdigit() else ch for ch in kernel_variant(name))
+
+
+def kernel_variant(name: str) -> str:
+    """The kernel's function name with template arguments, without the parameter list."""
     base = name[5:] if name.startswith("void ") else name
     base = base.replace("(anonymous namespace)::", "")
     depth = 0
@@ -284,30 +375,39 @@ def kernel_family(name: str) -> str:
         elif ch == "(" and depth <= 0:
             base = base[:j]
             break
-    return "".join("#" if ch.isdigit() else ch for ch in base.strip())[:160] or "?"
+    return base.strip()[:160] or "?"
 
 
-def sample_keys(s: KernelSamples) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample: its class key and its family key ('class key/family')."""
-    cls = np.asarray([model_key(c, d) for c, d in zip(s.cls, s.dtype)], object)
-    fam = np.asarray([f"{c}/{kernel_family(n)}" for c, n in zip(cls, s.name)], object)
-    return cls, fam
+def sample_keys(s: KernelSamples, by_state: bool = False) -> list[np.ndarray]:
+    """Per sample its class, family and variant keys (`model_keys`; a kernel without a variant repeats its
+    family): the plain keys, or with `by_state` those of its state (ISOLATED or CONTENDED)."""
+    states = [(CONTENDED if c else ISOLATED) if by_state else "" for c in s.contended.tolist()]
+    cls = [model_key(c, d, st) for c, d, st in zip(s.cls, s.dtype, states)]
+    rows = [model_keys(c, n) for c, n in zip(cls, s.name)]
+    return [np.asarray([r[min(level, len(r) - 1)] for r in rows], object) for level in range(3)]
 
 
 def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
-    """One model per class key and one per kernel family with at least MIN_KERNELS samples."""
-    cls_keys, fam_keys = sample_keys(s)
+    """One model per class key with at least MIN_KERNELS samples, one per kernel family and per kernel
+    variant with at least MIN_FAMILY_KERNELS; each on all kernels and on those of each state."""
     out: dict[str, KernelClassModel] = {}
-    out.update(_fit_groups(s, cls_keys, MIN_KERNELS))
-    out.update(_fit_groups(s, fam_keys, MIN_FAMILY_KERNELS))
+    shaped = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    for by_state in (False, True):
+        cls_keys, fam_keys, var_keys = sample_keys(s, by_state)
+        out.update(_fit_groups(s, cls_keys, MIN_KERNELS))
+        out.update(_fit_groups(s, fam_keys, MIN_FAMILY_KERNELS))
+        # variants only for kernels timed by their launch geometry: with shapes, the family's roofline
+        # efficiency carries to shapes it has not seen (H100 GEMM sweeps: 14% GMAE) and a variant's does
+        # not (20%); without shapes, the variant's numbers are what tells per-thread work apart
+        out.update(_fit_groups(s, np.where(shaped, None, var_keys), MIN_FAMILY_KERNELS))
     return out
 
 
 def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[str, KernelClassModel]:
     out: dict[str, KernelClassModel] = {}
-    for key in sorted(set(keys.tolist())):
+    for key in sorted(set(keys.tolist()) - {None}):
         m = keys == key
-        model = _fit_group(s, m, min_kernels)
+        model = _fit_group(s, m, min_kernels * (CONTENDED_SAMPLES if CONTENDED in key else 1))
         if model is not None:
             pred = predict(model, s.subset(m))
             ok = np.isfinite(pred)
@@ -363,17 +463,16 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
 
 
 def predict_all(models: dict[str, KernelClassModel], s: KernelSamples) -> np.ndarray:
-    """Each sample by its family's model where fitted, else by its class's."""
-    cls_keys, fam_keys = sample_keys(s)
+    """Each sample by the most specific fitted model that can time it, as `class_model` picks one in
+    replay: variant, family and class of the kernel's state, then of all kernels."""
     out = np.full(len(s), np.nan)
-    for key in set(cls_keys.tolist()):
-        m = cls_keys == key
-        out[m] = predict(models.get(key), s.subset(m))
-    for key in set(fam_keys.tolist()):
-        if key in models:
-            m = fam_keys == key
-            got = predict(models[key], s.subset(m))
-            out[m] = np.where(np.isfinite(got), got, out[m])
+    levels = [sample_keys(s), sample_keys(s, by_state=True)]
+    for keys in (k for level in levels for k in level):  # least specific first: later levels override
+        for key in set(keys.tolist()):
+            if key in models:
+                m = keys == key
+                got = predict(models[key], s.subset(m))
+                out[m] = np.where(np.isfinite(got), got, out[m])
     return out
 
 
@@ -399,6 +498,9 @@ class ClassAccuracy:
     after_gmae: float
     floor_gmae: float = float("nan")  # repeat noise: each kernel predicted by the median of identical kernels
                                       # (name, shapes, grid) in the fit folds -- what no class model can beat
+    contended_kernels: int = 0        # of the fitted model's kernels, those that ran under communication
+    isolated_gmae: float = float("nan")   # after_gmae over the kernels that ran alone ...
+    contended_gmae: float = float("nan")  # ... and over those that ran under communication
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -440,8 +542,8 @@ def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
     pred = np.full(len(s), np.nan)
     repeat = np.full(len(s), np.nan)
     tested = np.zeros(len(s), bool)
-    keys = np.asarray([f"{n}|{r:.6g}|{c:g}|{t:g}" for n, r, c, t in zip(s.name, s.roofline_us, s.ctas, s.threads)],
-                      object)
+    keys = np.asarray([f"{n}|{r:.6g}|{c:g}|{t:g}|{k}" for n, r, c, t, k in
+                       zip(s.name, s.roofline_us, s.ctas, s.threads, s.contended)], object)
     for test in folds:
         if not test.any() or test.all():
             continue
@@ -457,7 +559,9 @@ def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
         b = m & np.isfinite(s.base_us) & (s.base_us > 0)
         a = m & np.isfinite(pred) & (pred > 0)
         r = m & np.isfinite(repeat)
+        iso, con = a & ~s.contended, a & s.contended
         rows.append(ClassAccuracy(cls, int(m.sum()), int(b.sum()), gmae(s.base_us[b], s.measured_us[b]),
                                   int(a.sum()), gmae(pred[a], s.measured_us[a]),
-                                  gmae(np.exp(repeat[r]), s.measured_us[r])))
+                                  gmae(np.exp(repeat[r]), s.measured_us[r]), int(con.sum()),
+                                  gmae(pred[iso], s.measured_us[iso]), gmae(pred[con], s.measured_us[con])))
     return rows
