@@ -271,20 +271,27 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
 
 
 def print_results(results: list[CaseResult], verbose: bool = False, file=None) -> None:
+    """One table per suite. Numbers and verdicts never fold (80 columns when piped): the case and
+    timing columns take what is left, and a failure's reason goes under its case name."""
     from lumos_sim.tables import console as make_console, table
 
     console = make_console(file)
-    t = table("Accuracy check", ("suite", "case", "timing", "steps", "max |err|", "mean |err|", "tolerance", "result"),
-              right=("steps", "max |err|", "mean |err|", "tolerance"))
-    for r in results:
-        tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
-                                                   if r.case.mean_tolerance is not None else "")
-        status = "[green]PASS[/green]" if r.passed else f"[red]FAIL[/red] {r.error or ''}"
-        t.add_row(r.suite, r.case.name, r.case.timing + (f" {os.path.basename(r.case.hardware)}" if r.case.hardware else ""),
-                  str(len(r.steps)), "-" if r.max_error is None else f"{100 * r.max_error:.2f}%",
-                  "-" if r.mean_error is None else f"{100 * r.mean_error:.2f}%", tol, status)
-        if verbose:
-            for s in r.steps:
-                t.add_row("", f"  rank {s.rank} {s.step}", "", "", f"{100 * s.error:+.2f}%", "",
-                          f"{s.measured_us / 1000:.3f} ms", f"pred {s.predicted_us / 1000:.3f} ms")
-    console.print(t)
+    numbers = ("steps", "max |err|", "mean |err|", "tolerance")
+    for suite in dict.fromkeys(r.suite for r in results):
+        t = table(f"Accuracy check: {suite}", ("case",) + numbers + ("result",), right=numbers,
+                  whole=numbers + ("result",))
+        for r in (r for r in results if r.suite == suite):
+            tol = f"{100 * r.case.tolerance:.1f}%" + (f" / mean {100 * r.case.mean_tolerance:.1f}%"
+                                                       if r.case.mean_tolerance is not None else "")
+            timing = r.case.timing + (f" {os.path.basename(r.case.hardware)}" if r.case.hardware else "")
+            shown = r.case.name if timing in r.case.name else f"{r.case.name} [dim]({timing})[/dim]"
+            case = shown + (
+                f"\n[red]{r.error}[/red]" if not r.passed and r.error else "")
+            t.add_row(case, str(len(r.steps)), "-" if r.max_error is None else f"{100 * r.max_error:.2f}%",
+                      "-" if r.mean_error is None else f"{100 * r.mean_error:.2f}%", tol,
+                      "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]")
+            if verbose:
+                for s in r.steps:
+                    t.add_row(f"  rank {s.rank} {s.step}", "", f"{100 * s.error:+.2f}%", "",
+                              f"{s.measured_us / 1000:.3f} ms", f"pred {s.predicted_us / 1000:.3f} ms")
+        console.print(t)
