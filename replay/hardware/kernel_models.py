@@ -24,11 +24,11 @@ slower and far noisier: NCCL kernels hold SMs and memory bandwidth (on the share
 elementwise kernel takes a median 7 us under an all-reduce and 3 us alone). So each class, family and
 variant gets a model fitted on all its kernels (plain key, 'elementwise') and, where there are enough,
 one on the kernels that ran alone ('elementwise@alone') and one on those that ran under communication
-('elementwise@comm'); a kernel takes the most specific model of its own state, else the plain one.
-Contended kernels vary most (how much communication shares the GPU changes), so their models need
-CONTENDED_SAMPLES times the kernels. Replay picks the contended model for a traced kernel that
-overlapped communication in the recorded trace (the engine does not re-derive contention from the
-simulated schedule).
+('elementwise@comm'). A kernel takes the most specific level that has a model (variant, family,
+class), and there its own state's model before the plain one; a state group that holds every kernel
+of its plain group gets none (it would repeat the plain model). Replay picks the contended model for a
+traced kernel that overlapped communication in the recorded trace (the engine does not re-derive
+contention from the simulated schedule).
 
 Evaluation (`cross_validate`) is k-fold with folds by trace (fit on the other traces of the same GPU) and
 by step (fit on the other ProfilerSteps): a kernel is never in the fit that predicts it.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -57,7 +58,6 @@ MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustaine
 CONTENDED = "@comm"     # model-key suffix of kernels that ran under communication
 ISOLATED = "@alone"     # model-key suffix of kernels that ran without communication on the GPU
 CONTENDED_OVERLAP = 0.5 # a kernel is contended when communication covered at least this share of it
-CONTENDED_SAMPLES = 4   # a contended model needs this many times the kernels of another
 _OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
 _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
 
@@ -65,17 +65,18 @@ _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
 # ------------------------------------------------------------------------------------ applying a model
 def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "",
                 contended: bool = False, shaped: bool | None = None) -> KernelClassModel | None:
-    """The fitted model for a kernel, most specific first: its variant's, family's and class's models of its
-    state (ran alone / under communication), then those fitted on all kernels (a dtype-specific class like
-    'gemm_tf32' before 'gemm'). With `shaped` known (the kernel has a roofline), a model that cannot time
+    """The fitted model for a kernel, most specific level first (variant, family, class; a dtype-specific
+    class like 'gemm_tf32' before 'gemm'), at each level the model of the kernel's state (ran alone /
+    under communication) before the one fitted on all kernels. With `shaped` known (the kernel has a roofline), a model that cannot time
     such a kernel is passed over."""
     models = hw.kernel_models
     if not models:
         return None
     key = model_key(cls, dtype)
-    for k in (key + (CONTENDED if contended else ISOLATED), key):
-        for level in reversed(model_keys(k, kernel)):
-            got = models.get(level)
+    by_state = model_keys(key + (CONTENDED if contended else ISOLATED), kernel)
+    for state_key, plain_key in reversed(list(zip(by_state, model_keys(key, kernel)))):
+        for k in (state_key, plain_key):
+            got = models.get(k)
             if got is not None and (shaped is None or can_time(got, shaped)):
                 return got
     return models.get(cls)
@@ -392,8 +393,9 @@ def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
     variant with at least MIN_FAMILY_KERNELS; each on all kernels and on those of each state."""
     out: dict[str, KernelClassModel] = {}
     shaped = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
-    for by_state in (False, True):
-        cls_keys, fam_keys, var_keys = sample_keys(s, by_state)
+    plain = sample_keys(s)
+    for keys in (plain, [_unless_all_kernels(st, pl) for st, pl in zip(sample_keys(s, by_state=True), plain)]):
+        cls_keys, fam_keys, var_keys = keys
         out.update(_fit_groups(s, cls_keys, MIN_KERNELS))
         out.update(_fit_groups(s, fam_keys, MIN_FAMILY_KERNELS))
         # variants only for kernels timed by their launch geometry: with shapes, the family's roofline
@@ -403,11 +405,20 @@ def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
     return out
 
 
+def _unless_all_kernels(state_keys: np.ndarray, plain_keys: np.ndarray) -> np.ndarray:
+    """State keys, None where a state group holds every kernel of its plain group (its model would
+    repeat the plain one: traces without communication have only isolated kernels)."""
+    plain_size = Counter(plain_keys.tolist())
+    state_size = Counter(state_keys.tolist())
+    same = [state_size[st] == plain_size[pl] for st, pl in zip(state_keys.tolist(), plain_keys.tolist())]
+    return np.where(np.asarray(same, bool), None, state_keys)
+
+
 def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[str, KernelClassModel]:
     out: dict[str, KernelClassModel] = {}
     for key in sorted(set(keys.tolist()) - {None}):
         m = keys == key
-        model = _fit_group(s, m, min_kernels * (CONTENDED_SAMPLES if CONTENDED in key else 1))
+        model = _fit_group(s, m, min_kernels)
         if model is not None:
             pred = predict(model, s.subset(m))
             ok = np.isfinite(pred)
@@ -464,10 +475,10 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
 
 def predict_all(models: dict[str, KernelClassModel], s: KernelSamples) -> np.ndarray:
     """Each sample by the most specific fitted model that can time it, as `class_model` picks one in
-    replay: variant, family and class of the kernel's state, then of all kernels."""
+    replay: variant, family, class, at each level the kernel's state's model before the plain one."""
     out = np.full(len(s), np.nan)
-    levels = [sample_keys(s), sample_keys(s, by_state=True)]
-    for keys in (k for level in levels for k in level):  # least specific first: later levels override
+    plain, by_state = sample_keys(s), sample_keys(s, by_state=True)
+    for keys in (k for pair in zip(plain, by_state) for k in pair):  # least specific first: later ones override
         for key in set(keys.tolist()):
             if key in models:
                 m = keys == key
