@@ -498,8 +498,11 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
-def _io_to_attrs(raw: bytes, keys: dict[str, str], a: dict[str, Any]) -> None:
-    io = IOInfo.FromString(raw)
+def _io_to_attrs(raw: bytes, keys: dict[str, str], a: dict[str, Any], path: Path, what: str) -> None:
+    try:
+        io = IOInfo.FromString(raw)
+    except DecodeError as e:   # like attributes, a node's inputs / outputs are decoded lazily
+        raise TraceInputError(path, f"corrupt node {what}: {e}") from None
     for sub, key in keys.items():
         text = getattr(io, sub)
         if text:
@@ -515,6 +518,17 @@ def _time(a: dict[str, Any], us_attr: str, ns_attr: str, micros: int) -> float:
     if isinstance(ns, int):
         return ns / 1000.0
     return float(micros)
+
+
+_RESOURCE_KINDS = {int(k) for k in ResourceKind}
+
+
+def _resource_key(path: Path, kind: Any, device: Any, index: Any) -> tuple[int, int, int]:
+    """One entry of the stored resource table, checked: a corrupt table is a one-line error."""
+    if not all(type(v) is int for v in (kind, device, index)) or kind not in _RESOURCE_KINDS:
+        raise TraceInputError(path, f"corrupt resource table in the metadata: kind {kind!r}, device {device!r}, "
+                                    f"index {index!r}")
+    return kind, device, index
 
 
 def read_graph(path: PathLike, rank: int | None = None, world_size: int | None = None,
@@ -546,9 +560,9 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
     for i, node in enumerate(messages):
         a: dict[str, Any] = dict(map(decode, node.attr))  # type: ignore[union-attr]
         if node.inputs:  # type: ignore[union-attr]
-            _io_to_attrs(node.inputs, _IO_ATTRS["input"][1], a)  # type: ignore[union-attr]
+            _io_to_attrs(node.inputs, _IO_ATTRS["input"][1], a, path, "inputs")  # type: ignore[union-attr]
         if node.outputs:  # type: ignore[union-attr]
-            _io_to_attrs(node.outputs, _IO_ATTRS["output"][1], a)  # type: ignore[union-attr]
+            _io_to_attrs(node.outputs, _IO_ATTRS["output"][1], a, path, "outputs")  # type: ignore[union-attr]
         name = node.name  # type: ignore[union-attr]
         ntype = node.type  # type: ignore[union-attr]
         # ASTRA-sim microbenchmarks leave is_cpu_op out: their compute and comm nodes are GPU work
@@ -601,8 +615,8 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
     table = [meta.get(k) for k in _RES_ATTRS]
     if all(isinstance(t, list) for t in table) and len({len(t) for t in table}) == 1:  # type: ignore[arg-type]
         for kind_, dev, idx, rname in zip(*table):  # type: ignore[misc]
-            key = (int(kind_), int(dev), int(idx))
-            res_index.setdefault(key, b.resource(ResourceKind(int(kind_)), dev, idx, str(rname)))
+            key = _resource_key(path, kind_, dev, idx)
+            res_index.setdefault(key, b.resource(ResourceKind(key[0]), key[1], key[2], str(rname)))
     res_of = []
     for key in res_keys:
         r = res_index.get(key)

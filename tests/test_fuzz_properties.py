@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pytest
@@ -18,7 +19,10 @@ from chakra_schema.graph import EdgeKind, GraphBuilder, NodeType, OpKind, Resour
 from chakra_schema.graph_io import read_graph, write_graph
 from chakra_schema.pytorch.converter import RankInputs, convert_rank
 
-FAST = settings(max_examples=60, deadline=None,
+# The same examples every run, so CI is reproducible. A wider, random search (a fuzzing campaign):
+# LUMOS_SIM_FUZZ_EXAMPLES=2000 LUMOS_SIM_FUZZ_RANDOM=1 pytest tests/test_fuzz_properties.py
+FAST = settings(max_examples=int(os.environ.get("LUMOS_SIM_FUZZ_EXAMPLES", "60")), deadline=None,
+                derandomize=os.environ.get("LUMOS_SIM_FUZZ_RANDOM") != "1",
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
