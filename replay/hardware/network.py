@@ -55,43 +55,63 @@ def max_min_fair_share(paths: Sequence[Sequence[Link]], capacity: dict[Link, flo
     (progressive filling: the most contended link fixes the rate of its flows, repeat). A flow with an
     empty path gets an infinite rate. `weights[f]` > 1 stands for that many identical copies of flow f
     (each copy gets the returned rate): exact, and far cheaper than listing the copies."""
-    nflows = len(paths)
+    return fair_share_on(FlowIncidence.of(paths, capacity), weights)
+
+
+@dataclass(frozen=True)
+class FlowIncidence:
+    """Which flow uses which link (one entry per pair) and the links' capacities: built once for a set
+    of paths, then shared max-min fairly under any weights (`fair_share_on`)."""
+
+    flows: int
+    flow_of: np.ndarray      # int [entries]
+    link_of: np.ndarray      # int [entries]
+    capacity: np.ndarray     # float [links]
+
+    @staticmethod
+    def of(paths: Sequence[Sequence[Link]], capacity: dict[Link, float] | callable) -> "FlowIncidence":
+        cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
+        index: dict[Link, int] = {}
+        fl, lk = [], []
+        for f, p in enumerate(paths):
+            for link in p:
+                li = index.get(link)
+                if li is None:
+                    li = index[link] = len(index)
+                fl.append(f)
+                lk.append(li)
+        return FlowIncidence(len(paths), np.asarray(fl, np.int64), np.asarray(lk, np.int64),
+                             np.array([float(cap_of(link)) for link in index]))
+
+
+def fair_share_on(inc: FlowIncidence, weights: Sequence[float] | None = None) -> np.ndarray:
+    """`max_min_fair_share` on a prebuilt incidence (progressive filling)."""
+    nflows = inc.flows
     rates = np.full(nflows, np.inf)
-    if nflows == 0:
+    if nflows == 0 or len(inc.capacity) == 0:
         return rates
-    cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
-    index: dict[Link, int] = {}
-    fl, lk = [], []
-    for f, p in enumerate(paths):
-        for link in p:
-            li = index.get(link)
-            if li is None:
-                li = index[link] = len(index)
-            fl.append(f)
-            lk.append(li)
-    if not index:
-        return rates
-    fl_a, lk_a = np.asarray(fl), np.asarray(lk)
+    fl_a, lk_a = inc.flow_of, inc.link_of
     w = np.ones(nflows) if weights is None else np.asarray(weights, float)
-    remaining = np.array([float(cap_of(link)) for link in index])
-    active = np.ones(nflows, bool)
-    active[np.setdiff1d(np.arange(nflows), fl_a)] = False
+    remaining = inc.capacity.copy()
+    active = np.zeros(nflows, bool)
+    active[fl_a] = True          # a flow without links keeps its infinite rate
+    nlinks = len(remaining)
     while active.any():
         sel = active[fl_a]
-        counts = np.bincount(lk_a[sel], weights=w[fl_a[sel]], minlength=len(index))
+        counts = np.bincount(lk_a[sel], weights=w[fl_a[sel]], minlength=nlinks)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
         best = share.min()
         if not np.isfinite(best):
             break
         tight = share <= best * (1 + 1e-12)
-        fixed_entries = sel & tight[lk_a]
-        fixed = np.unique(fl_a[fixed_entries])
+        fixed = np.zeros(nflows, bool)   # flows crossing a bottleneck link: their rate is set now
+        fixed[fl_a[sel & tight[lk_a]]] = True
         rates[fixed] = best
-        active[fixed] = False
-        used = np.isin(fl_a, fixed)
-        np.subtract.at(remaining, lk_a[used], best * w[fl_a[used]])
-        remaining = np.maximum(remaining, 0.0)
+        active &= ~fixed
+        used = fixed[fl_a]
+        remaining = np.maximum(remaining - np.bincount(lk_a[used], weights=best * w[fl_a[used]], minlength=nlinks),
+                               0.0)
     return rates
 
 
@@ -245,13 +265,19 @@ def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacit
         pid = id(paths[j])
         copies[pid] = copies.get(pid, 0) + 1
         first.setdefault(pid, j)
-    flat, owner, weight = [], [], []
-    for pid, j in first.items():
-        flat.extend(paths[j])
-        owner.extend([pid] * len(paths[j]))
-        weight.extend([copies[pid]] * len(paths[j]))
-    shared = max_min_fair_share(flat, capacity, weight)
-    owner_a = np.asarray(owner)
+    # the flows and links of a set of path lists recur with other copy counts: build their incidence once
+    order = sorted(first)
+    inc_key = ("incidence", tuple(order))
+    hit = cache.get(inc_key)
+    if hit is None:
+        flat, owner = [], []
+        for pos, pid in enumerate(order):
+            flat.extend(paths[first[pid]])
+            owner.extend([pos] * len(paths[first[pid]]))
+        hit = cache[inc_key] = (FlowIncidence.of(flat, capacity), np.asarray(owner, np.int64))
+    inc, owner_pos = hit
+    shared = fair_share_on(inc, np.asarray([copies[pid] for pid in order], float)[owner_pos])
+    owner_a = np.asarray(order)[owner_pos]
     by_path: dict[int, float] = {}
     for pid, j in first.items():
         alone = cache.get(("alone", pid))
