@@ -171,3 +171,13 @@ def test_top_k_skips_plans_whose_estimate_and_memory_repeat_a_better_one():
     assert len({(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in r.order[:10]}) < 10
     positions = [int(np.flatnonzero(r.order == i)[0]) for i in top]
     assert positions == sorted(positions)
+
+
+def test_search_table_shows_every_plan_at_80_columns(capsys):
+    """Piped output is 80 columns wide: the plan column must survive (it once shrank to nothing)."""
+    from lumos_sim.cli import main as cli_main
+    assert cli_main(["whatif", "parallelism", "--model", "llama3-8b", "--gpus", "16", "--seq-len", "4096",
+                     "--global-batch", "64", "--search", "--top-k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert sum(line.lstrip().startswith(f"{i} ") and "TP" in line for i in (1, 2, 3) for line in out.splitlines()) == 3

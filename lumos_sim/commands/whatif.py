@@ -276,16 +276,23 @@ def _print_search(results, summary: str = "") -> None:
 
     console = make_console()
     r0 = results[0]
-    cols = ("#", "plan", "step\ns", "esti-\nmate s", "tokens\n/s", "TFLOP/s\n/GPU", "MFU", "mem\nGiB", "bubble",
-            "exposed\ncomm s")
+    # 80 columns (a pipe, a narrow terminal) cannot hold every figure and the plan: the analytic estimate
+    # and TFLOP/s (MFU says the same) give way there, and the plan never shrinks below PLAN_MIN_WIDTH
+    wide = console.width >= 110
+    cols = ("#", "plan", "step\ns") + (("esti-\nmate s",) if wide else ()) + ("tokens\n/s",) + (
+        ("TFLOP/s\n/GPU",) if wide else ()) + ("MFU", "mem\nGiB", "bubble", "exposed\ncomm s")
+    numbers = tuple(c for c in cols if c != "plan")
     t = table(f"{r0.model} on {r0.plan.gpus} x {r0.hardware}: plans ranked by predicted throughput", cols,
-              right=cols[:1] + cols[2:], whole=cols[:1] + cols[2:])
+              right=numbers, whole=numbers)
+    t.columns[1].min_width = PLAN_MIN_WIDTH
     for i, r in enumerate(results, 1):
         est = r.extra.get("analytic_step_time_s")
-        t.add_row(str(i), _search_plan_text(r.plan), f"{r.step_time_s:.3f}", f"{est:.3f}" if est else "",
-                  f"{r.tokens_per_s:,.0f}",
-                  f"{r.tflops_per_gpu:.1f}", f"{100 * r.mfu:.1f}%", f"{r.memory.total_gib:.1f}",
-                  f"{100 * r.breakdown.mean.idle_fraction:.1f}%", f"{r.breakdown.mean.exposed_comm_us / 1e6:.3f}")
+        cells = {"#": str(i), "plan": _search_plan_text(r.plan), "step\ns": f"{r.step_time_s:.3f}",
+                 "esti-\nmate s": f"{est:.3f}" if est else "", "tokens\n/s": f"{r.tokens_per_s:,.0f}",
+                 "TFLOP/s\n/GPU": f"{r.tflops_per_gpu:.1f}", "MFU": f"{100 * r.mfu:.1f}%",
+                 "mem\nGiB": f"{r.memory.total_gib:.1f}", "bubble": f"{100 * r.breakdown.mean.idle_fraction:.1f}%",
+                 "exposed\ncomm s": f"{r.breakdown.mean.exposed_comm_us / 1e6:.3f}"}
+        t.add_row(*(cells[c] for c in cols))
     console.print(t)
     console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
                   "size, recompute = activation recomputation (none, selective, full), zero = ZeRO stage (0 DDP, "
@@ -293,6 +300,9 @@ def _print_search(results, summary: str = "") -> None:
                   "sequence parallelism, no-<overlap> = that overlap is off")
     if summary:
         console.print(summary)
+
+
+PLAN_MIN_WIDTH = 20
 
 
 def _search_plan_text(p) -> str:
