@@ -128,17 +128,16 @@ def kernel_report(graphs):
 
 
 def print_classes(classes, unknown_share, unknown) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from lumos_sim.tables import console as make_console, table
 
     total = sum(c["time_us"] for c in classes.values()) or 1.0
-    t = Table(title="GPU kernels by class (name first, launching op where the name says nothing)")
-    for col in ("class", "kernels", "GPU time", "share", "by launching op", "libraries"):
-        t.add_column(col, justify="left" if col in ("class", "libraries") else "right")
+    numbers = ("kernels", "GPU time", "share", "by op")
+    t = table("GPU kernels by class (by name, else by launching op)", ("class",) + numbers + ("libraries",),
+              right=numbers, whole=("class",) + numbers)
     for c, v in classes.items():
         t.add_row(c, str(v["kernels"]), f"{v['time_us'] / 1e3:.1f} ms", f"{100 * v['time_us'] / total:.1f}%",
                   str(v["by_op"]), ", ".join(f"{k} {n}" for k, n in list(v["libraries"].items())[:4]))
-    console = Console()
+    console = make_console()
     console.print(t)
     console.print(f"unclassified kernels: {100 * unknown_share:.2f}% of GPU time")
     for u in unknown[:10]:
@@ -146,18 +145,24 @@ def print_classes(classes, unknown_share, unknown) -> None:
 
 
 def print_accuracy(by_trace, by_step, title: str = "cross-validated per-class GMAE") -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """One table per kind of fold: held-out kernels, GMAE before / after calibration, after split into
+    kernels that ran alone and under communication (own models), and the repeat floor."""
+    from lumos_sim.tables import console as make_console, table
 
-    t = Table(title=title + " (uncalibrated -> calibrated)")
-    for col in ("folds", "class", "held-out", "uncalibrated n", "uncalibrated GMAE", "calibrated n",
-                "calibrated GMAE", "repeat floor"):
-        t.add_column(col, justify="left" if col in ("folds", "class") else "right")
+    console = make_console()
+    cols = ("class", "held\nout", "before", "after", "after\nalone", "after\nunder\ncomm", "under\ncomm\nn",
+            "repeat\nfloor")
     for label, rows in (("by trace", by_trace), ("by step", by_step)):
+        if not rows:
+            continue
+        t = table(f"{title}, folds {label}", cols, right=cols[1:], whole=cols[1:])
         for r in rows:
-            t.add_row(label, r.kernel_class, str(r.kernels), str(r.before_kernels), _pct(r.before_gmae),
-                      str(r.after_kernels), _pct(r.after_gmae), _pct(r.floor_gmae))
-    Console().print(t)
+            t.add_row(r.kernel_class, str(r.kernels), _pct(r.before_gmae), _pct(r.after_gmae), _pct(r.isolated_gmae),
+                      _pct(r.contended_gmae), str(r.contended_kernels), _pct(r.floor_gmae))
+        console.print(t)
+    console.print("before / after: the preset's physics vs the fitted kernel models on held-out kernels; 'under "
+                  "comm': kernels that ran while communication did (fitted on their own); repeat floor: identical "
+                  "kernels of the other folds predicting each other")
 
 
 def _pct(x: float) -> str:
