@@ -7,8 +7,10 @@ network; a `Fabric` says when it ends. Engine code never looks at links or algor
 - `IdealFabric`: every transfer alone on the network (end = start + alone time). Used with recorded
   timing, whose collectives already hold the contention of the run that recorded them.
 - `SharedLinkFabric`: transfers in flight at the same time share the links of `NetworkModel`'s topology
-  max-min fairly (`shared_completion_times`). The engine computes node times as far as their inputs
-  are known rather than in global time order, so it cannot know, when a transfer starts, which others
+  max-min fairly (`shared_transfer_times`; a transfer waits for the one before it on its GPU stream,
+  so a stream of sends slowed by sharing queues instead of piling up). The engine computes node times
+  as far as their inputs are known rather than in global time order, so it cannot know, when a
+  transfer starts, which others
   will overlap it; the fabric therefore works in passes: a pass replays with the contended durations
   of the previous pass, the fabric re-shares the links over the transfers that pass saw, and the engine
   replays again until no transfer's duration moves by more than `tolerance_us` or `relative_tolerance`
@@ -74,6 +76,7 @@ class SharedLinkFabric:
     residual_us: float = 0.0
     _contended: dict = field(default_factory=dict)   # key -> contended duration from the last pass
     _seen: dict = field(default_factory=dict)        # key -> (start, alone, paths) of this pass
+    _stream: dict = field(default_factory=dict)      # key -> (rank, GPU stream) it was first seen on
     _used: dict = field(default_factory=dict)        # key -> duration this pass used
     _last_step: dict = field(default_factory=dict)   # key -> the correction of the previous pass
     _damped: set = field(default_factory=set)        # keys whose corrections oscillated
@@ -81,12 +84,14 @@ class SharedLinkFabric:
     def begin_pass(self) -> None:
         self.passes += 1
         self._seen = {}
+        self._stream = {}
         self._used = {}
 
     def transfer_end(self, key, start_us, alone_us, graph, node, group_ranks) -> float:
         seen = self._seen.get(key)
         if seen is None:
             self._seen[key] = (start_us, alone_us, self._paths(graph, node, group_ranks))
+            self._stream[key] = (graph.rank, int(graph.resource[node]))
         elif start_us < seen[0]:  # the same collective seen from another member that started it earlier
             self._seen[key] = (start_us, seen[1], seen[2])
         dur = self._contended.get(key, alone_us)
@@ -94,7 +99,7 @@ class SharedLinkFabric:
         return start_us + dur
 
     def settled(self) -> bool:
-        from replay.hardware.network import shared_completion_times
+        from replay.hardware.network import shared_transfer_times
 
         keys = list(self._seen)
         if not keys:
@@ -102,9 +107,10 @@ class SharedLinkFabric:
         starts = [self._seen[k][0] for k in keys]
         alone = [self._seen[k][1] for k in keys]
         paths = [self._seen[k][2] for k in keys]
-        ends = shared_completion_times(starts, alone, paths, self.network.topology.capacity)
+        begins, ends = shared_transfer_times(starts, alone, paths, self.network.topology.capacity,
+                                             self._stream_predecessors(keys, starts))
         moved = 0.0
-        for k, s, e in zip(keys, starts, ends.tolist()):
+        for k, s, e in zip(keys, begins.tolist(), ends.tolist()):
             d = e - s
             used = self._used.get(k, d)
             step = d - used
@@ -121,6 +127,17 @@ class SharedLinkFabric:
         span = float(np.max(ends) - min(starts))
         tolerance = max(self.tolerance_us, self.relative_tolerance * span)
         return moved <= tolerance or self.passes >= self.max_passes
+
+    def _stream_predecessors(self, keys: list, starts: list[float]) -> list[int]:
+        """Per transfer, the one before it on its GPU stream (-1: first): stream order makes it wait for
+        that one's contended end, so the fluid model must not start it at this pass's (earlier) time."""
+        after = [-1] * len(keys)
+        last: dict = {}
+        for i in sorted(range(len(keys)), key=starts.__getitem__):
+            stream = self._stream[keys[i]]
+            after[i] = last.get(stream, -1)
+            last[stream] = i
+        return after
 
     def _paths(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int]) -> list:
         kind = int(graph.kind[node])

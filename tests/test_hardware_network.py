@@ -2,6 +2,7 @@
 algorithm selection, topologies."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from chakra_schema.graph import CommType
@@ -224,3 +225,20 @@ def test_degenerate_groups(h100):
     assert h100.collective_us(CommType.ALL_REDUCE, GiB, [3]) == 0.0
     assert h100.collective_us(CommType.ALL_REDUCE, 0, range(8)) == 0.0
     assert h100.collective_us(CommType.BARRIER, 0, range(8)) > 0.0
+
+
+def test_transfers_of_one_stream_queue_behind_each_other_when_sharing_slows_them():
+    """Ten 10 us sends back to back on one stream next to a long transfer on the same link: each gets
+    half the link (20 us) and the next begins when it ends -- stream order -- instead of all piling up
+    at the times an uncontended pass gave them (hundreds of CP sends stretched 278x each, hiding the GPU)."""
+    from replay.hardware.network import shared_transfer_times
+    link = ("nic_tx", 0, 0)
+    paths = [[(link,)]] + [[(link,)] for _ in range(10)]
+    starts = [0.0] + [10.0 * k for k in range(10)]
+    alone = [1000.0] + [10.0] * 10
+    after = [-1, -1] + list(range(1, 10))
+    begin, end = shared_transfer_times(starts, alone, paths, {link: 1.0}, after)
+    assert (end[1:] - begin[1:]).tolist() == pytest.approx([20.0] * 10)
+    assert end[10] == pytest.approx(200.0) and begin[5] == pytest.approx(80.0)
+    piled = shared_transfer_times(starts, alone, paths, {link: 1.0})[1]
+    assert max(piled[1:] - np.asarray(starts[1:])) > 2 * 20.0   # without stream order they pile up

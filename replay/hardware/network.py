@@ -28,6 +28,7 @@ gathered (output) buffer; reduce_scatter: the input buffer; all_to_all: each ran
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from dataclasses import dataclass
@@ -144,31 +145,51 @@ def flow_completion_times(paths: Sequence[Sequence[Link]], sizes: Sequence[float
 def shared_completion_times(starts: Sequence[float], alone_us: Sequence[float], paths: Sequence[Sequence[Path]],
                             capacity: dict[Link, float] | callable) -> np.ndarray:
     """End times of transfers that start at `starts` and would take `alone_us` on an idle network, when
+    those in flight at the same time share links (see `shared_transfer_times`)."""
+    return shared_transfer_times(starts, alone_us, paths, capacity)[1]
+
+
+def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], paths: Sequence[Sequence[Path]],
+                          capacity: dict[Link, float] | callable,
+                          after: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(begin, end) of transfers that start at `starts` and would take `alone_us` on an idle network, when
     those in flight at the same time share links. Each transfer is a set of flows (`paths[i]`, one path
     per flow); while it runs, its speed is the lowest ratio over its flows of the max-min fair rate
     among all flows in flight to the rate its flows get alone (a ring runs at the pace of its slowest
     link). Speeds are re-shared whenever a transfer starts or ends (a fluid model). A transfer with no
-    path, or alone in flight, runs at full speed."""
+    path, or alone in flight, runs at full speed. `after[i]` >= 0: transfer i cannot begin before that
+    transfer ends (the previous transfer of its GPU stream: stream order holds however long sharing
+    makes the first), so it begins at max(its start, that end)."""
     n = len(starts)
-    start = np.asarray(starts, float)
+    start = np.asarray(starts, float).copy()
     left = np.asarray(alone_us, float).copy()
     end = start + left
     if n < 2:
-        return end
-    order = np.argsort(start, kind="stable").tolist()
+        return start, end
+    nxt = [-1] * n                      # the transfer waiting for each one's end
+    waiting = [False] * n
+    if after is not None:
+        for i, a in enumerate(after):
+            if a >= 0:
+                nxt[a] = i
+                waiting[i] = True
     eps = 1e-9 * np.maximum(1.0, np.asarray(alone_us, float))
     cache: dict[tuple, dict[int, float]] = {}  # the same mix of transfers recurs every layer and step
+    pending = [(start[j], j) for j in range(n) if not waiting[j]]
+    heapq.heapify(pending)
     active: list[int] = []
     now = -np.inf
-    k = 0
-    while k < n or active:
+    remaining = n
+    while remaining:
         speed = _speeds(active, paths, capacity, cache)
         # next event: the next start, or the first active transfer to finish at the current speeds
-        t_next, fin = (start[order[k]] if k < n else np.inf), -1
+        t_next, fin = (pending[0][0] if pending else np.inf), -1
         for j, sp in zip(active, speed):
             t = now + left[j] / sp
             if t < t_next:
                 t_next, fin = t, j
+        if not np.isfinite(t_next):   # nothing can run: only transfers behind a cycle of waits remain
+            break
         for j, sp in zip(active, speed):
             left[j] -= (t_next - now) * sp
         now = t_next
@@ -177,13 +198,25 @@ def shared_completion_times(starts: Sequence[float], alone_us: Sequence[float], 
         done = [j for j in active if left[j] <= eps[j]]
         for j in done:
             end[j] = now
+            remaining -= 1
+            w = nxt[j]
+            if w >= 0:   # its stream successor may begin now (or at its own start, if later)
+                start[w] = max(start[w], now)
+                heapq.heappush(pending, (start[w], w))
         active = [j for j in active if left[j] > eps[j]]
-        if fin < 0:
-            j = order[k]
-            k += 1
+        while pending and pending[0][0] <= now:
+            _, j = heapq.heappop(pending)
             if left[j] > 0.0:
                 active.append(j)
-    return end
+            else:
+                end[j] = start[j]
+                remaining -= 1
+                w = nxt[j]
+                if w >= 0:
+                    start[w] = max(start[w], start[j])
+                    heapq.heappush(pending, (start[w], w))
+    end = np.where(np.isfinite(end), end, start + np.asarray(alone_us, float))
+    return start, np.maximum(end, start)
 
 
 def _speeds(active: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> list[float]:
