@@ -10,8 +10,8 @@ network; a `Fabric` says when it ends. Engine code never looks at links or algor
   max-min fairly (`shared_transfer_times`; a transfer waits for the one before it on its GPU stream,
   so a stream of sends slowed by sharing queues instead of piling up). The engine computes node times
   as far as their inputs are known rather than in global time order, so it cannot know, when a
-  transfer starts, which others
-  will overlap it; the fabric therefore works in passes: a pass replays with the contended durations
+  transfer starts, which others will overlap it; the fabric therefore works in passes: a pass replays
+  with the contended durations
   of the previous pass, the fabric re-shares the links over the transfers that pass saw, and the engine
   replays again until no transfer's duration moves by more than `tolerance_us` or `relative_tolerance`
   of the simulated span (or `max_passes`). A transfer whose correction flips direction between passes
