@@ -47,7 +47,8 @@ class TraceSpec:
     `inputs`: .et files / prefixes or raw traces (as `lumos-sim replay INPUT`); `et`/`kineto`: raw
     Execution Trace / Kineto patterns with `{rank}`. `dp`, `layers`: the new data-parallel degree and
     layer count (None: unchanged). `source_hardware`: the GPU it was recorded on, when the trace does not
-    say."""
+    say. `balance`: bring slow ranks' compute to the median rank's (`estimators.rank_balance`): the
+    ranks in `balance_ranks`, or (empty) every rank computing more than `balance_threshold` above it."""
 
     inputs: tuple[str, ...] = ()
     et: str | None = None
@@ -55,6 +56,9 @@ class TraceSpec:
     source_hardware: str | None = None
     dp: int | None = None
     layers: int | None = None
+    balance: bool = False
+    balance_ranks: tuple[int, ...] = ()
+    balance_threshold: float = 0.05
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, bytes)):  # a lone path would be iterated per character
@@ -67,6 +71,15 @@ class TraceSpec:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise TraceInputError(None, f"trace.{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.balance, bool):
+            raise TraceInputError(None, f"trace.balance must be true or false, got {self.balance!r}")
+        ranks = self.balance_ranks
+        if isinstance(ranks, (int, str)) or not all(type(r) is int and r >= 0 for r in ranks):
+            raise TraceInputError(None, f"trace.balance_ranks must be a list of ranks (integers >= 0), got {ranks!r}")
+        object.__setattr__(self, "balance_ranks", tuple(ranks))
+        t = self.balance_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < 10:
+            raise TraceInputError(None, f"trace.balance_threshold must be a number in [0, 10), got {t!r}")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ edited (data-parallel degree, layer count) and replayed -- see `estimators.whati
   `hardware` is set; `model`: every node re-timed by the hardware models).
 - `trace`: the Lumos-style edit: `trace.dp`, `trace.layers` and/or `hardware` (translation) changed,
   replayed against the unchanged recording (the prediction's `baseline_step_time_s`).
+  `trace.balance` instead brings the slow ranks' compute to the median rank's (job-level step times).
 """
 from __future__ import annotations
 
@@ -98,12 +99,21 @@ def edit_trace(scenario: Scenario, progress=None) -> Prediction:
     spec = scenario.trace
     if scenario.timing != "trace":
         raise TraceInputError(None, "what-if 'trace' replays recorded durations: it needs timing = trace")
-    if spec.dp is None and spec.layers is None and scenario.hardware is None:
-        raise TraceInputError(None, "give at least one change: trace.dp, trace.layers or hardware")
+    edits = spec.dp is not None or spec.layers is not None or scenario.hardware is not None
+    if not edits and not spec.balance:
+        raise TraceInputError(None, "give at least one change: trace.dp, trace.layers, hardware or trace.balance")
+    if edits and spec.balance:
+        raise TraceInputError(None, "trace.balance compares the job with its own balanced ranks: ask for it "
+                                    "alone, not with trace.dp, trace.layers or hardware")
     graphs = trace_graphs(spec)
-    res = whatif_trace(graphs, dp=spec.dp, layers=spec.layers, hardware=scenario.hardware,
-                       source_hardware=spec.source_hardware, progress=progress)
+    if spec.balance:
+        from estimators.rank_balance import balance_ranks
+        res = balance_ranks(graphs, spec.balance_ranks or None, spec.balance_threshold, progress=progress)
+    else:
+        res = whatif_trace(graphs, dp=spec.dp, layers=spec.layers, hardware=scenario.hardware,
+                           source_hardware=spec.source_hardware, progress=progress)
     p = prediction_of_replay(res.result, res.notes)
+    p.step_time_s = res.step_us / 1e6
     p.baseline_step_time_s = res.baseline_step_us / 1e6
     p.metrics.update({f"change_{k}": str(v) for k, v in res.changes.items()})
     p.detail = res

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import orjson
@@ -34,12 +35,22 @@ def register(sub) -> None:
     add_set_argument(par)
     par.set_defaults(func=main_parallelism)
 
-    tr = wsub.add_parser("trace", help="change DP degree / layer count / hardware of a real trace and replay it")
-    tr.add_argument("inputs", nargs="+", metavar="INPUT", help="trace or .et input(s), as for `lumos-sim replay`")
+    tr = wsub.add_parser("trace", help="change DP degree / layer count / hardware of a real trace, or balance "
+                                       "its slow ranks, and replay it")
+    tr.add_argument("inputs", nargs="*", metavar="INPUT", help="trace or .et input(s), as for `lumos-sim replay`")
+    tr.add_argument("--et", help="Execution Trace pattern (raw input, e.g. 'host.{rank}.json.gz')")
+    tr.add_argument("--kineto", help="Kineto trace pattern (raw input)")
     tr.add_argument("--dp", type=int, help="new data-parallel degree")
     tr.add_argument("--layers", type=int, help="new number of transformer layers")
     tr.add_argument("--hardware", help="replay on this hardware preset (translated timing)")
     tr.add_argument("--source-hardware", help="GPU the trace was recorded on (when not in the trace)")
+    tr.add_argument("--balance", action="store_true",
+                    help="bring the slow ranks' compute to the median rank's (a multi-rank trace)")
+    tr.add_argument("--balance-ranks", type=_rank_list, default=(), metavar="R,R",
+                    help="with --balance: these ranks (default: every rank computing more than the threshold "
+                         "above the median)")
+    tr.add_argument("--balance-threshold", type=float, default=0.05, metavar="F",
+                    help="with --balance: a slow rank computes more than F above the median (default 0.05)")
     tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(tr)
     tr.set_defaults(func=main_trace)
@@ -320,16 +331,30 @@ def _search_plan_text(p) -> str:
 
 
 # ------------------------------------------------------------------------------ trace
+def _rank_list(text: str) -> tuple[int, ...]:
+    """'1,3' -> (1, 3), for argparse (a bad list is its usage error, exit 2)."""
+    try:
+        ranks = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ranks like 1,3, got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"expected ranks like 1,3, got {text!r}")
+    return ranks
+
+
 def main_trace(args) -> int:
     from estimators.scenario import Scenario, TraceSpec
     from replay.hardware.config import get_hardware
 
-    if args.dp is None and args.layers is None and args.hardware is None and not args.overrides:
-        raise TraceInputError(None, "give at least one change: --dp N, --layers L or --hardware NAME")
+    if args.dp is None and args.layers is None and args.hardware is None and not args.balance \
+            and not args.overrides:
+        raise TraceInputError(None, "give at least one change: --dp N, --layers L, --hardware NAME or --balance")
     _check_counts(dp=args.dp, layers=args.layers)
     if args.source_hardware:
         get_hardware(args.source_hardware)   # an unknown name fails now, not after the conversion
-    spec = TraceSpec(inputs=tuple(args.inputs), source_hardware=args.source_hardware, dp=args.dp, layers=args.layers)
+    spec = TraceSpec(inputs=tuple(args.inputs), et=args.et, kineto=args.kineto, source_hardware=args.source_hardware,
+                     dp=args.dp, layers=args.layers,
+                     balance=args.balance, balance_ranks=args.balance_ranks, balance_threshold=args.balance_threshold)
     scenario = Scenario(whatif="trace", timing="trace", trace=spec,
                         hardware=get_hardware(args.hardware) if args.hardware else None)
     scenario = scenario.override_strings(args.overrides)
@@ -349,6 +374,7 @@ def main_trace(args) -> int:
     t.add_column("baseline", justify="right")
     t.add_column("what-if", justify="right")
     t.add_row("step time ms", f"{res.baseline_step_us / 1000:.3f}", f"{res.step_us / 1000:.3f}")
+    t.add_row("speed-up", "", f"{res.speedup:.3f}x")
     t.add_row("change", "", res.describe())
     console.print(t)
     for note in res.notes:
