@@ -314,12 +314,31 @@ def _build(nodes, root: dict, path, progress: ProgressFn | None) -> ExecutionTra
     if len(np.unique(et.ids)) != len(et.ids):
         raise TraceInputError(path, "Execution Trace has duplicate node ids")
     et.schema = str(root.get("schema", ""))
-    et.pid = int(root.get("pid", 0) or 0)
-    et.start_ts = root.get("start_ts")
-    et.finish_ts = root.get("finish_ts")
+    et.pid = _header_int(root, "pid", path)
+    et.start_ts = _header_number(root, "start_ts", path)
+    et.finish_ts = _header_number(root, "finish_ts", path)
     _process_groups(et)
     _infer_rank(et)
     return et
+
+
+def _header_int(root: dict, key: str, path) -> int:
+    v = root.get(key, 0) or 0
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TraceInputError(path, f"Execution Trace '{key}' must be an integer, got {v!r}")
+    try:
+        return int(v)
+    except (ValueError, OverflowError):
+        raise TraceInputError(path, f"Execution Trace '{key}' must be an integer, got {v!r}") from None
+
+
+def _header_number(root: dict, key: str, path) -> float | None:
+    v = root.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TraceInputError(path, f"Execution Trace '{key}' must be a number, got {v!r}")
+    return v
 
 
 def _prepend(first, it):
