@@ -307,7 +307,7 @@ def _build(nodes, root: dict, path, progress: ProgressFn | None) -> ExecutionTra
             et = _parse_nested(chain, path, progress, total)
         else:
             et = _parse_flat(chain, path, progress, total)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         if isinstance(exc, TraceInputError):
             raise
         raise TraceInputError(path, f"malformed Execution Trace node: {type(exc).__name__}: {exc}") from None

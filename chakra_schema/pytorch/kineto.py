@@ -154,7 +154,7 @@ def _walk_checked(path, trace: KinetoTrace, events: Any) -> None:
         raise TraceInputError(path, "not a Kineto trace: 'traceEvents' is not a list")
     try:
         _walk_events(trace, events, None)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceInputError(path, f"malformed trace event: {type(exc).__name__}: {exc}") from None
 
 
