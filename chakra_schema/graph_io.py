@@ -521,6 +521,9 @@ def _time(a: dict[str, Any], us_attr: str, ns_attr: str, micros: int) -> float:
 
 
 _RESOURCE_KINDS = {int(k) for k in ResourceKind}
+_NODE_TYPES = {int(t) for t in NodeType}
+_OP_KINDS = {int(k) for k in OpKind}
+_EDGE_KINDS = {int(k) for k in EdgeKind}
 
 
 def _resource_key(path: Path, kind: Any, device: Any, index: Any) -> tuple[int, int, int]:
@@ -565,10 +568,12 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
             _io_to_attrs(node.outputs, _IO_ATTRS["output"][1], a, path, "outputs")  # type: ignore[union-attr]
         name = node.name  # type: ignore[union-attr]
         ntype = node.type  # type: ignore[union-attr]
+        if ntype not in _NODE_TYPES:
+            raise TraceInputError(path, f"node {node.id} ({name[:60]!r}): unknown node type {ntype}")  # type: ignore
         # ASTRA-sim microbenchmarks leave is_cpu_op out: their compute and comm nodes are GPU work
         is_cpu = bool(a.pop("is_cpu_op", False))
         kind = a.pop(_KIND, None)
-        kinds.append(kind if type(kind) is int else _infer_kind(ntype, is_cpu, name))
+        kinds.append(kind if type(kind) is int and kind in _OP_KINDS else _infer_kind(ntype, is_cpu, name))
         if is_cpu:
             res_keys.append((cpu_thread, _int(a.get("pid", 0)), _int(a.get("tid", 0))))
         else:
@@ -595,7 +600,8 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
             if isinstance(dk, list):
                 del dk[len(dk) - n_order:]
         deps.append(data)
-        dep_kinds.append(dk if isinstance(dk, list) and len(dk) == len(data) else None)
+        dep_kinds.append(dk if isinstance(dk, list) and len(dk) == len(data) and all(k in _EDGE_KINDS for k in dk)
+                         else None)
         if a:
             attrs[i] = a
         if progress is not None and i % 20000 == 0:
@@ -663,7 +669,11 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
     step_table = [meta.get(k) for k in _STEP_ATTRS]
     if all(isinstance(t, list) for t in step_table) and len({len(t) for t in step_table}) == 1:  # type: ignore
         for sname, sid, sstart, sdur in zip(*step_table):  # type: ignore[misc]
-            b.add_step(str(sname), index_of.get(int(sid), -1) if int(sid) >= 0 else -1, sstart, sdur)
+            if type(sid) is not int or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in (sstart, sdur)):
+                raise TraceInputError(path, f"corrupt step table in the metadata: step {sname!r} node {sid!r}, "
+                                            f"start {sstart!r}, duration {sdur!r}")
+            b.add_step(str(sname), index_of.get(sid, -1) if sid >= 0 else -1, sstart, sdur)
     else:
         found = [i for i, nm in enumerate(names) if _PROFILER_STEP.match(nm)]
         found.sort(key=lambda i: (starts[i], i))
