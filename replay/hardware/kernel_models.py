@@ -509,7 +509,7 @@ class ClassAccuracy:
     after_gmae: float
     floor_gmae: float = float("nan")  # repeat noise: each kernel predicted by the median of identical kernels
                                       # (name, shapes, grid) in the fit folds -- what no class model can beat
-    contended_kernels: int = 0        # of the fitted model's kernels, those that ran under communication
+    contended_kernels: int = 0        # of the held-out kernels, those that ran under communication
     isolated_gmae: float = float("nan")   # after_gmae over the kernels that ran alone ...
     contended_gmae: float = float("nan")  # ... and over those that ran under communication
 
