@@ -11,11 +11,11 @@ network; a `Fabric` says when it ends. Engine code never looks at links or algor
   so a stream of sends slowed by sharing queues instead of piling up). The engine computes node times
   as far as their inputs are known rather than in global time order, so it cannot know, when a
   transfer starts, which others will overlap it; the fabric therefore works in passes: a pass replays
-  with the contended durations
-  of the previous pass, the fabric re-shares the links over the transfers that pass saw, and the engine
-  replays again until no transfer's duration moves by more than `tolerance_us` or `relative_tolerance`
-  of the simulated span (or `max_passes`). A transfer whose correction flips direction between passes
-  (two overlap patterns taking turns) then moves only part of the way (`relaxation`).
+  with the contended durations of the previous pass, the fabric re-shares the links over the transfers
+  that pass saw, and the engine replays again until no transfer's duration moves by more than
+  `tolerance_us` or `relative_tolerance` of the simulated span (or `max_passes`). A transfer whose
+  correction flips direction between passes (two overlap patterns taking turns) then moves only part
+  of the way (`relaxation`).
   A run without overlapping transfers settles after its first pass.
 
 A fabric is chosen by the timing source (`TimingSource.fabric()`, optional), so a new network backend

@@ -282,6 +282,9 @@ def _print_prediction(r) -> None:
                       "--recompute full, a larger --pp or --tp, or --zero 3.")
 
 
+PLAN_MIN_WIDTH = 20  # search table: the plan column's floor at 80 columns
+
+
 def _print_search(results, summary: str = "") -> None:
     from lumos_sim.tables import console as make_console, table
 
@@ -311,9 +314,6 @@ def _print_search(results, summary: str = "") -> None:
                   "sequence parallelism, no-<overlap> = that overlap is off")
     if summary:
         console.print(summary)
-
-
-PLAN_MIN_WIDTH = 20
 
 
 def _search_plan_text(p) -> str:

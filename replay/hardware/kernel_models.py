@@ -67,8 +67,8 @@ def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "",
                 contended: bool = False, shaped: bool | None = None) -> KernelClassModel | None:
     """The fitted model for a kernel, most specific level first (variant, family, class; a dtype-specific
     class like 'gemm_tf32' before 'gemm'), at each level the model of the kernel's state (ran alone /
-    under communication) before the one fitted on all kernels. With `shaped` known (the kernel has a roofline), a model that cannot time
-    such a kernel is passed over."""
+    under communication) before the one fitted on all kernels. With `shaped` known (the kernel has a
+    roofline), a model that cannot time such a kernel is passed over."""
     models = hw.kernel_models
     if not models:
         return None
@@ -133,9 +133,15 @@ def communication_overlap(graph: "ExecutionGraph") -> np.ndarray:
     if len(gpu) == 0:
         return out
     comm_kinds = np.isin(graph.kind[gpu], [int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV)])
-    names: dict[str, bool] = {}
-    comm = np.asarray([bool(c) or names.setdefault(graph.name[i], traced_kernel_class(graph, i)[0] == "communication")
-                       for i, c in zip(gpu.tolist(), comm_kinds.tolist())], bool)
+    by_name: dict[str, bool] = {}   # a kernel name is communication or not wherever it appears
+
+    def is_comm(i: int) -> bool:
+        hit = by_name.get(graph.name[i])
+        if hit is None:
+            hit = by_name[graph.name[i]] = traced_kernel_class(graph, i)[0] == "communication"
+        return hit
+
+    comm = np.asarray([bool(c) or is_comm(i) for i, c in zip(gpu.tolist(), comm_kinds.tolist())], bool)
     device = np.asarray([graph.resources[r].device for r in graph.resource[gpu].tolist()])
     for d in np.unique(device[comm]).tolist():
         c = gpu[comm & (device == d)]
@@ -185,6 +191,11 @@ class KernelSamples:
 
     def __len__(self) -> int:
         return len(self.measured_us)
+
+    @property
+    def shaped(self) -> np.ndarray:
+        """bool [n]: the kernel has a roofline (its launching op's shapes were recorded and understood)."""
+        return np.isfinite(self.roofline_us) & (self.roofline_us > 0)
 
     def subset(self, mask: np.ndarray) -> "KernelSamples":
         return KernelSamples(**{f.name: (getattr(self, f.name)[mask] if f.name != "trace_names" else self.trace_names)
@@ -392,7 +403,7 @@ def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
     """One model per class key with at least MIN_KERNELS samples, one per kernel family and per kernel
     variant with at least MIN_FAMILY_KERNELS; each on all kernels and on those of each state."""
     out: dict[str, KernelClassModel] = {}
-    shaped = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    shaped = s.shaped
     plain = sample_keys(s)
     for keys in (plain, [_unless_all_kernels(st, pl) for st, pl in zip(sample_keys(s, by_state=True), plain)]):
         cls_keys, fam_keys, var_keys = keys
@@ -434,7 +445,7 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClass
     """Roofline form on the kernels with shapes, launch-geometry form on those without; where the
     geometry explains even the kernels with shapes better (custom ops whose traffic the shapes do not
     tell, e.g. fbgemm embeddings), it times those too."""
-    roof = m & np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    roof = m & s.shaped
     has_geo = m & (s.ctas > 0) & (s.threads > 0)
     shapeless = has_geo & ~roof
     overhead, eff, geometry, shaped_by_geometry = 0.0, 1.0, (), False
@@ -463,7 +474,7 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
     out = np.full(len(s), np.nan)
     if model is None:
         return out
-    roof = np.isfinite(s.roofline_us) & (s.roofline_us > 0)
+    roof = s.shaped
     if model.times_shaped:
         out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
     geo = (s.ctas > 0) & (s.threads > 0)

@@ -180,6 +180,17 @@ def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], pa
     active: list[int] = []
     now = -np.inf
     remaining = n
+
+    def finish(j: int, t: float) -> None:
+        """Transfer j ends at t; its stream successor may begin then (or at its own start, if later)."""
+        nonlocal remaining
+        end[j] = t
+        remaining -= 1
+        w = nxt[j]
+        if w >= 0:
+            start[w] = max(start[w], t)
+            heapq.heappush(pending, (start[w], w))
+
     while remaining:
         speed = _speeds(active, paths, capacity, cache)
         # next event: the next start, or the first active transfer to finish at the current speeds
@@ -195,28 +206,16 @@ def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], pa
         now = t_next
         if fin >= 0:
             left[fin] = 0.0
-        done = [j for j in active if left[j] <= eps[j]]
-        for j in done:
-            end[j] = now
-            remaining -= 1
-            w = nxt[j]
-            if w >= 0:   # its stream successor may begin now (or at its own start, if later)
-                start[w] = max(start[w], now)
-                heapq.heappush(pending, (start[w], w))
+        for j in [j for j in active if left[j] <= eps[j]]:
+            finish(j, now)
         active = [j for j in active if left[j] > eps[j]]
         while pending and pending[0][0] <= now:
             _, j = heapq.heappop(pending)
             if left[j] > 0.0:
                 active.append(j)
             else:
-                end[j] = start[j]
-                remaining -= 1
-                w = nxt[j]
-                if w >= 0:
-                    start[w] = max(start[w], start[j])
-                    heapq.heappush(pending, (start[w], w))
-    end = np.where(np.isfinite(end), end, start + np.asarray(alone_us, float))
-    return start, np.maximum(end, start)
+                finish(j, start[j])
+    return start, end
 
 
 def _speeds(active: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> list[float]:
@@ -310,13 +309,12 @@ def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacit
         hit = cache[inc_key] = (FlowIncidence.of(flat, capacity), np.asarray(owner, np.int64))
     inc, owner_pos = hit
     shared = fair_share_on(inc, np.asarray([copies[pid] for pid in order], float)[owner_pos])
-    owner_a = np.asarray(order)[owner_pos]
     by_path: dict[int, float] = {}
-    for pid, j in first.items():
+    for pos, pid in enumerate(order):
         alone = cache.get(("alone", pid))
         if alone is None:
-            alone = cache[("alone", pid)] = max_min_fair_share(paths[j], capacity)
-        slow = float(np.max(alone / shared[owner_a == pid]))
+            alone = cache[("alone", pid)] = max_min_fair_share(paths[first[pid]], capacity)
+        slow = float(np.max(alone / shared[owner_pos == pos]))
         by_path[pid] = 1.0 / max(slow, 1.0)
     return by_path
 
