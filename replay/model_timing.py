@@ -25,7 +25,7 @@ from .fabric import SharedLinkFabric
 from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
                                launching_op, peak_ratio, traced_kernel_class)
 from .hardware.config import HardwareConfig, get_hardware, trace_hardware
-from .hardware.kernel_models import CONTENDED, CONTENDED_OVERLAP, communication_overlap
+from .hardware.kernel_models import CONTENDED, communication_contention
 from .hardware.network import NetworkModel
 from .trace_timing import recorded_gpu_latency
 
@@ -124,7 +124,7 @@ class _ModelBase:
         return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
 
     def _estimate(self, model: ComputeModel, graph: ExecutionGraph, i: int,
-                  contended: bool = False) -> OpEstimate | None:
+                  contention: str = "") -> OpEstimate | None:
         a = graph.attrs.get(i)
         if a and "op" in a:
             return model.op_estimate(a)
@@ -135,10 +135,11 @@ class _ModelBase:
                repr(ha.get("input_shapes")) if ha else "", repr(ha.get("input_types")) if ha else "",
                repr(a.get("bytes")) if a else "",
                # a calibrated launch-geometry model times kernels without shapes by their grid
-               repr(a.get("grid")) + repr(a.get("block")) if a and model.hw.kernel_models else "", contended)
+               repr(a.get("grid")) + repr(a.get("block")) + repr(a.get("shared_memory"))
+               if a and model.hw.kernel_models else "", contention)
         if key in self._memo:
             return self._memo[key]
-        est = model.kernel_estimate(graph, i, contended)
+        est = model.kernel_estimate(graph, i, contention)
         self._memo[key] = est
         return est
 
@@ -170,8 +171,8 @@ class ModelTiming(_ModelBase):
         gpu = graph.is_gpu()
         kinds = graph.kind
         # kernels that ran under communication in the recorded trace take the contended kernel models
-        contended = (communication_overlap(graph) >= CONTENDED_OVERLAP
-                     if any(CONTENDED in k for k in self.hw.kernel_models) else np.zeros(len(graph), bool))
+        contention = (communication_contention(graph) if any(CONTENDED in k for k in self.hw.kernel_models)
+                      else np.full(len(graph), "", object))
         for i in range(len(graph)):
             k = int(kinds[i])
             if k in _COMM_KINDS:
@@ -181,7 +182,7 @@ class ModelTiming(_ModelBase):
                 continue
             if not _is_gpu_work(graph, i, k, gpu):
                 continue  # CPU ops, launch calls, syncs: recorded host time
-            est = self._estimate(self.compute, graph, i, bool(contended[i]))
+            est = self._estimate(self.compute, graph, i, contention[i])
             if est is not None:
                 dur[i] = est.time_us
             elif src is not self.hw:

@@ -12,8 +12,9 @@ from lumos_sim.cli import main as cli_main
 from replay.hardware import get_hardware
 from replay.hardware.config import KernelClassModel
 from replay.hardware.kernel_classes import classify_kernel, unclassified_report
-from replay.hardware.kernel_models import (CONTENDED, ISOLATED, KernelSamples, class_model, communication_overlap,
-                                           cross_validate, fit_class_models, fit_geometry, fit_roofline, gmae,
+from replay.hardware.kernel_models import (CONTENDED, ISOLATED, KernelSamples, class_model, communication_contention,
+                                           communication_overlap, cross_validate, fit_class_models, fit_geometry,
+                                           fit_launch_model, fit_roofline, geometry_estimate, geometry_time, gmae,
                                            kernel_family, kernel_variant, model_keys, predict_all)
 
 
@@ -53,13 +54,45 @@ def test_roofline_fit_recovers_fixed_cost_and_efficiency():
 
 def test_geometry_fit_recovers_slopes_and_stays_physical():
     rng = np.random.default_rng(1)
-    ctas = rng.integers(1, 10000, 300).astype(float)
+    grid = np.column_stack([rng.integers(1, 100, 300), rng.integers(1, 100, 300), np.ones(300)]).astype(float)
     threads = rng.choice([128.0, 256.0, 512.0], 300)
-    t = np.exp(0.5 + 0.7 * np.log(ctas) + 0.2 * np.log(threads))
-    g0, g1, g2 = fit_geometry(ctas, threads, t)
-    assert (g1, g2) == (pytest.approx(0.7, abs=0.02), pytest.approx(0.2, abs=0.05))
-    # one geometry only: no slopes to extrapolate with
-    assert fit_geometry(np.full(9, 8.0), np.full(9, 128.0), np.full(9, 5.0))[1:] == (0.0, 0.0)
+    smem = np.zeros(300)
+    t = np.exp(0.5 + 0.7 * np.log(grid[:, 0]) + 0.3 * np.log(grid[:, 1]) + 0.2 * np.log(threads))
+    g0, gx, gy, gz, gt, gs = fit_geometry(grid, threads, smem, t)
+    assert (gx, gy, gt) == (pytest.approx(0.7, abs=0.02), pytest.approx(0.3, abs=0.02), pytest.approx(0.2, abs=0.05))
+    # z and shared memory never moved: no slope to extrapolate with
+    assert (gz, gs) == (0.0, 0.0)
+    # one launch configuration only: no slopes at all
+    one = fit_geometry(np.tile([8.0, 1.0, 1.0], (9, 1)), np.full(9, 128.0), np.zeros(9), np.full(9, 5.0))
+    assert one[1:] == (0.0,) * 5 and one[0] == pytest.approx(np.log(5.0))
+
+
+def test_launch_model_tells_grid_axes_and_shared_memory_apart():
+    """cuDNN's layout transforms cost more per CTA along x than along z, and its 'singleread' batch norms
+    take longer with more shared memory per CTA at the same grid: the product of the grid and the thread
+    count alone cannot time either."""
+    rng = np.random.default_rng(3)
+    grid = np.column_stack([rng.choice([1.0, 7.0, 25.0, 98.0], 200), rng.choice([2.0, 8.0, 16.0], 200),
+                            rng.choice([32.0, 256.0], 200)])
+    smem = rng.choice([8336.0, 26768.0], 200)
+    threads = np.full(200, 256.0)
+    t = 0.05 * grid[:, 0] ** 0.9 * grid[:, 1] ** 0.9 * grid[:, 2] ** 0.4 * (1 + smem) ** 0.6
+    fit = fit_launch_model(grid, threads, smem, t)
+    assert len(fit) == 6 and gmae(geometry_time(fit, grid, threads, smem), t) < 0.02
+    ctas_only = fit_launch_model(np.column_stack([grid.prod(axis=1), np.ones((200, 2))]), threads, np.zeros(200), t)
+    assert gmae(geometry_time(ctas_only, grid, threads, smem), t) > 0.3
+    # replay reads the same configuration from a kernel's attrs (Kineto's grid / block / shared memory)
+    model = KernelClassModel(geometry=fit)
+    est = geometry_estimate(model, {"grid": [7, 8, 32], "block": [256, 1, 1], "shared_memory": 8336})
+    assert est.time_us == pytest.approx(float(geometry_time(fit, np.array([[7.0, 8.0, 32.0]]), np.array([256.0]),
+                                                            np.array([8336.0]))[0]))
+    assert geometry_estimate(model, {"grid": [7, 8, 32]}) is None  # no block recorded: no estimate
+
+
+def test_presets_written_with_the_ctas_form_still_time_kernels():
+    g0, g1, g2 = 0.5, 0.7, 0.2
+    t = geometry_time((g0, g1, g2), np.array([[4.0, 2.0, 1.0]]), np.array([128.0]), np.array([0.0]))
+    assert t[0] == pytest.approx(np.exp(g0 + g1 * np.log(8.0) + g2 * np.log(128.0)))
 
 
 def _samples(n_steps=3, per_step=40) -> KernelSamples:
@@ -69,9 +102,9 @@ def _samples(n_steps=3, per_step=40) -> KernelSamples:
     return KernelSamples(trace=np.zeros(n, np.int64), step=np.repeat(np.arange(n_steps), per_step),
                          cls=np.full(n, "elementwise", object), dtype=np.full(n, "fp32", object),
                          measured_us=2.0 + roof / 0.5 * np.exp(rng.normal(0, 0.02, n)), roofline_us=roof,
-                         base_us=roof, ctas=np.zeros(n), threads=np.zeros(n),
+                         base_us=roof, grid=np.zeros((n, 3)), threads=np.zeros(n), smem=np.zeros(n),
                          name=np.full(n, "void at::native::vectorized_elementwise_kernel<4>()", object),
-                         tensor_fraction=np.full(n, np.nan), contended=np.zeros(n, bool),
+                         tensor_fraction=np.full(n, np.nan), contention=np.full(n, "", object),
                          trace_names=["t"])
 
 
@@ -156,12 +189,33 @@ def test_communication_overlap_is_the_share_of_a_kernel_run_under_nccl():
     assert ov.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.5, 0.7, 0.0])
 
 
+def test_a_contended_kernel_is_labelled_with_the_communication_that_covered_most_of_it():
+    ar = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"
+    sr = "ncclDevKernel_SendRecv(ncclDevComm*)"
+    g = _stream_graph([(ar, 20, 0.0, 12.0, OpKind.COLLECTIVE),
+                       (sr, 21, 11.0, 30.0, OpKind.COLLECTIVE),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 2.0, 6.0, OpKind.KERNEL),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 9.0, 10.0, OpKind.KERNEL),
+                       ("void at::native::vectorized_elementwise_kernel<4>()", 7, 50.0, 2.0, OpKind.KERNEL)])
+    g.attrs[0] = {"grid": [24, 1, 1], "block": [640, 1, 1]}
+    # the first kernel ran under the all-reduce, the second mostly under the SendRecv (8 of its 10 us),
+    # the third alone; the SendRecv's CTA count was not recorded
+    assert communication_contention(g).tolist() == ["", "", "ncclDevKernel_AllReduce_Sum_f32_RING_LL x24",
+                                                    "ncclDevKernel_SendRecv", ""]
+
+
+ALL_REDUCE_LL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL x24"
+SEND_RECV = "ncclDevKernel_SendRecv x8"
+
+
 def test_contended_kernels_get_their_own_model_and_fall_back_to_the_isolated_one():
     s = _samples(3, 40)
-    s.contended[::2] = True
+    s.contention[::2] = ALL_REDUCE_LL
     s.measured_us[s.contended] *= 3.0  # communication triples what it shares the GPU with
     models = fit_class_models(s)
     assert {"elementwise", "elementwise" + ISOLATED, "elementwise" + CONTENDED} <= set(models)
+    # one communication kind only: its group is the @comm group again, not fitted twice
+    assert not any("[" in k for k in models)
     pred = predict_all(models, s)
     assert gmae(pred, s.measured_us) < 0.05  # one model for both would be off by ~sqrt(3)
     plain = {k: m for k, m in models.items() if "@" not in k}
@@ -177,9 +231,34 @@ def test_contended_kernels_get_their_own_model_and_fall_back_to_the_isolated_one
     # replay picks the most specific level, the kernel's state first: the family (these kernels have
     # shapes, so no variant model: see fit_class_models)
     assert not any(k.endswith("<4>") for k in models)
-    assert class_model(hw, "elementwise", "fp32", name, contended=True) is models[
+    assert class_model(hw, "elementwise", "fp32", name, ALL_REDUCE_LL) is models[
         model_keys("elementwise" + CONTENDED, name)[1]]
     assert class_model(hw, "elementwise", "fp32", name) is models[model_keys("elementwise" + ISOLATED, name)[1]]
+
+
+def test_each_communication_kind_slows_kernels_by_its_own_factor():
+    """An LL all-reduce (CTAs polling flags in memory) slows what shares the GPU far more than an
+    8-channel SendRecv: one contended model for both misses each by ~sqrt of their ratio."""
+    s = _samples(4, 60)
+    s.contention[0::3] = ALL_REDUCE_LL
+    s.contention[1::3] = SEND_RECV
+    s.measured_us[s.contention == ALL_REDUCE_LL] *= 3.0
+    s.measured_us[s.contention == SEND_RECV] *= 1.1
+    models = fit_class_models(s)
+    family = model_keys("elementwise", s.name[0])[1].split("/", 1)[1]
+    assert {f"elementwise{CONTENDED}[{ALL_REDUCE_LL}]/{family}", f"elementwise{CONTENDED}[{SEND_RECV}]/{family}"} \
+        <= set(models)
+    assert gmae(predict_all(models, s), s.measured_us) < 0.05
+    by_state = {k: m for k, m in models.items() if "[" not in k}
+    assert gmae(predict_all(by_state, s.subset(s.contended)),
+                s.measured_us[s.contended]) > 0.3
+    hw = dataclasses.replace(get_hardware("a100-sxm-40gb"), kernel_models=models)
+    name = s.name[0]
+    assert class_model(hw, "elementwise", "fp32", name, ALL_REDUCE_LL) is models[
+        f"elementwise{CONTENDED}[{ALL_REDUCE_LL}]/{family}"]
+    # a communication kind the fit never saw: the model of all contended kernels
+    assert class_model(hw, "elementwise", "fp32", name, "ncclDevKernel_AllGather x4") is models[
+        f"elementwise{CONTENDED}/{family}"]
 
 
 def test_kernel_variants_keep_the_numbers_that_name_the_work_per_thread():

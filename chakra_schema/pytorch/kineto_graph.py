@@ -269,6 +269,9 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
             for a in ("grid", "block"):
                 if a in args:
                     attrs[a] = args[a]
+            smem = args.get("shared memory")  # per CTA: how much data a tiled kernel stages (kernel_models)
+            if isinstance(smem, int) and 0 < smem < 2**31:
+                attrs["shared_memory"] = smem
             if "bytes" in args:
                 attrs["bytes"] = int(args["bytes"])
             gkind, gtype = _GPU_KIND[trace.gpu_cat[g]], NodeType.COMP_NODE

@@ -150,20 +150,26 @@ def print_accuracy(by_trace, by_step, title: str = "cross-validated per-class GM
     from lumos_sim.tables import console as make_console, table
 
     console = make_console()
-    cols = ("class", "held\nout", "before", "after", "after\nalone", "after\nunder\ncomm", "under\ncomm\nn",
-            "repeat\nfloor")
+    cols = ("class", "held\nout", "before", "timed\nafter", "after", "after\nalone", "after\nunder\ncomm",
+            "under\ncomm\nn", "repeat\nfloor")
     for label, rows in (("by trace", by_trace), ("by step", by_step)):
         if not rows:
             continue
-        t = table(f"{title}, folds {label}", cols, right=cols[1:], whole=cols[1:])
+        t = table(f"{title}, folds {label}", cols, right=cols[1:], whole=cols)
         for r in rows:
-            t.add_row(r.kernel_class, str(r.kernels), _pct(r.before_gmae), _pct(r.after_gmae), _pct(r.isolated_gmae),
-                      _pct(r.contended_gmae), str(r.contended_kernels), _pct(r.floor_gmae))
+            t.add_row(r.kernel_class, str(r.kernels), _pct(r.before_gmae), str(r.after_kernels), _pct(r.after_gmae),
+                      _pct(r.isolated_gmae), _pct(r.contended_gmae), str(r.contended_kernels), _pct(r.floor_gmae))
         console.print(t)
-    console.print("before / after: the preset's physics vs the fitted kernel models on held-out kernels; 'under "
-                  "comm': kernels that ran while communication did (fitted on their own); repeat floor: identical "
-                  "kernels of the other folds predicting each other")
+    console.print("before / after: the preset's physics vs the fitted kernel models on held-out kernels ('timed "
+                  "after': those a fitted model times; replay keeps the others' recorded time); 'under comm': "
+                  "kernels that ran while communication did (fitted on their own, per communication kernel); "
+                  "repeat floor: identical kernels of the other folds predicting each other; '2.5x': a GMAE of "
+                  "150%")
 
 
 def _pct(x: float) -> str:
-    return "-" if x != x else f"{100 * x:.1f}%"
+    if x != x:
+        return "-"
+    if x < 1:
+        return f"{100 * x:.1f}%"
+    return f"{x + 1:.1f}x" if x < 99 else f"{x + 1:.0f}x"  # GMAE of 100% or more: the factor it is off by

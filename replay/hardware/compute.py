@@ -249,11 +249,12 @@ class ComputeModel:
         return self.op_estimate(attrs).time_us
 
     # ------------------------------------------------------------------ entry point (b): traced kernels
-    def kernel_estimate(self, graph: ExecutionGraph, i: int, contended: bool = False) -> OpEstimate | None:
+    def kernel_estimate(self, graph: ExecutionGraph, i: int, contention: str = "") -> OpEstimate | None:
         """Estimate a traced GPU node: the roofline from its launching op's shapes with the preset's fitted
         class model applied, or (no shapes) the class's launch-geometry regression; None when neither
-        applies (callers then scale the recorded duration, see `peak_ratio`). `contended`: the kernel ran
-        under communication, so a model fitted on such kernels is preferred (see kernel_models)."""
+        applies (callers then scale the recorded duration, see `peak_ratio`). `contention`: the kind of
+        communication kernel the node ran under ('' = alone), whose fitted models are preferred (see
+        kernel_models.communication_contention)."""
         if not self.hw.kernel_models:
             return self.roofline_kernel_estimate(graph, i)
         a = graph.attrs.get(i) or {}
@@ -261,12 +262,12 @@ class ComputeModel:
             return self.op_estimate(a)
         cls, dtype = traced_kernel_class(graph, i)
         est = self.roofline_kernel_estimate(graph, i)
-        model = class_model(self.hw, cls, dtype, graph.name[i], contended,
+        model = class_model(self.hw, cls, dtype, graph.name[i], contention,
                             shaped=est is not None and max(est.compute_us, est.memory_us) > 0)
         if model is None:
             return est
         if est is None or model.shaped_by_geometry:
-            geo = geometry_estimate(model, a.get("grid"), a.get("block"), dtype)
+            geo = geometry_estimate(model, a)
             if geo is not None or est is None:
                 return geo
         return apply_class_model(est, model, self._min) if model.times_shaped else est

@@ -176,21 +176,23 @@ class ProtocolSpec:
 class KernelClassModel:
     """A kernel class's fitted timing model (see replay/hardware/kernel_models.py): time = overhead_us +
     roofline time / efficiency when the launching op's shapes are known, else the launch-geometry
-    regression: a + b * CTAs * threads-per-CTA (2 numbers) or exp(g0 + g1 ln CTAs + g2 ln threads-per-CTA)
+    regression: a + b * CTAs * threads-per-CTA (2 numbers), exp(g0 + gx ln grid.x + gy ln grid.y +
+    gz ln grid.z + gt ln threads-per-CTA + gs ln(1 + shared memory bytes per CTA)) (6 numbers), or, in
+    presets written before the grid's axes were kept apart, exp(g0 + g1 ln CTAs + g2 ln threads-per-CTA)
     (3 numbers). Written by `lumos-sim calibrate`."""
 
     overhead_us: float = 0.0                # fixed per-kernel cost (launch-to-retire, tail of the last wave)
     efficiency: float = 1.0                 # achieved / preset roofline rate (above 1: the preset is pessimistic)
-    geometry: tuple[float, ...] = ()        # launch-geometry regression: (a, b) or (g0, g1, g2); () = none
+    geometry: tuple[float, ...] = ()        # launch-geometry regression: 2, 6 (or 3) numbers; () = none
     kernels: int = 0                        # kernels the fit used
     fit_gmae: float = 0.0                   # in-sample geometric-mean absolute error of the fit
     shaped_by_geometry: bool = False        # the geometry model times kernels with shapes too (it fit them better)
     times_shaped: bool = True               # fitted on kernels with shapes: times them (else they keep the physics)
 
     def __post_init__(self) -> None:
-        if not self.overhead_us >= 0 or not self.efficiency > 0 or len(self.geometry) not in (0, 2, 3):
+        if not self.overhead_us >= 0 or not self.efficiency > 0 or len(self.geometry) not in (0, 2, 3, 6):
             raise TraceInputError(None, "[kernel_models] needs overhead_us >= 0, efficiency > 0 and "
-                                        "geometry of 2 or 3 numbers or none")
+                                        "geometry of 2, 3 or 6 numbers or none")
 
 
 @dataclass(frozen=True)

@@ -9,26 +9,41 @@ kernel class we fit
 
 which is a roofline whose achieved bandwidth / FLOP rate rises with size, r / (r + overhead*efficiency),
 the efficiency curve over bytes or FLOPs. Kernels recorded without shapes (traces taken with
-record_shapes=False) still carry their launch geometry, so the class also gets a small regression on
-it (the seeds' GPU model does the same for embeddings, whose traffic no roofline tells), whichever of two
-forms fits its kernels better:
+record_shapes=False) still carry their launch configuration, so each kernel family and variant also gets
+a small regression on it (the seeds' GPU model does the same for embeddings, whose traffic no roofline
+tells; a class gets none: its implementations do different work per CTA), whichever of two forms fits
+its kernels better:
 
     t = a + b * CTAs * threads per CTA               (streaming kernels: fixed cost + work per thread)
-    ln t = g0 + g1 ln(CTAs) + g2 ln(threads per CTA) (tiled kernels whose per-CTA work varies)
+    ln t = g0 + gx ln(grid.x) + gy ln(grid.y) + gz ln(grid.z) + gt ln(threads per CTA)
+              + gs ln(1 + shared memory bytes per CTA)
+                                                     (tiled kernels whose per-CTA work varies)
+
+The grid's axes are kept apart because kernels give them different meanings (cuDNN's layout transforms
+tile the spatial axis on x and the batch on z: a CTA along x costs more than one along z), and the
+shared memory a CTA asks for tells how much data it stages (cuDNN's 'singleread' batch norms hold a
+channel in shared memory: same grid, 3x the smem, twice the time). A feature that does not vary in the
+fit data gets no slope, so the model never extrapolates along an axis it has not seen move.
 
 Fits minimise the mean |ln(pred / measured)| -- the GMAE the accuracy reports use -- by a grid search
 over (overhead, efficiency) and iteratively reweighted least squares for the regression.
 
 Kernels that ran while a communication kernel was running on another stream of the same GPU are
 slower and far noisier: NCCL kernels hold SMs and memory bandwidth (on the shared A100 traces a 1-block
-elementwise kernel takes a median 7 us under an all-reduce and 3 us alone). So each class, family and
+elementwise kernel takes a median 7 us under an all-reduce and 3 us alone). How much slower depends on
+which communication kernel it shares the GPU with: under the LL-protocol all-reduce of trace_diff_control
+(24 CTAs polling flags in memory) kernels take 3.1x the time identical kernels take alone (geometric
+mean), under its 24-channel SendRecv 1.9x, under the 8-channel one 1.1x. So each class, family and
 variant gets a model fitted on all its kernels (plain key, 'elementwise') and, where there are enough,
-one on the kernels that ran alone ('elementwise@alone') and one on those that ran under communication
-('elementwise@comm'). A kernel takes the most specific level that has a model (variant, family,
-class), and there its own state's model before the plain one; a state group that holds every kernel
-of its plain group gets none (it would repeat the plain model). Replay picks the contended model for a
-traced kernel that overlapped communication in the recorded trace (the engine does not re-derive
-contention from the simulated schedule).
+one on the kernels that ran alone ('elementwise@alone'), one on those that ran under any communication
+('elementwise@comm') and one per communication kernel kind that covered them
+('elementwise@comm[ncclKernel_AllReduce_RING_LL_Sum_float x24]': the NCCL kernel's name and CTA count,
+i.e. collective, algorithm, protocol and channels). A kernel
+takes the most specific level that has a model (variant, family, class), and there the model of its
+own communication kind, then of its state, then the plain one; a group that holds every kernel of the
+group it refines gets none (it would repeat that model). Replay picks the contended model for a traced
+kernel that overlapped communication in the recorded trace (the engine does not re-derive contention
+from the simulated schedule).
 
 Evaluation (`cross_validate`) is k-fold with folds by trace (fit on the other traces of the same GPU) and
 by step (fit on the other ProfilerSteps): a kernel is never in the fit that predicts it.
@@ -64,22 +79,31 @@ _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
 
 # ------------------------------------------------------------------------------------ applying a model
 def class_model(hw: HardwareConfig, cls: str, dtype: str = "", kernel: str = "",
-                contended: bool = False, shaped: bool | None = None) -> KernelClassModel | None:
+                contention: str = "", shaped: bool | None = None) -> KernelClassModel | None:
     """The fitted model for a kernel, most specific level first (variant, family, class; a dtype-specific
-    class like 'gemm_tf32' before 'gemm'), at each level the model of the kernel's state (ran alone /
-    under communication) before the one fitted on all kernels. With `shaped` known (the kernel has a
+    class like 'gemm_tf32' before 'gemm'), at each level the model of the communication kind that ran
+    beside it (`contention`, see `communication_kind`; '' = it ran alone), then of its state (alone /
+    under communication), then the one fitted on all kernels. With `shaped` known (the kernel has a
     roofline), a model that cannot time such a kernel is passed over."""
     models = hw.kernel_models
     if not models:
         return None
     key = model_key(cls, dtype)
-    by_state = model_keys(key + (CONTENDED if contended else ISOLATED), kernel)
-    for state_key, plain_key in reversed(list(zip(by_state, model_keys(key, kernel)))):
-        for k in (state_key, plain_key):
-            got = models.get(k)
+    chains = [model_keys(key + state, kernel) for state in reversed(contention_states(contention))]
+    for level in reversed(range(len(chains[0]))):
+        for keys in chains:
+            got = models.get(keys[level])
             if got is not None and (shaped is None or can_time(got, shaped)):
                 return got
     return models.get(cls)
+
+
+def contention_states(contention: str) -> list[str]:
+    """The model-key suffixes of a kernel's state, least specific first: '' (all kernels), then ISOLATED,
+    or CONTENDED and CONTENDED[kind] for one that ran under communication kernel kind `contention`."""
+    if not contention:
+        return ["", ISOLATED]
+    return ["", CONTENDED, f"{CONTENDED}[{contention}]"]
 
 
 def can_time(model: KernelClassModel, shaped: bool) -> bool:
@@ -100,38 +124,107 @@ def apply_class_model(est: "OpEstimate", model: KernelClassModel, min_us: float 
                                detail=(est.detail + " " if est.detail else "") + "calibrated")
 
 
-def launch_geometry(grid: Any, block: Any) -> tuple[float, float] | None:
-    """(CTAs, threads per CTA) from Kineto's grid / block triples, None when not recorded."""
+@dataclass(frozen=True)
+class LaunchGeometry:
+    """A kernel's launch configuration as Kineto records it."""
+
+    grid: tuple[float, float, float]   # CTAs along x, y, z
+    threads: float                     # threads per CTA
+    smem: float = 0.0                  # shared memory per CTA, bytes (0: none or not recorded)
+
+    @property
+    def ctas(self) -> float:
+        return math.prod(self.grid)
+
+
+def launch_geometry(attrs: Any) -> LaunchGeometry | None:
+    """The launch configuration of a kernel from its attrs (Kineto's grid / block triples and shared
+    memory), None when not recorded."""
+    if not isinstance(attrs, dict):
+        return None
     try:
-        ctas = math.prod(int(x) for x in grid)
-        threads = math.prod(int(x) for x in block)
+        grid = tuple(float(int(x)) for x in attrs.get("grid") or ())
+        block = [int(x) for x in attrs.get("block") or ()]
+        smem = float(attrs.get("shared_memory") or 0)
     except (TypeError, ValueError):
         return None
-    return (float(ctas), float(threads)) if ctas > 0 and threads > 0 else None
+    threads = math.prod(block)
+    if not grid or len(grid) > 3 or min(grid) <= 0 or not block or threads <= 0 or not smem >= 0:
+        return None
+    return LaunchGeometry((grid + (1.0, 1.0))[:3], float(threads), smem)
 
 
-def geometry_estimate(model: KernelClassModel, grid: Any, block: Any, dtype: str = "fp32") -> "OpEstimate | None":
+def geometry_estimate(model: KernelClassModel, attrs: Any) -> "OpEstimate | None":
     """The class's launch-geometry regression for a kernel recorded without shapes."""
     from .compute import OpEstimate
 
-    geo = launch_geometry(grid, block)
+    geo = launch_geometry(attrs)
     if not model.geometry or geo is None:
         return None
-    t = float(geometry_time(model.geometry, np.asarray([geo[0]]), np.asarray([geo[1]]))[0])
+    t = float(geometry_time(model.geometry, np.asarray([geo.grid]), np.asarray([geo.threads]),
+                            np.asarray([geo.smem]))[0])
     return OpEstimate(t, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "calibrated launch-geometry regression")
 
 
 def communication_overlap(graph: "ExecutionGraph") -> np.ndarray:
     """float [N]: per GPU node, the share of its recorded interval during which a communication kernel
     ran on the same GPU (any stream; the node's own, if communication, is not counted). 0 elsewhere."""
+    out = np.zeros(len(graph))
+    for comm, work in _communication_by_device(graph):
+        lo, hi = _interval_union(graph.start_us[comm], graph.start_us[comm] + graph.duration_us[comm])
+        covered_before = np.concatenate([[0.0], np.cumsum(hi - lo)])
+
+        def covered(x: np.ndarray) -> np.ndarray:  # communication time in (-inf, x]
+            k = np.searchsorted(lo, x, side="right")
+            j = np.maximum(k - 1, 0)
+            inside = np.where(k > 0, np.clip(np.minimum(x, hi[j]) - lo[j], 0.0, None), 0.0)
+            return covered_before[j] * (k > 0) + inside
+
+        a, b = graph.start_us[work], graph.start_us[work] + graph.duration_us[work]
+        out[work] = (covered(b) - covered(a)) / (b - a)
+    return out
+
+
+def communication_contention(graph: "ExecutionGraph") -> np.ndarray:
+    """object [N]: per GPU node that ran under communication (covered >= CONTENDED_OVERLAP of its
+    interval), the kind of the communication kernel that covered most of it (`communication_kind`);
+    '' elsewhere."""
+    out = np.full(len(graph), "", object)
+    contended = communication_overlap(graph) >= CONTENDED_OVERLAP
+    start, end = graph.start_us, graph.start_us + graph.duration_us
+    for comm, work in _communication_by_device(graph):
+        work = work[contended[work]]
+        if len(work) == 0:
+            continue
+        comm = comm[np.argsort(start[comm], kind="stable")]
+        kinds = [communication_kind(graph.name[j], graph.attrs.get(j)) for j in comm.tolist()]
+        c_start, c_end = start[comm], end[comm]
+        longest = float((c_end - c_start).max())
+        for i in work.tolist():  # the candidates: communication that starts before i ends, and not too early
+            lo = int(np.searchsorted(c_start, start[i] - longest, side="left"))
+            hi = int(np.searchsorted(c_start, end[i], side="left"))
+            shared = np.minimum(c_end[lo:hi], end[i]) - np.maximum(c_start[lo:hi], start[i])
+            out[i] = kinds[lo + int(np.argmax(shared))]
+    return out
+
+
+def communication_kind(name: str, attrs: Any) -> str:
+    """What a communication kernel does to the kernels beside it: its name without the parameter list
+    (collective, algorithm, protocol, dtype) and its CTA count (NCCL runs one CTA per channel)."""
+    geo = launch_geometry(attrs)
+    return kernel_variant(name) + (f" x{geo.ctas:g}" if geo is not None else "")
+
+
+def _communication_by_device(graph: "ExecutionGraph") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per GPU with communication kernels: (its communication nodes, its other GPU nodes), both with a
+    recorded duration."""
     from chakra_schema.graph import OpKind
 
     from .compute import traced_kernel_class
 
-    out = np.zeros(len(graph))
     gpu = np.flatnonzero(graph.is_gpu() & (graph.duration_us > 0))
     if len(gpu) == 0:
-        return out
+        return []
     comm_kinds = np.isin(graph.kind[gpu], [int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV)])
     by_name: dict[str, bool] = {}   # a kernel name is communication or not wherever it appears
 
@@ -143,21 +236,7 @@ def communication_overlap(graph: "ExecutionGraph") -> np.ndarray:
 
     comm = np.asarray([bool(c) or is_comm(i) for i, c in zip(gpu.tolist(), comm_kinds.tolist())], bool)
     device = np.asarray([graph.resources[r].device for r in graph.resource[gpu].tolist()])
-    for d in np.unique(device[comm]).tolist():
-        c = gpu[comm & (device == d)]
-        lo, hi = _interval_union(graph.start_us[c], graph.start_us[c] + graph.duration_us[c])
-        covered_before = np.concatenate([[0.0], np.cumsum(hi - lo)])
-
-        def covered(x: np.ndarray) -> np.ndarray:  # communication time in (-inf, x]
-            k = np.searchsorted(lo, x, side="right")
-            j = np.maximum(k - 1, 0)
-            inside = np.where(k > 0, np.clip(np.minimum(x, hi[j]) - lo[j], 0.0, None), 0.0)
-            return covered_before[j] * (k > 0) + inside
-
-        w = gpu[~comm & (device == d)]
-        a, b = graph.start_us[w], graph.start_us[w] + graph.duration_us[w]
-        out[w] = (covered(b) - covered(a)) / (b - a)
-    return out
+    return [(gpu[comm & (device == d)], gpu[~comm & (device == d)]) for d in np.unique(device[comm]).tolist()]
 
 
 def _interval_union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,12 +260,14 @@ class KernelSamples:
     measured_us: np.ndarray  # float [n]
     roofline_us: np.ndarray  # float [n] max(compute, memory) of the uncalibrated physics; nan: no shapes
     base_us: np.ndarray      # float [n] the uncalibrated model's prediction; nan: none
-    ctas: np.ndarray         # float [n] 0 when not recorded
+    grid: np.ndarray         # float [n, 3] CTAs along x, y, z; 0 when not recorded
     threads: np.ndarray      # float [n] threads per CTA, 0 when not recorded
+    smem: np.ndarray         # float [n] shared memory per CTA in bytes, 0 when none or not recorded
     name: np.ndarray         # object[n] kernel name
     tensor_fraction: np.ndarray  # float [n] achieved fraction of the dense tensor peak (compute-bound
                                  # tensor-core GEMMs of >= 1 GFLOP), nan otherwise
-    contended: np.ndarray    # bool  [n] communication ran on the GPU for >= CONTENDED_OVERLAP of the kernel
+    contention: np.ndarray   # object[n] the communication kernel kind it ran under ('' = ran alone;
+                             # see communication_contention)
     trace_names: list[str]
 
     def __len__(self) -> int:
@@ -196,6 +277,21 @@ class KernelSamples:
     def shaped(self) -> np.ndarray:
         """bool [n]: the kernel has a roofline (its launching op's shapes were recorded and understood)."""
         return np.isfinite(self.roofline_us) & (self.roofline_us > 0)
+
+    @property
+    def ctas(self) -> np.ndarray:
+        """float [n]: CTAs in the grid, 0 when not recorded."""
+        return self.grid.prod(axis=1)
+
+    @property
+    def has_geometry(self) -> np.ndarray:
+        """bool [n]: the launch configuration was recorded."""
+        return (self.ctas > 0) & (self.threads > 0)
+
+    @property
+    def contended(self) -> np.ndarray:
+        """bool [n]: communication ran on the GPU for >= CONTENDED_OVERLAP of the kernel."""
+        return self.contention != ""
 
     def subset(self, mask: np.ndarray) -> "KernelSamples":
         return KernelSamples(**{f.name: (getattr(self, f.name)[mask] if f.name != "trace_names" else self.trace_names)
@@ -212,8 +308,20 @@ class KernelSamples:
                 v = getattr(p, f.name)
                 cols[f.name].append(v + len(names) if f.name == "trace" else v)
             names += p.trace_names
-        return KernelSamples(**{k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()
+        empty = KernelSamples.from_rows([], [])
+        return KernelSamples(**{k: np.concatenate(v) if v else getattr(empty, k) for k, v in cols.items()
                                 if k != "trace_names"}, trace_names=names)
+
+    @staticmethod
+    def from_rows(rows: Sequence[tuple], trace_names: list[str]) -> "KernelSamples":
+        """From one tuple per kernel, in field order (trace ... contention), trace_names apart."""
+        fields = [f.name for f in dataclasses.fields(KernelSamples)][:-1]
+        cols = list(zip(*rows)) if rows else [()] * len(fields)
+        types = {"trace": np.int64, "step": np.int64, "cls": object, "dtype": object, "name": object,
+                 "contention": object}
+        out = {f: np.asarray(c, types.get(f, float)) for f, c in zip(fields, cols)}
+        out["grid"] = out["grid"].reshape(-1, 3)
+        return KernelSamples(**out, trace_names=trace_names)
 
 
 def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str) -> KernelSamples:
@@ -229,17 +337,17 @@ def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str)
     steps = [(s.start_us, s.start_us + s.duration_us) for s in graph.steps if s.node >= 0]
     rows: list[tuple] = []
     memo: dict[tuple, Any] = {}
-    overlap = communication_overlap(graph)
+    contention = communication_contention(graph)
+    no_launch = LaunchGeometry((0.0, 0.0, 0.0), 0.0)
     for i in sel.tolist():
         cls, dtype = traced_kernel_class(graph, i)
         if cls == "communication":
             continue
-        a = graph.attrs.get(i) or {}
         key = _shape_key(graph, i)
         if key not in memo:
             memo[key] = base.roofline_kernel_estimate(graph, i)
         est = memo[key]
-        geo = launch_geometry(a.get("grid"), a.get("block")) or (0.0, 0.0)
+        geo = launch_geometry(graph.attrs.get(i)) or no_launch
         t0 = float(graph.start_us[i])
         step = next((j for j, (lo, hi) in enumerate(steps) if lo <= t0 < hi), -1)
         dur = float(graph.duration_us[i])
@@ -247,19 +355,11 @@ def kernel_samples(graph: "ExecutionGraph", hw: HardwareConfig, trace_name: str)
         if (est is not None and cls in ("gemm", "conv") and dtype in TENSOR_DTYPES and est.flops >= 1e9
                 and est.bound == "compute"):
             tensor = est.flops / (dur * 1e-6) / hw.peak_flops(dtype)
-        rows.append((step, cls, dtype, dur,
+        rows.append((0, step, cls, dtype, dur,
                      max(est.compute_us, est.memory_us) if est is not None else np.nan,
-                     est.time_us if est is not None else np.nan, geo[0], geo[1], graph.name[i], tensor,
-                     bool(overlap[i] >= CONTENDED_OVERLAP)))
-    n = len(rows)
-    cols = list(zip(*rows)) if rows else [[]] * 11
-    return KernelSamples(trace=np.zeros(n, np.int64), step=np.asarray(cols[0], np.int64),
-                         cls=np.asarray(cols[1], object), dtype=np.asarray(cols[2], object),
-                         measured_us=np.asarray(cols[3], float), roofline_us=np.asarray(cols[4], float),
-                         base_us=np.asarray(cols[5], float), ctas=np.asarray(cols[6], float),
-                         threads=np.asarray(cols[7], float), name=np.asarray(cols[8], object),
-                         tensor_fraction=np.asarray(cols[9], float), contended=np.asarray(cols[10], bool),
-                         trace_names=[trace_name])
+                     est.time_us if est is not None else np.nan, geo.grid, geo.threads, geo.smem,
+                     graph.name[i], tensor, contention[i]))
+    return KernelSamples.from_rows(rows, [trace_name])
 
 
 def _shape_key(graph: "ExecutionGraph", i: int) -> tuple:
@@ -301,11 +401,17 @@ def fit_roofline(roofline_us: np.ndarray, measured_us: np.ndarray) -> tuple[floa
     return o, e
 
 
-def geometry_time(geometry: Sequence[float], ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
-    """Durations from a launch-geometry model: (a, b) linear in total threads, (g0, g1, g2) log-linear."""
+def geometry_time(geometry: Sequence[float], grid: np.ndarray, threads: np.ndarray,
+                  smem: np.ndarray) -> np.ndarray:
+    """Durations from a launch-geometry model: (a, b) linear in total threads; (g0, gx, gy, gz, gt, gs)
+    log-linear in the grid's axes, threads per CTA and shared memory per CTA; (g0, g1, g2) log-linear in
+    CTAs and threads per CTA (presets written before the grid's axes were kept apart)."""
     if len(geometry) == 2:
-        return geometry[0] + geometry[1] * ctas * threads
-    return np.exp(_geometry_features(ctas, threads) @ np.asarray(geometry))
+        return geometry[0] + geometry[1] * grid.prod(axis=1) * threads
+    if len(geometry) == 3:
+        ctas = grid.prod(axis=1)
+        return np.exp(geometry[0] + geometry[1] * np.log(ctas) + geometry[2] * np.log(threads))
+    return np.exp(_geometry_features(grid, threads, smem) @ np.asarray(geometry))
 
 
 def fit_geometry_linear(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float]:
@@ -316,43 +422,50 @@ def fit_geometry_linear(ctas: np.ndarray, threads: np.ndarray, measured_us: np.n
     return a, 1.0 / (scale * eff)
 
 
-def fit_launch_model(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, ...]:
+def fit_launch_model(grid: np.ndarray, threads: np.ndarray, smem: np.ndarray,
+                     measured_us: np.ndarray) -> tuple[float, ...]:
     """The better-fitting (in sample) of the linear and the log-linear launch-geometry forms."""
-    forms = [fit_geometry_linear(ctas, threads, measured_us), fit_geometry(ctas, threads, measured_us)]
-    errs = [float(np.mean(np.abs(np.log(np.maximum(geometry_time(f, ctas, threads), 1e-9) / measured_us))))
-            for f in forms]
+    forms = [fit_geometry_linear(grid.prod(axis=1), threads, measured_us),
+             fit_geometry(grid, threads, smem, measured_us)]
+    errs = [_mean_log_error(geometry_time(f, grid, threads, smem), measured_us) for f in forms]
     return tuple(forms[int(np.argmin(errs))])
 
 
-def _geometry_features(ctas: np.ndarray, threads: np.ndarray) -> np.ndarray:
-    return np.stack([np.ones(len(ctas)), np.log(ctas), np.log(threads)], axis=1)
+def _geometry_features(grid: np.ndarray, threads: np.ndarray, smem: np.ndarray) -> np.ndarray:
+    return np.column_stack([np.ones(len(threads)), np.log(grid), np.log(threads), np.log1p(smem)])
 
 
-def fit_geometry(ctas: np.ndarray, threads: np.ndarray, measured_us: np.ndarray) -> tuple[float, float, float]:
-    """Least-absolute-deviation fit of ln t on (1, ln CTAs, ln threads/CTA) by reweighted least squares.
-    Slopes are kept physical (a bigger grid never runs faster, nor more than proportionally slower) and
-    dropped where the samples have fewer than three distinct geometries, so a fit extrapolates sanely."""
-    x = _geometry_features(ctas, threads)
+def fit_geometry(grid: np.ndarray, threads: np.ndarray, smem: np.ndarray,
+                 measured_us: np.ndarray) -> tuple[float, ...]:
+    """Least-absolute-deviation fit of ln t on (1, ln grid.x, ln grid.y, ln grid.z, ln threads/CTA,
+    ln(1 + smem/CTA)) by reweighted least squares. Slopes are kept physical (a bigger launch never runs
+    faster, nor more than proportionally slower); a feature that does not vary in the samples gets none,
+    nor does any where the samples have fewer than three distinct launch configurations, so a fit
+    extrapolates sanely."""
+    x = _geometry_features(grid, threads, smem)
     y = np.log(measured_us)
-    if len({(a, b) for a, b in zip(ctas.tolist(), threads.tolist())}) < 3:
-        return float(np.median(y)), 0.0, 0.0
-    w = np.linalg.lstsq(x, y, rcond=None)[0]
+    slopes = np.zeros(x.shape[1] - 1)
+    if len(np.unique(x[:, 1:], axis=0)) < 3:
+        return (float(np.median(y)),) + tuple(slopes.tolist())
+    vary = np.ptp(x[:, 1:], axis=0) > 1e-9
+    xv = x[:, np.concatenate([[True], vary])]
+    w = np.linalg.lstsq(xv, y, rcond=None)[0]
     for _ in range(25):
-        r = np.sqrt(1.0 / np.maximum(np.abs(y - x @ w), 0.02))
-        w = np.linalg.lstsq(x * r[:, None], y * r, rcond=None)[0]
-    slopes = np.clip(w[1:], 0.0, 1.0)
-    return float(np.median(y - x[:, 1:] @ slopes)), float(slopes[0]), float(slopes[1])
+        r = np.sqrt(1.0 / np.maximum(np.abs(y - xv @ w), 0.02))
+        w = np.linalg.lstsq(xv * r[:, None], y * r, rcond=None)[0]
+    slopes[vary] = np.clip(w[1:], 0.0, 1.0)
+    return (float(np.median(y - x[:, 1:] @ slopes)),) + tuple(float(g) for g in slopes)
 
 
 def model_key(cls: str, dtype: str, state: str = "") -> str:
     """GEMM efficiency depends on the dtype (BF16, FP8, TF32 tensor cores, FP32 SIMT): fit it per dtype.
-    `state`: '' (all kernels), ISOLATED or CONTENDED."""
+    `state`: one of `contention_states` ('', ISOLATED, CONTENDED, CONTENDED[kind])."""
     key = f"{cls}_{dtype}" if cls in ("gemm", "conv") else cls
     return key + state
 
 
 def key_class(key: str) -> str:
-    """The kernel class a model key belongs to ('gemm_tf32@comm/cutlass...' -> 'gemm')."""
+    """The kernel class a model key belongs to ('gemm_tf32@comm[nccl... x24]/cutlass...' -> 'gemm')."""
     return key.split("/")[0].split("@")[0].split("_")[0]
 
 
@@ -390,10 +503,14 @@ def kernel_variant(name: str) -> str:
     return base.strip()[:160] or "?"
 
 
-def sample_keys(s: KernelSamples, by_state: bool = False) -> list[np.ndarray]:
+STATE_DEPTHS = (0, 1, 2)  # sample_keys' `depth`: all kernels, alone / under communication, per communication kind
+
+
+def sample_keys(s: KernelSamples, depth: int = 0) -> list[np.ndarray]:
     """Per sample its class, family and variant keys (`model_keys`; a kernel without a variant repeats its
-    family): the plain keys, or with `by_state` those of its state (ISOLATED or CONTENDED)."""
-    states = [(CONTENDED if c else ISOLATED) if by_state else "" for c in s.contended.tolist()]
+    family) at state `depth`: 0 the plain keys, 1 those of its state (ISOLATED or CONTENDED), 2 those of
+    the communication kind it ran under (an isolated kernel repeats its state)."""
+    states = [(lambda st: st[min(depth, len(st) - 1)])(contention_states(c)) for c in s.contention.tolist()]
     cls = [model_key(c, d, st) for c, d, st in zip(s.cls, s.dtype, states)]
     rows = [model_keys(c, n) for c, n in zip(cls, s.name)]
     return [np.asarray([r[min(level, len(r) - 1)] for r in rows], object) for level in range(3)]
@@ -401,13 +518,17 @@ def sample_keys(s: KernelSamples, by_state: bool = False) -> list[np.ndarray]:
 
 def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
     """One model per class key with at least MIN_KERNELS samples, one per kernel family and per kernel
-    variant with at least MIN_FAMILY_KERNELS; each on all kernels and on those of each state."""
+    variant with at least MIN_FAMILY_KERNELS; each on all kernels, on those of each state and on those
+    under each communication kind (a group that repeats the group it refines is not fitted)."""
     out: dict[str, KernelClassModel] = {}
     shaped = s.shaped
-    plain = sample_keys(s)
-    for keys in (plain, [_unless_all_kernels(st, pl) for st, pl in zip(sample_keys(s, by_state=True), plain)]):
-        cls_keys, fam_keys, var_keys = keys
-        out.update(_fit_groups(s, cls_keys, MIN_KERNELS))
+    by_depth = [sample_keys(s, d) for d in STATE_DEPTHS]
+    for depth, keys in enumerate(by_depth):
+        cls_keys, fam_keys, var_keys = (keys if depth == 0 else
+                                        [_unless_all_kernels(k, c) for k, c in zip(keys, by_depth[depth - 1])])
+        # no launch-geometry regression across a class: it would mix implementations whose work per CTA
+        # differs (held out by trace it timed unseen families 2-30x off); a class model is a roofline
+        out.update(_fit_groups(s, cls_keys, MIN_KERNELS, geometry=False))
         out.update(_fit_groups(s, fam_keys, MIN_FAMILY_KERNELS))
         # variants only for kernels timed by their launch geometry: with shapes, the family's roofline
         # efficiency carries to shapes it has not seen (H100 GEMM sweeps: 14% GMAE) and a variant's does
@@ -416,20 +537,22 @@ def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
     return out
 
 
-def _unless_all_kernels(state_keys: np.ndarray, plain_keys: np.ndarray) -> np.ndarray:
-    """State keys, None where a state group holds every kernel of its plain group (its model would
-    repeat the plain one: traces without communication have only isolated kernels)."""
-    plain_size = Counter(plain_keys.tolist())
-    state_size = Counter(state_keys.tolist())
-    same = [state_size[st] == plain_size[pl] for st, pl in zip(state_keys.tolist(), plain_keys.tolist())]
-    return np.where(np.asarray(same, bool), None, state_keys)
+def _unless_all_kernels(keys: np.ndarray, coarser_keys: np.ndarray) -> np.ndarray:
+    """`keys`, None where a group holds every kernel of the coarser group it refines (its model would
+    repeat that one: traces without communication have only isolated kernels, and a family that ran
+    under one communication kind only has its @comm group again per kind) or is that group."""
+    coarse_size = Counter(coarser_keys.tolist())
+    size = Counter(keys.tolist())
+    same = [k == c or size[k] == coarse_size[c] for k, c in zip(keys.tolist(), coarser_keys.tolist())]
+    return np.where(np.asarray(same, bool), None, keys)
 
 
-def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int) -> dict[str, KernelClassModel]:
+def _fit_groups(s: KernelSamples, keys: np.ndarray, min_kernels: int,
+                geometry: bool = True) -> dict[str, KernelClassModel]:
     out: dict[str, KernelClassModel] = {}
     for key in sorted(set(keys.tolist()) - {None}):
         m = keys == key
-        model = _fit_group(s, m, min_kernels)
+        model = _fit_group(s, m, min_kernels, geometry)
         if model is not None:
             pred = predict(model, s.subset(m))
             ok = np.isfinite(pred)
@@ -441,32 +564,40 @@ def _mean_log_error(pred: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-9) / measured))))
 
 
-def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int) -> KernelClassModel | None:
-    """Roofline form on the kernels with shapes, launch-geometry form on those without; where the
-    geometry explains even the kernels with shapes better (custom ops whose traffic the shapes do not
-    tell, e.g. fbgemm embeddings), it times those too."""
+def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int, geometry_ok: bool = True) -> KernelClassModel | None:
+    """Roofline form on the kernels with shapes, launch-geometry form (where `geometry_ok`) on those
+    without; where the geometry explains even the kernels with shapes better (custom ops whose traffic
+    the shapes do not tell, e.g. fbgemm embeddings), it times those too."""
     roof = m & s.shaped
-    has_geo = m & (s.ctas > 0) & (s.threads > 0)
+    has_geo = m & s.has_geometry & geometry_ok
     shapeless = has_geo & ~roof
     overhead, eff, geometry, shaped_by_geometry = 0.0, 1.0, (), False
     if roof.sum() >= min_kernels:
         overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
         both = roof & has_geo
         if both.sum() >= min_kernels:
-            g_all = fit_launch_model(s.ctas[has_geo], s.threads[has_geo], s.measured_us[has_geo])
-            by_geo = _mean_log_error(geometry_time(g_all, s.ctas[both], s.threads[both]), s.measured_us[both])
+            g_all = _fit_launch(s, has_geo)
+            by_geo = _mean_log_error(_geometry_time(g_all, s, both), s.measured_us[both])
             by_roof = _mean_log_error(overhead + s.roofline_us[both] / eff, s.measured_us[both])
             if by_geo < by_roof:
                 geometry, shaped_by_geometry = g_all, True
     if not geometry:
         fit_on = shapeless if shapeless.sum() >= min_kernels else has_geo
         if fit_on.sum() >= min_kernels:
-            geometry = fit_launch_model(s.ctas[fit_on], s.threads[fit_on], s.measured_us[fit_on])
+            geometry = _fit_launch(s, fit_on)
     if roof.sum() < min_kernels and not geometry:
         return None
     return KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
                             geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()),
                             shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels))
+
+
+def _fit_launch(s: KernelSamples, m: np.ndarray) -> tuple[float, ...]:
+    return fit_launch_model(s.grid[m], s.threads[m], s.smem[m], s.measured_us[m])
+
+
+def _geometry_time(geometry: Sequence[float], s: KernelSamples, m: np.ndarray) -> np.ndarray:
+    return geometry_time(geometry, s.grid[m], s.threads[m], s.smem[m])
 
 
 def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
@@ -477,24 +608,25 @@ def predict(model: KernelClassModel | None, s: KernelSamples) -> np.ndarray:
     roof = s.shaped
     if model.times_shaped:
         out[roof] = model.overhead_us + s.roofline_us[roof] / model.efficiency
-    geo = (s.ctas > 0) & (s.threads > 0)
-    geo &= np.ones(len(s), bool) if model.shaped_by_geometry else ~roof
+    geo = s.has_geometry & (np.ones(len(s), bool) if model.shaped_by_geometry else ~roof)
     if model.geometry and geo.any():
-        out[geo] = geometry_time(model.geometry, s.ctas[geo], s.threads[geo])
+        out[geo] = _geometry_time(model.geometry, s, geo)
     return out
 
 
 def predict_all(models: dict[str, KernelClassModel], s: KernelSamples) -> np.ndarray:
     """Each sample by the most specific fitted model that can time it, as `class_model` picks one in
-    replay: variant, family, class, at each level the kernel's state's model before the plain one."""
+    replay: variant, family, class, at each level the model of the kernel's communication kind before
+    its state's before the plain one."""
     out = np.full(len(s), np.nan)
-    plain, by_state = sample_keys(s), sample_keys(s, by_state=True)
-    for keys in (k for pair in zip(plain, by_state) for k in pair):  # least specific first: later ones override
-        for key in set(keys.tolist()):
-            if key in models:
-                m = keys == key
-                got = predict(models[key], s.subset(m))
-                out[m] = np.where(np.isfinite(got), got, out[m])
+    by_depth = [sample_keys(s, d) for d in STATE_DEPTHS]
+    for level in range(3):  # least specific first: later ones override
+        for keys in (k[level] for k in by_depth):
+            for key in set(keys.tolist()):
+                if key in models:
+                    m = keys == key
+                    got = predict(models[key], s.subset(m))
+                    out[m] = np.where(np.isfinite(got), got, out[m])
     return out
 
 
@@ -564,8 +696,8 @@ def cross_validate(s: KernelSamples, folds: Iterable[np.ndarray],
     pred = np.full(len(s), np.nan)
     repeat = np.full(len(s), np.nan)
     tested = np.zeros(len(s), bool)
-    keys = np.asarray([f"{n}|{r:.6g}|{c:g}|{t:g}|{k}" for n, r, c, t, k in
-                       zip(s.name, s.roofline_us, s.ctas, s.threads, s.contended)], object)
+    keys = np.asarray([f"{n}|{r:.6g}|{g}|{t:g}|{m:g}|{c}" for n, r, g, t, m, c in
+                       zip(s.name, s.roofline_us, s.grid.tolist(), s.threads, s.smem, s.contention)], object)
     for test in folds:
         if not test.any() or test.all():
             continue
