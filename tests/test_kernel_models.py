@@ -15,7 +15,7 @@ from replay.hardware.kernel_classes import classify_kernel, unclassified_report
 from replay.hardware.kernel_models import (CONTENDED, ISOLATED, KernelSamples, class_model, communication_contention,
                                            communication_overlap, cross_validate, fit_class_models, fit_geometry,
                                            fit_launch_model, fit_roofline, geometry_estimate, geometry_time, gmae,
-                                           kernel_family, kernel_variant, model_keys, predict_all)
+                                           kernel_family, kernel_variant, model_keys, predict, predict_all)
 
 
 def test_classification_uses_the_launching_op_when_the_name_says_nothing():
@@ -87,6 +87,37 @@ def test_launch_model_tells_grid_axes_and_shared_memory_apart():
     assert est.time_us == pytest.approx(float(geometry_time(fit, np.array([[7.0, 8.0, 32.0]]), np.array([256.0]),
                                                             np.array([8336.0]))[0]))
     assert geometry_estimate(model, {"grid": [7, 8, 32]}) is None  # no block recorded: no estimate
+
+
+def _family(roof, grid, smem, measured, name="nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT") -> KernelSamples:
+    n = len(measured)
+    return KernelSamples(trace=np.zeros(n, np.int64), step=np.arange(n) % 3, cls=np.full(n, "gemm", object),
+                         dtype=np.full(n, "bf16", object), measured_us=np.asarray(measured, float),
+                         roofline_us=np.asarray(roof, float), base_us=np.asarray(roof, float),
+                         grid=np.asarray(grid, float), threads=np.full(n, 384.0), smem=np.asarray(smem, float),
+                         name=np.full(n, name, object), tensor_fraction=np.full(n, np.nan),
+                         contention=np.full(n, "", object), trace_names=["t"])
+
+
+def test_shaped_kernels_keep_the_roofline_unless_the_launch_configuration_times_new_shapes_better():
+    """A GEMM's work per CTA grows with K, which no grid shows: two shapes whose shared memory happens to
+    differ 'explain' their times in sample, and a larger batch on the same grid then came out 4x too
+    fast. Sort / segment kernels whose work is in the data (one shape, times 3x apart, following the
+    grid) are the ones the launch configuration should time."""
+    rng = np.random.default_rng(4)
+    roof = np.repeat([157.0, 182.0], 15)
+    smem = np.concatenate([np.full(15, 209060.0), rng.choice([221380.0, 225476.0, 229572.0], 15)])
+    measured = 7e-4 * smem * np.exp(rng.normal(0, 0.01, 30))  # in sample the time follows the smem
+    gemm = _family(roof, np.tile([2.0, 66.0, 1.0], (30, 1)), smem, measured)
+    model = next(m for k, m in fit_class_models(gemm).items() if "/" in k)
+    assert not model.shaped_by_geometry
+    # 3.5x the work on the same grid and shared memory: the roofline scales it, the geometry would not
+    bigger = _family([630.0], [[2.0, 66.0, 1.0]], [225476.0], [1.0])
+    assert predict(model, bigger)[0] > 2.0 * measured[15:].mean()
+    ctas = rng.choice([16.0, 48.0, 160.0], 30)
+    data_dependent = _family(np.full(30, 5.0), np.column_stack([ctas, np.ones((30, 2))]), np.zeros(30),
+                             2.0 + 0.1 * ctas, name="void cub::DeviceRadixSortOnesweepKernel<int>()")
+    assert next(m for k, m in fit_class_models(data_dependent).items() if "/" in k).shaped_by_geometry
 
 
 def test_presets_written_with_the_ctas_form_still_time_kernels():

@@ -73,6 +73,7 @@ MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustaine
 CONTENDED = "@comm"     # model-key suffix of kernels that ran under communication
 ISOLATED = "@alone"     # model-key suffix of kernels that ran without communication on the GPU
 CONTENDED_OVERLAP = 0.5 # a kernel is contended when communication covered at least this share of it
+ROOFLINE_FAILS = math.log(1.25)  # mean |ln(pred / measured)| of a roofline fit that does not tell the work
 _OVERHEADS = np.concatenate([[0.0], np.geomspace(0.25, 40.0, 48)])
 _EFFICIENCIES = np.geomspace(0.01, 10.0, 150)
 
@@ -445,9 +446,9 @@ def fit_geometry(grid: np.ndarray, threads: np.ndarray, smem: np.ndarray,
     x = _geometry_features(grid, threads, smem)
     y = np.log(measured_us)
     slopes = np.zeros(x.shape[1] - 1)
+    vary = np.ptp(x[:, 1:], axis=0) > 1e-9
     if len(np.unique(x[:, 1:], axis=0)) < 3:
         return (float(np.median(y)),) + tuple(slopes.tolist())
-    vary = np.ptp(x[:, 1:], axis=0) > 1e-9
     xv = x[:, np.concatenate([[True], vary])]
     w = np.linalg.lstsq(xv, y, rcond=None)[0]
     for _ in range(25):
@@ -575,12 +576,8 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int, geometry_ok: b
     if roof.sum() >= min_kernels:
         overhead, eff = fit_roofline(s.roofline_us[roof], s.measured_us[roof])
         both = roof & has_geo
-        if both.sum() >= min_kernels:
-            g_all = _fit_launch(s, has_geo)
-            by_geo = _mean_log_error(_geometry_time(g_all, s, both), s.measured_us[both])
-            by_roof = _mean_log_error(overhead + s.roofline_us[both] / eff, s.measured_us[both])
-            if by_geo < by_roof:
-                geometry, shaped_by_geometry = g_all, True
+        if both.sum() >= min_kernels and _geometry_times_shapes_better(s, both, overhead, eff):
+            geometry, shaped_by_geometry = _fit_launch(s, has_geo), True
     if not geometry:
         fit_on = shapeless if shapeless.sum() >= min_kernels else has_geo
         if fit_on.sum() >= min_kernels:
@@ -590,6 +587,37 @@ def _fit_group(s: KernelSamples, m: np.ndarray, min_kernels: int, geometry_ok: b
     return KernelClassModel(overhead_us=round(overhead, 4), efficiency=round(eff, 5),
                             geometry=tuple(float(f"{g:.6g}") for g in geometry), kernels=int(m.sum()),
                             shaped_by_geometry=shaped_by_geometry, times_shaped=bool(roof.sum() >= min_kernels))
+
+
+def _geometry_times_shapes_better(s: KernelSamples, m: np.ndarray, overhead: float, eff: float) -> bool:
+    """Whether, on the kernels `m` (all with shapes and a launch configuration), the launch-geometry form
+    predicts their durations better than the roofline form (`overhead`, `eff` fitted on them). With four
+    or more distinct shapes, on shapes it was not fitted on: 2-fold over the distinct shapes, alternating
+    in roofline order. In sample the richer geometry form nearly always wins, also for GEMMs, whose work
+    per CTA grows with K, which no grid shows (an H100 MoE GEMM family picked that way came out 4x too
+    fast on a larger batch); fbgemm embeddings, whose shapes do not tell their traffic, still pick it.
+    With fewer shapes there is nothing to extrapolate to, and two roofline parameters fit up to three
+    shapes closely unless the shapes do not tell the kernel's work (sort / segment kernels whose work is
+    in the data: identical shapes, 3x apart): there the roofline must fail in sample (off by over 25% on
+    average; such kernels are off by 60-200%) and the geometry form halve its error. Any launch feature
+    that differs between two shapes 'explains' them in sample, whatever it means."""
+    idx = np.flatnonzero(m)
+    # a shape is a roofline time to 0.1% (an MoE expert GEMM's M moves by a few tokens from step to step)
+    shape = np.unique(np.round(np.log(s.roofline_us[idx]), 3), return_inverse=True)[1].ravel()
+    if shape.max(initial=0) < 3:
+        by_roof = _mean_log_error(overhead + s.roofline_us[m] / eff, s.measured_us[m])
+        by_geo = _mean_log_error(_geometry_time(_fit_launch(s, m), s, m), s.measured_us[m])
+        return by_roof > ROOFLINE_FAILS and 2 * by_geo < by_roof
+    err = np.zeros(2)  # summed |ln(pred / measured)| of (roofline, geometry) on the held-out half
+    for fold in (0, 1):
+        fit, test = idx[shape % 2 != fold], idx[shape % 2 == fold]
+        o, e = fit_roofline(s.roofline_us[fit], s.measured_us[fit])
+        geo = fit_launch_model(s.grid[fit], s.threads[fit], s.smem[fit], s.measured_us[fit])
+        t = s.measured_us[test]
+        err[0] += np.abs(np.log((o + s.roofline_us[test] / e) / t)).sum()
+        err[1] += np.abs(np.log(np.maximum(geometry_time(geo, s.grid[test], s.threads[test], s.smem[test]),
+                                           1e-9) / t)).sum()
+    return bool(err[1] < err[0])
 
 
 def _fit_launch(s: KernelSamples, m: np.ndarray) -> tuple[float, ...]:
