@@ -511,10 +511,15 @@ def sample_keys(s: KernelSamples, depth: int = 0) -> list[np.ndarray]:
     """Per sample its class, family and variant keys (`model_keys`; a kernel without a variant repeats its
     family) at state `depth`: 0 the plain keys, 1 those of its state (ISOLATED or CONTENDED), 2 those of
     the communication kind it ran under (an isolated kernel repeats its state)."""
-    states = [(lambda st: st[min(depth, len(st) - 1)])(contention_states(c)) for c in s.contention.tolist()]
+    states = [_state_at(c, depth) for c in s.contention.tolist()]
     cls = [model_key(c, d, st) for c, d, st in zip(s.cls, s.dtype, states)]
     rows = [model_keys(c, n) for c, n in zip(cls, s.name)]
     return [np.asarray([r[min(level, len(r) - 1)] for r in rows], object) for level in range(3)]
+
+
+def _state_at(contention: str, depth: int) -> str:
+    states = contention_states(contention)
+    return states[min(depth, len(states) - 1)]
 
 
 def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
