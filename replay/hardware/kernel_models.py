@@ -170,8 +170,12 @@ def geometry_estimate(model: KernelClassModel, attrs: Any) -> "OpEstimate | None
 def communication_overlap(graph: "ExecutionGraph") -> np.ndarray:
     """float [N]: per GPU node, the share of its recorded interval during which a communication kernel
     ran on the same GPU (any stream; the node's own, if communication, is not counted). 0 elsewhere."""
+    return _overlap(graph, _communication_by_device(graph))
+
+
+def _overlap(graph: "ExecutionGraph", by_device: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     out = np.zeros(len(graph))
-    for comm, work in _communication_by_device(graph):
+    for comm, work in by_device:
         lo, hi = _interval_union(graph.start_us[comm], graph.start_us[comm] + graph.duration_us[comm])
         covered_before = np.concatenate([[0.0], np.cumsum(hi - lo)])
 
@@ -191,9 +195,10 @@ def communication_contention(graph: "ExecutionGraph") -> np.ndarray:
     interval), the kind of the communication kernel that covered most of it (`communication_kind`);
     '' elsewhere."""
     out = np.full(len(graph), "", object)
-    contended = communication_overlap(graph) >= CONTENDED_OVERLAP
+    by_device = _communication_by_device(graph)
+    contended = _overlap(graph, by_device) >= CONTENDED_OVERLAP
     start, end = graph.start_us, graph.start_us + graph.duration_us
-    for comm, work in _communication_by_device(graph):
+    for comm, work in by_device:
         work = work[contended[work]]
         if len(work) == 0:
             continue
@@ -617,11 +622,9 @@ def _geometry_times_shapes_better(s: KernelSamples, m: np.ndarray, overhead: flo
     for fold in (0, 1):
         fit, test = idx[shape % 2 != fold], idx[shape % 2 == fold]
         o, e = fit_roofline(s.roofline_us[fit], s.measured_us[fit])
-        geo = fit_launch_model(s.grid[fit], s.threads[fit], s.smem[fit], s.measured_us[fit])
         t = s.measured_us[test]
-        err[0] += np.abs(np.log((o + s.roofline_us[test] / e) / t)).sum()
-        err[1] += np.abs(np.log(np.maximum(geometry_time(geo, s.grid[test], s.threads[test], s.smem[test]),
-                                           1e-9) / t)).sum()
+        err += len(test) * np.array([_mean_log_error(o + s.roofline_us[test] / e, t),
+                                     _mean_log_error(_geometry_time(_fit_launch(s, fit), s, test), t)])
     return bool(err[1] < err[0])
 
 
