@@ -20,7 +20,7 @@ from estimators.failures.montecarlo import draw_failures, run_simpy, run_vector,
 from estimators.failures.recovery import FailureClass, Job, RecoveryTimes, cold_restart_s, failure_classes
 from estimators.model_config import load_model
 from estimators.scenario import Scenario
-from estimators.whatifs import evaluate, whatifs
+from estimators.registry import evaluate, whatifs
 
 
 def _run(**kw):

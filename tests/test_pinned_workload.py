@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from estimators.model_config import model_from_dict
-from estimators.plan import ParallelPlan
-from estimators.workload import generate
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import generate
 
 # hidden 512, 8 heads, FFN 2048, vocab 1000, 8 layers (Llama architecture: SwiGLU, RMSNorm, untied)
 TINY = model_from_dict(dict(name="tiny", layers=8, hidden=512, heads=8, ffn=2048, vocab=1000))

@@ -87,7 +87,7 @@ def scenario_from_args(args):
     s = Scenario(whatif="failures", model=model, hardware=get_hardware(args.hardware),
                  plan=_plan_from_args(args, model), failure=opts).override_strings(args.overrides)
     if args.overrides:
-        from estimators.plan import validate_plan
+        from estimators.parallelism.plan import validate_plan
         validate_plan(s.model, s.plan)
     return s
 
@@ -102,7 +102,7 @@ def _interval(text: str) -> float | None:
 
 
 def main_failures(args) -> int:
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     scenario = scenario_from_args(args)
     with progress_bar("simulating failures") as cb:

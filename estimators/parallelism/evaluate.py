@@ -1,6 +1,6 @@
 """What-if parallelism: model + plan + hardware -> predicted step time, throughput, MFU, memory.
 
-The prediction is a replay: `estimators.workload.generate` builds per-rank graphs (one representative
+The prediction is a replay: `estimators.parallelism.workload.generate` builds per-rank graphs (one representative
 rank per pipeline stage by default), `replay.api.replay` runs them with the hardware's model timing
 (`replay.model_timing.ModelTiming`), and the step time is the slowest simulated rank's makespan.
 No per-configuration fitting: every efficiency comes from the hardware preset.
@@ -23,11 +23,11 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
-from estimators.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
+from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import COMM_KINDS, Breakdown, union_intervals
 from estimators.model_config import ModelConfig
-from estimators.plan import ParallelPlan, validate_plan
-from estimators.workload import STREAM_KIND, STREAMS, generate
+from estimators.parallelism.plan import ParallelPlan, validate_plan
+from estimators.parallelism.workload import STREAM_KIND, STREAMS, generate
 
 _STREAM_KIND_BY_ID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
 
@@ -219,7 +219,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
             extrapolate: bool = True, moe_loads: Any = None) -> PlanPrediction:
     """Generate, replay, and summarize one plan. `mode`: "symmetric" (one rank per stage) or "all".
     With `extrapolate`, many micro-batches are simulated as two short runs and extrapolated linearly
-    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.workload.MoELoads`)
+    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.parallelism.workload.MoELoads`)
     for the EP layers instead of balanced routing."""
     validate_plan(model, plan)
     t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: 
                          precision: str = "bf16", max_plans: int | None = 24) -> list[ParallelPlan]:
     """The `max_plans` most promising valid plans of `gpus` that fit in memory, best first (every one of
     them for `max_plans=None`): the whole plan space (TP, PP, VP, CP, DP, EP, micro-batch, recompute,
-    ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.plan_search`'s analytic
+    ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.parallelism.search`'s analytic
     step-time estimate."""
-    from estimators.plan_search import rank_plans
+    from estimators.parallelism.search import rank_plans
     return rank_plans(model, hardware, gpus, seq_len, global_batch, precision).plans(max_plans)

@@ -16,7 +16,7 @@ from estimators.failures import FailureEstimate, FailureOptions, HealthyJob, est
 from estimators.failures.closed_form import LOST_KEYS
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
-from estimators.whatifs import evaluate, register_options, register_whatif
+from estimators.registry import evaluate, register_options, register_whatif
 
 register_options("failure", FailureOptions)
 
