@@ -129,6 +129,7 @@ class ModelConfig:
     max_seq: int = 0                   # learned position table length
     bias: bool = False                 # linear-layer biases (GPT-3)
     display_name: str = ""
+    aliases: tuple[str, ...] = ()      # other names published tables use ("Nemotron-340B"); matched like names
     source: str = ""                   # where the architecture facts come from
     published_params_b: float = 0.0    # published total parameters (billions), for checks
     published_active_params_b: float = 0.0
@@ -453,6 +454,11 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
                 raise with_path(e, path) from None
             continue
         want = types[key]
+        if key == "aliases":
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                raise TraceInputError(path, f"'aliases' must be a list of names, got {value!r}")
+            kwargs[key] = tuple(value)
+            continue
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str),
@@ -549,6 +555,6 @@ def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
             return load_model_file(cfg_path)
     for stem in zoo_names():  # display names ("Llama 3 405B")
         cfg = load_model_file(ZOO_DIR / f"{stem}.toml")
-        if _norm(cfg.display_name) == want or _norm(cfg.name) == want:
+        if want in {_norm(cfg.display_name), _norm(cfg.name), *map(_norm, cfg.aliases)}:
             return cfg
     raise TraceInputError(None, f"unknown model '{s}' (zoo: {', '.join(zoo_names())}; or give a model .toml or a Hugging Face config.json path)")

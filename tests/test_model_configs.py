@@ -7,6 +7,7 @@ publisher's FLOPs per token)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 
@@ -100,6 +101,7 @@ def test_bad_moe_routing_fields_are_one_line_errors(moe, key):
     ({"window_pattern": "SF"}, "window_pattern"),
     ({"sliding_window": 128, "window_pattern": "SX"}, "window_pattern"),
     ({"mtp_layers": -1}, "mtp_layers"),
+    ({"aliases": "Nemotron-340B"}, "aliases"),
 ])
 def test_bad_attention_fields_are_one_line_errors(extra, key):
     with pytest.raises(TraceInputError) as e:
@@ -136,7 +138,7 @@ def test_megatron_convention_counts_the_causal_half_for_llama3_8b():
 
 def test_megatron_convention_counts_mtp_as_one_more_layer_and_output_projection():
     m = load_model("deepseek-v3")
-    no_mtp = model_from_dict({**_toml_dict(m), "mtp_layers": 0})
+    no_mtp = dataclasses.replace(m, mtp_layers=0)
     h, V, s = 7168, 129280, 4096
     extra = megatron_flops_per_token(m, s) - megatron_flops_per_token(no_mtp, s)
     # one more MoE layer (MLA + 8 routed + 1 shared SwiGLU experts of 2048 + causal scores) + 2h->h + logits
@@ -145,19 +147,22 @@ def test_megatron_convention_counts_mtp_as_one_more_layer_and_output_projection(
     assert extra == pytest.approx(layer + 6 * 2 * h * h + 6 * h * V, rel=1e-12)
 
 
-def _toml_dict(m):
-    from dataclasses import asdict
-    d = {k: v for k, v in asdict(m).items() if v is not None}
-    return d
-
-
-_CSV_MODELS = {"GPT3-175B": "gpt3-175b", "GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b", "LLAMA2-7B": "llama2-7b",
-               "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b", "Nemotron-8B": "nemotron-8b",
-               "Nemotron-22B": "nemotron-22b", "Nemotron-340B": "nemotron4-340b", "LLAMA3_8B": "llama3-8b",
-               "LLAMA3_70B": "llama3-70b", "DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b",
-               "Qwen3_235B_a22B": "qwen3-235b-a22b", "GPT OSS 120B": "gpt-oss-120b"}
 # NeMo 24.07's flops_formulas use LLM_VOCAB_SIZE_MAP["gpt3"] = 51200 for GPT-3 (the padded GPT-2 vocabulary)
 _NEMO_VOCAB = {"gpt3": 51200}
+
+
+def _csv_name(row) -> str:
+    """The model name of a published row ("Qwen3_30B_a3B (tokendrop)" -> "Qwen3_30B_a3B")."""
+    return row["model"].split(" (")[0].replace(" SFT", "").replace(" LoRA", "")
+
+
+def test_every_published_model_loads_by_its_table_name():
+    path = require_shared("reference", "training-throughput.csv")
+    with open(path, newline="") as fh:
+        names = {_csv_name(r) for r in csv.DictReader(fh)}
+    assert len(names) >= 15
+    for name in sorted(names):
+        assert load_model(name).param_count() > 1e9, name
 
 
 def _published_rows():
@@ -169,8 +174,7 @@ def _published_rows():
 
 
 def _convention_flops(row, convention: str, **kw) -> float:
-    name = row["model"].split(" (")[0].replace(" SFT", "").replace(" LoRA", "")
-    m = load_model(_CSV_MODELS[name])
+    m = load_model(_csv_name(row))
     seq = int(row["seq"])
     if convention == "megatron":
         return megatron_flops_per_token(m, seq, megatron_padded_vocab(m.vocab, 128, int(row["tp"])), **kw)
