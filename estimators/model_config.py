@@ -1,5 +1,6 @@
 """Typed model architecture (`ModelConfig`), loaded from TOML (the model zoo in `estimators/zoo/` or a
-user file), with parameter and FLOP counts derived from the architecture.
+user file) or a Hugging Face config.json (`estimators.hf_config`), with parameter and FLOP counts derived
+from the architecture.
 
 Counting rules (per layer, no biases unless `bias = true`):
 - attention, GQA/MHA: q = h*H*d, k = v = h*K*d, o = H*d*h  (H query heads, K kv heads, d head dim)
@@ -18,8 +19,8 @@ causal context (seq/2 keys per query: the causal half; sliding-window layers the
 modules counted, the output projection counted, no embedding lookup, norms, router or biases.
 `ModelConfig.model_flops_per_token` is this convention.  NeMo 24.07 (nemo/utils/flops_formulas.py) counts
 the attention over the FULL square (12 s h per layer, as Narayanan et al. 2021) and no MTP / windows:
-`nemo_2407_flops_per_token`.  The two differ by 4-21% on the shared published rows (Llama 3 8B at 8K:
-+12.5%; Qwen3-30B-A3B at 4K: +21%).  `RELEASE_FLOP_CONVENTION` maps a release to its convention, checked
+`nemo_2407_flops_per_token`.  The two differ by 1.4-21% on the shared published rows (GPT-3 175B at 2K:
+1.4%; Llama 2 7B at 4K: 7%; Llama 3 8B at 8K: 12.5%; Qwen3-30B-A3B at 4K: 21%).  `RELEASE_FLOP_CONVENTION` maps a release to its convention, checked
 against every published row that gives both TFLOP/s and tokens/s (tests/test_model_configs.py).
 Hardware FLOPs (what the kernels execute: unfused attention computes the full square) are
 `full_square_flops_per_token`.
