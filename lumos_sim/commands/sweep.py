@@ -37,11 +37,15 @@ def register(sub) -> None:
 def main(args) -> int:
     from lumos_sim.sweeps import SweepInterrupted, load_spec, sweep
 
+    from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
+
+    refuse_overwriting_inputs(args.output, [args.spec])
+    if args.report:   # said before the sweep runs, not after
+        prepare_output(args.report)
+        refuse_overwriting_inputs(args.report, [args.output, args.spec], flag="--report")
     spec = load_spec(args.spec, args.overrides)
     if args.dry_run:
-        for pt in spec.points():
-            print(f"{pt.index:6d}  {pt.key}  {pt.label}")
-        return 0
+        return _dry_run(spec)
     try:
         df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
                    ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
@@ -63,6 +67,32 @@ def main(args) -> int:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     else:
         _print_summary(df, summary)
+    return 0
+
+
+DRY_RUN_LISTED = 100
+
+
+def _dry_run(spec) -> int:
+    """The number of points (from the axes' sizes: a 10^9-point grid is counted, not expanded) and the
+    first DRY_RUN_LISTED of them, streamed."""
+    from lumos_sim.sweeps import MAX_POINTS
+
+    total = spec.count()
+    shown = 0
+    for pt in spec.iter_points():
+        if shown == DRY_RUN_LISTED:
+            break
+        print(f"{pt.index:6d}  {pt.key}  {pt.label}")
+        shown += 1
+    if total is None:   # a search axis: its size is known only by ranking the plans
+        total = shown if shown < DRY_RUN_LISTED else sum(1 for _ in spec.iter_points())
+    more = f" (the first {shown} listed)" if shown < total else ""
+    print(f"{total:,} points{more}", file=sys.stderr)   # stdout stays the list
+    if total > MAX_POINTS:
+        print(f"lumos-sim sweep: error: {total:,} points is more than the {MAX_POINTS:,} one results table holds: "
+              "narrow the axes or split the sweep", file=sys.stderr)
+        return 2
     return 0
 
 
