@@ -170,15 +170,9 @@ def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearra
     allocated at its size; a gzip's grows in place (realloc of a large block remaps pages, it does not
     copy them)."""
     limit = max_input_bytes() if limit is None else limit
-    hint = min(_size_hint(path), limit)
-    buf = bytearray(hint)
+    buf = bytearray(min(_size_hint(path), limit))
     filled = 0
-    checked = False
-    for block in iter_decompressed(path, limit=limit):
-        if json and not checked and not block.isspace():
-            if block.lstrip()[:1] not in (b"{", b"["):
-                raise TraceInputError(path, "not a JSON document (it does not start with '{' or '[')")
-            checked = True
+    for block in (iter_json_input(path, limit) if json else iter_decompressed(path, limit=limit)):
         end = filled + len(block)
         if end <= len(buf):
             buf[filled:end] = block
@@ -187,9 +181,21 @@ def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearra
             buf += block
         filled = end
     del buf[filled:]
-    if json and not checked:
-        raise TraceInputError(path, "empty file")
     return buf
+
+
+def iter_json_input(path: PathLike, limit: int | None = None) -> Iterator[bytes]:
+    """`iter_decompressed` for a JSON document: content that cannot be JSON is refused at its first
+    non-blank block, and only whitespace is "empty file"."""
+    checked = False
+    for block in iter_decompressed(path, limit=limit):
+        if not checked and not block.isspace():
+            if block.lstrip()[:1] not in (b"{", b"["):
+                raise TraceInputError(path, "not a JSON document (it does not start with '{' or '[')")
+            checked = True
+        yield block
+    if not checked:
+        raise TraceInputError(path, "empty file")
 
 
 MAX_LINE_BYTES = 64 << 20   # one JSON-lines record; a longer line is refused, not parsed
