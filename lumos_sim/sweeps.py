@@ -21,6 +21,13 @@ A spec is a TOML file (or the same dict in Python):
     search = { gpus = [64, 128], max_plans = 40 }   # valid plans of each GPU count, best-ranked first
                                                     # (max_plans absent: every valid plan that fits)
 
+Axes may be named instead (`[axes.nic]` + `grid = {...}`, in file order): `--set axes.nic.grid.KEY=[..]`
+edits one by name, and `axes.N...` by position works for both forms. Relative routing / trace paths
+(`moe.routing`, `moe.expert_load`, `trace.inputs`, `trace.et`, `trace.kineto`) in a spec file are
+relative to its folder. Errors of the spec itself (an unknown what-if, a what-if missing its model)
+fail the sweep before anything runs; a sweep of more than `MAX_POINTS` points is refused (its size is
+counted from the axes, without expanding them); the results file is locked while a sweep writes it.
+
 Keys are dotted scenario fields (see `estimators.scenario`). Every point is one `Scenario`; its row in
 the result is the point index, its label, status (`ok`, `error`, `pending`) and error, every input field
 (`Scenario.flatten()`) and every prediction field (`Prediction.to_row()`).

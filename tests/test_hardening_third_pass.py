@@ -327,12 +327,6 @@ def test_deeply_nested_files_and_set_values_are_one_line(tmp_path, capsys, kind)
     one_line_error(capsys, cli(*argv))
 
 
-def test_deeply_nested_scenario_set_value_is_one_line(tmp_path, capsys):
-    spec = tmp_path / "s.toml"
-    spec.write_text(SPEC)
-    one_line_error(capsys, cli("sweep", spec, "-o", tmp_path / "r.parquet", "--set", f"trace.inputs={DEEP}"))
-
-
 # ------------------------------------------------------------------------------------- defect 13
 @pytest.mark.parametrize("case, needle", [
     ('inputs = ["{suite_dir}/missing.json"]', "case 'a'"),

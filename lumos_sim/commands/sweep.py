@@ -19,18 +19,22 @@ def register(sub) -> None:
                    help="results table (.parquet or .csv); also the cache of finished points")
     p.add_argument("--executor", default="local", choices=("local", "ray"))
     p.add_argument("--workers", type=int, default=1,
-                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep")
-    p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001)")
+                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep "
+                        "(at most 1,024)")
+    p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001; "
+                                                         "default: $RAY_ADDRESS, else a local instance)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
     p.add_argument("--fresh", action="store_true", help="ignore points already in the output file")
     p.add_argument("--flush-every", type=float, default=5.0, metavar="SECONDS",
                    help="rewrite the results file at most this often while running (default 5)")
     p.add_argument("--report", metavar="OUT.html", help="also write the HTML report of the results")
-    p.add_argument("--dry-run", action="store_true", help="list the points and exit")
+    p.add_argument("--dry-run", action="store_true", help="count the points, list the first 100, and exit")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
     add_set_argument(p)
-    p.epilog = ("--set also edits the spec: axes.N.<kind>.<key>=VALUE (e.g. axes.0.search.gpus=[64,128], "
-                "axes.1.grid.hardware.network.nic_gbps=[200,800]); every other key sets the base scenario.")
+    p.epilog = ("--set also edits the spec: axes.N.<kind>.<key>=VALUE or, for named axes ([axes.NAME]), "
+                "axes.NAME.<kind>.<key>=VALUE (e.g. axes.0.search.gpus=[64,128], "
+                "axes.nic.grid.hardware.network.nic_gbps=[200,800]); every other key sets the base scenario. "
+                "--dry-run prints the number of points (counted, not expanded) and lists the first 100.")
     p.set_defaults(func=main)
 
 
