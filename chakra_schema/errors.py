@@ -34,11 +34,26 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
 
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            return loads_toml(f.read().decode("utf-8"), path)
     except FileNotFoundError:
         raise TraceInputError(path, f"{what} not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
+    except (UnicodeDecodeError, IsADirectoryError) as e:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+    except OSError as e:
+        raise TraceInputError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def loads_toml(text: str, path: str | os.PathLike | None = None) -> dict:
+    """TOML text as a dict; malformed or absurdly nested text (tomllib recurses once per level, so a
+    few thousand brackets raise RecursionError) is a one-line TraceInputError naming `path`."""
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+    except RecursionError:
+        raise TraceInputError(path, "not a valid TOML file: nested too deeply") from None
 
 
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,

@@ -4,19 +4,22 @@
   failure (an exception, Ctrl-C, SIGTERM) never leaves a half-written target; the parent directory is
   created as `mkdir -p` would, and the file gets the usual permissions (0666 & ~umask, not mkstemp's 0600).
   OS errors become one-line `TraceInputError`s naming the target.
-- `read_input_bytes(path)` / `iter_decompressed(path)`: a file's bytes, gunzipped on the fly when it is
-  gzip, refusing input that decompresses to more than `max_input_bytes()` (a gzip bomb would otherwise
-  fill memory). The limit is `DEFAULT_MAX_INPUT_BYTES`, or LUMOS_SIM_MAX_INPUT_SIZE, or the CLI's
-  `--max-input-size`.
+- `read_input_bytes(path)` / `iter_decompressed(path)` / `iter_lines(path)`: a file's bytes (in one
+  buffer, never joined: peak memory is the content once), blocks or lines, gunzipped on the fly when it
+  is gzip, refusing input that decompresses to more than `max_input_bytes()` (a gzip bomb would
+  otherwise fill memory). The limit is `DEFAULT_MAX_INPUT_BYTES`, or LUMOS_SIM_MAX_INPUT_SIZE, or the
+  CLI's `--max-input-size`.
+- `refuse_overwriting_inputs(output, inputs)`: an output that is one of the inputs is refused up front.
 """
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import IO, BinaryIO, Callable, Iterator, Union
 
 from chakra_schema.errors import TraceInputError
 
@@ -139,23 +142,137 @@ def _gunzip_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int) -> 
         raise TraceInputError(path, "truncated or corrupt gzip data (end of stream not found)")
 
 
-def read_input_bytes(path: PathLike, limit: int | None = None) -> bytes:
-    """The whole (decompressed) content of `path`, within the input size limit."""
-    return b"".join(iter_decompressed(path, limit=limit))
+def read_input_bytes(path: PathLike, limit: int | None = None) -> bytearray:
+    """The whole (decompressed) content of `path`, within the input size limit, in one buffer."""
+    return _read_into_buffer(path, limit, json=False)
 
 
-def read_json_input(path: PathLike, limit: int | None = None) -> bytes:
+def read_json_input(path: PathLike, limit: int | None = None) -> bytearray:
     """Like `read_input_bytes`, but stops at the first block when the content cannot be JSON (so a
-    gzip of a gigabyte of zeros is refused after one block, not after decompressing it all)."""
-    blocks = []
+    gzip of a gigabyte of zeros is refused after one block, not after decompressing it all), and an
+    input of only whitespace is refused as "empty file" (callers need not scan it again)."""
+    return _read_into_buffer(path, limit, json=True)
+
+
+def _size_hint(path: PathLike) -> int:
+    """The content size of a plain file (0 for gzip: its ISIZE trailer is only the size mod 2^32, and
+    a forged one must not make us allocate gigabytes for a small input)."""
+    try:
+        with open(path, "rb") as fh:
+            return 0 if fh.read(2) == b"\x1f\x8b" else os.fstat(fh.fileno()).st_size
+    except OSError:
+        return 0
+
+
+def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearray:
+    """Blocks appended to one bytearray, never joined: peak memory is the content plus one block (a
+    join held the list of blocks and the joined copy, twice the content). A plain file's buffer is
+    allocated at its size; a gzip's grows in place (realloc of a large block remaps pages, it does not
+    copy them)."""
+    limit = max_input_bytes() if limit is None else limit
+    buf = bytearray(min(_size_hint(path), limit))
+    filled = 0
+    for block in (iter_json_input(path, limit) if json else iter_decompressed(path, limit=limit)):
+        end = filled + len(block)
+        if end <= len(buf):
+            buf[filled:end] = block
+        else:
+            del buf[filled:]
+            buf += block
+        filled = end
+    del buf[filled:]
+    return buf
+
+
+def iter_json_input(path: PathLike, limit: int | None = None) -> Iterator[bytes]:
+    """`iter_decompressed` for a JSON document: content that cannot be JSON is refused at its first
+    non-blank block, and only whitespace is "empty file"."""
     checked = False
     for block in iter_decompressed(path, limit=limit):
-        if not checked and block.strip():
+        if not checked and not block.isspace():
             if block.lstrip()[:1] not in (b"{", b"["):
                 raise TraceInputError(path, "not a JSON document (it does not start with '{' or '[')")
             checked = True
-        blocks.append(block)
-    return b"".join(blocks)
+        yield block
+    if not checked:
+        raise TraceInputError(path, "empty file")
+
+
+MAX_LINE_BYTES = 64 << 20   # one JSON-lines record; a longer line is refused, not parsed
+
+
+def iter_lines(path: PathLike, max_line: int = MAX_LINE_BYTES, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of `path`'s non-blank lines, through the same bounded (gunzipping) reader
+    as the traces: at most `limit` bytes in all, and a line longer than `max_line` is a one-line error
+    (it is not accumulated first). Blank runs are skipped by one search, not line by line, so a file
+    of gigabytes of newlines costs its decompression only."""
+    number = 0
+    tail = bytearray()           # the start of a line that continues in the next block
+    for block in iter_decompressed(path, limit=limit):
+        start = 0
+        while start < len(block):
+            if not tail:
+                m = _NON_SPACE.search(block, start)
+                if m is None:                       # the rest of the block is blank
+                    number += block.count(b"\n", start)
+                    break
+                number += block.count(b"\n", start, m.start())
+                start = m.start()
+            end = block.find(b"\n", start)
+            piece = block[start:] if end < 0 else block[start:end]
+            if len(tail) + len(piece) > max_line:
+                raise TraceInputError(path, f"line {number + 1} is longer than {_human(max_line)} "
+                                            "(not a JSON-lines record)")
+            if end < 0:
+                tail += piece
+                break
+            number += 1
+            line = bytes(tail + piece) if tail else piece
+            tail = bytearray()
+            if not line.isspace():
+                yield number, line
+            start = end + 1
+    if tail and not tail.isspace():
+        yield number + 1, bytes(tail)
+
+
+_NON_SPACE = re.compile(rb"\S")
+
+
+def refuse_overwriting_inputs(output: PathLike | None, inputs, flag: str = "output") -> None:
+    """A one-line error when `output` is one of the files `inputs` name (the same file by path, symlink
+    or hard link): writing it would destroy what it is computed from (`jsonize x.et -o x.et`,
+    `replay job --timeline job.0.et`, `report r.parquet -o r.parquet`). An input may be a file, a
+    `.et` prefix (PREFIX.<rank>.et) or a `{rank}` pattern; folders are not expanded."""
+    if output is None:
+        return
+    out = Path(output)
+    try:
+        out_id = (out.stat().st_dev, out.stat().st_ino)
+    except OSError:
+        out_id = None
+    out_real = os.path.realpath(out)
+    for item in inputs:
+        if not item:
+            continue
+        for src in _input_files(str(item)):
+            same = os.path.realpath(src) == out_real
+            if not same and out_id is not None:
+                try:
+                    st = os.stat(src)
+                    same = (st.st_dev, st.st_ino) == out_id
+                except OSError:
+                    pass
+            if same:
+                raise TraceInputError(output, f"the {flag} is the input {src}: writing it would destroy the "
+                                              "input; choose another file name")
+
+
+def _input_files(item: str) -> list[str]:
+    import glob
+    if "{rank}" in item:
+        return glob.glob(glob.escape(item).replace(glob.escape("{rank}"), "*"))
+    return [item] + glob.glob(glob.escape(item) + ".*.et") + glob.glob(glob.escape(item) + ".*.et.gz")
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -185,17 +302,25 @@ def prepare_output(path: PathLike) -> Path:
 
 
 @contextmanager
-def atomic_output(path: PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
-    """Yield a file object whose content replaces `path` only when the block ends without an error."""
+def atomic_output(path: PathLike, mode: str = "wb", encoding: str | None = None,
+                  check: Callable[[str], None] | None = None) -> Iterator[IO]:
+    """Yield a file object whose content replaces `path` only when the block ends without an error.
+    `mode` "w" gives a text file (`encoding`, default UTF-8); `check(temp_path)` runs on the complete
+    file before it is renamed into place (e.g. "does the written preset load?"): if it raises, the
+    target is untouched."""
     target = prepare_output(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise TraceInputError(path, f"cannot write: {exc.strerror or exc}") from None
     default_permissions(fd)
+    if "b" not in mode and encoding is None:
+        encoding = "utf-8"
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, encoding=encoding) as f:
             yield f
+        if check is not None:
+            check(tmp)
         os.replace(tmp, target)
     except BaseException as exc:
         try:

@@ -525,7 +525,7 @@ def load_model_file(path: str | os.PathLike) -> ModelConfig:
         raise TraceInputError(p, "model file not found") from None
     except IsADirectoryError:
         raise TraceInputError(p, "is a directory, not a model .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise TraceInputError(p, f"not valid TOML: {e}") from None
     except OSError as e:
         raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None

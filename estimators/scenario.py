@@ -278,7 +278,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ValueError
             kt, vt = typing.get_args(tp) or (Any, Any)
             return {coerce(k, kt, key): coerce(v, vt, key) for k, v in value.items()}
-    except (ValueError, TypeError, json.JSONDecodeError):
+    except (ValueError, TypeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested too deeply
         raise TraceInputError(None, f"{key}: expected {_type_name(tp)}, got {value!r}") from None
     return value
 

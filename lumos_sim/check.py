@@ -113,7 +113,7 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
         raise TraceInputError(path, "no such suite file") from None
     except IsADirectoryError:
         raise TraceInputError(path, "is a directory") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise TraceInputError(path, f"invalid TOML: {e}") from None
     except OSError as e:
         raise TraceInputError(path, f"cannot read: {e.strerror or e}") from None
@@ -168,7 +168,8 @@ def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> Case
     def strings(key: str) -> list[str] | None:
         if key not in raw:
             return None
-        value = [raw[key]] if isinstance(raw[key], str) else raw[key]   # one path needs no brackets
+        # one path needs no brackets; steps are names to match, so a bare string there is refused
+        value = [raw[key]] if isinstance(raw[key], str) and key != "steps" else raw[key]
         items = _typed(path, f"'{key}' of {where}", value, list)
         return [_typed(path, f"'{key}' of {where}", v, str) for v in items]
 
@@ -226,8 +227,17 @@ def run_case(suite: str, case: CaseSpec) -> CaseResult:
     try:
         graphs = load_graphs(case.inputs, et_pattern=case.et, kineto_pattern=case.kineto)
         result = run_replay(graphs, case.timing, case.hardware, case.source_hardware)
-    except (TraceInputError, ReplayError) as e:
+    except TraceInputError as e:
+        # bad input (an unreadable trace, a bad hardware file) is exit 2, not a failed accuracy case
+        raise TraceInputError(e.path, f"{e.problem} (case '{case.name}' of suite '{suite}')") from None
+    except ReplayError as e:
         return CaseResult(suite, case, [], error=str(e), seconds=time.perf_counter() - t0)
+    if case.steps is not None:
+        missing = sorted(set(case.steps) - {s.name for s in result.steps})
+        if missing:
+            known = ", ".join(dict.fromkeys(s.name for s in result.steps))
+            raise TraceInputError(None, f"'steps' of case '{case.name}' (suite '{suite}') names {missing[0]!r}, "
+                                        f"which the trace does not have (its steps: {known[:200]})")
     checks = []
     for s in result.steps:
         if case.steps is not None and s.name not in case.steps:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import atomic_output
 
 DEFAULT_PATTERN = r"(^|\.)(gate|router)$"
 
@@ -90,10 +90,8 @@ class RoutingRecorder:
                               "scores": pa.ListArray.from_arrays(offsets, pa.array(sc.reshape(-1)))})
             table = table.replace_schema_metadata({"module": name, "top_k": str(k)})
             path = out / f"layer_{i:03d}.parquet"
-            fd, tmp = tempfile.mkstemp(dir=out, suffix=".parquet.tmp")
-            os.close(fd)
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
+            with atomic_output(path) as f:   # the shared writer: the user's umask, never half a file
+                pq.write_table(table, f)
             paths.append(path)
         return paths
 

@@ -46,16 +46,12 @@ def _page(title: str, subtitle: str, sections: Sequence[tuple[str, Any]]) -> str
 
 
 def _write_atomic(text: str, path: str | os.PathLike) -> Path:
+    from chakra_schema.safe_io import atomic_output
     out = Path(path)
     if not out.parent.is_dir():
         raise TraceInputError(out, f"output folder {out.parent} does not exist")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_output(out, "w") as f:   # a private temp name, the user's umask, one-line errors
+        f.write(text)
     return out
 
 

@@ -3,8 +3,9 @@
 
 - `local`: this process (1 worker) or a pool of spawned worker processes (the what-ifs are CPU-bound
   Python; spawn, not fork, so no thread or lock of the parent is copied into a worker).
-- `ray`: Ray tasks on an existing cluster (`address`, e.g. "ray://head:10001" or "auto") or on a local
-  Ray instance started for the sweep with `workers` CPUs. Needs the optional extra: pip install -e '.[ray]'.
+- `ray`: Ray tasks on an existing cluster (`address`, e.g. "ray://head:10001" or "auto"; without one,
+  the RAY_ADDRESS environment variable as Ray itself reads it) or on a local Ray instance started for
+  the sweep with `workers` CPUs. Needs the optional extra: pip install -e '.[ray]'.
   The cluster's workers must have the same lumos-sim installed.
 
 A new executor is one class with `__enter__`/`__exit__`/`imap` and one `@register_executor` line.
@@ -23,6 +24,7 @@ from chakra_schema.errors import TraceInputError
 from lumos_sim.sweeps import _evaluate_task
 
 Task = tuple[int, Any]          # (point index, Scenario)
+MAX_WORKERS = 1024              # processes of a local pool / CPUs of a local Ray instance
 _EXECUTORS: dict[str, Callable[..., Any]] = {}
 
 
@@ -43,12 +45,20 @@ def check_executor(name: str, workers: int, address: str | None = None) -> None:
         raise TraceInputError(None, f"unknown executor '{name}' (known: {', '.join(executors())})")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise TraceInputError(None, f"--workers must be an integer >= 1, got {workers!r}")
+    if workers > MAX_WORKERS:
+        raise TraceInputError(None, f"--workers must be at most {MAX_WORKERS:,} (processes on this machine), got "
+                                    f"{workers:,}; for more, run on a Ray cluster (--executor ray --ray-address)")
     _EXECUTORS[name].preflight(address)
 
 
 def get_executor(name: str, workers: int = 1, address: str | None = None):
     check_executor(name, workers, address)
     return _EXECUTORS[name](workers=workers, address=address)
+
+
+def _ray_address(address: str | None) -> str | None:
+    """--ray-address, else RAY_ADDRESS (connecting to a cluster takes no CPU count: Ray refuses one)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
 
 
 def _worker_init() -> None:
@@ -97,6 +107,7 @@ class RayExecutor:
         except ImportError:
             raise TraceInputError(None, "the ray executor needs Ray: pip install -e '.[ray]' "
                                         "(or pip install 'ray[default]')") from None
+        address = _ray_address(address)
         host, sep, port = (address or "").rpartition(":")
         if not sep or "://" in address or not port.isdigit():
             return  # none (a local instance), "auto", or ray://... (the Ray client times out by itself)
@@ -110,7 +121,7 @@ class RayExecutor:
 
         self.ray = ray
         self.workers = workers
-        self.address = address
+        self.address = _ray_address(address)
         self.started = False
 
     def __enter__(self) -> "RayExecutor":
@@ -124,9 +135,10 @@ class RayExecutor:
                     ray.init(address=self.address, **kw)
                 else:
                     ray.init(num_cpus=self.workers, **kw)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                where = f"cluster at {self.address}" if self.address else "a local Ray instance"
-                raise TraceInputError(None, f"could not start {where}: {e}") from None
+            except Exception as e:  # noqa: BLE001 -- Ray raises many types (ConnectionError, TimeoutError, RaySystemError...)
+                where = f"connect to the Ray cluster at {self.address}" if self.address else "start a local Ray instance"
+                raise TraceInputError(None, f"could not {where}: {type(e).__name__}: "
+                                            f"{' '.join(str(e).split())[:300]}") from None
             self.started = True
         return self
 

@@ -1,10 +1,15 @@
 """The results file of a sweep: one table (parquet or CSV), always complete, written atomically, and
-read back as the cache of finished points."""
+read back as the cache of finished points. One sweep at a time writes it: `ResultsFile.lock()` takes an
+advisory lock (`flock`) on `<results>.lock` beside it, and a second sweep on the same file is refused
+with a one-line error (both would rewrite the whole table, and the last one's rows would win)."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.safe_io import atomic_output
 
 FORMATS = (".parquet", ".csv")
 _META = ("point", "status", "error")
@@ -81,11 +87,28 @@ class ResultsFile:
             raise TraceInputError(path, f"results file must end in {' or '.join(FORMATS)}")
         if not path.parent.is_dir():
             raise TraceInputError(path, f"output folder {path.parent} does not exist")
+        if path.is_dir():
+            raise TraceInputError(path, "is a directory; give a results file name")
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise TraceInputError(path, f"cannot write: folder {path.parent} is not writable")
         self.path = path
         self.csv_path = path.with_suffix(".csv") if csv and path.suffix.lower() != ".csv" else None
         self.flush_every_s = flush_every_s
         self._last_write = 0.0
         self._write_cost = 0.0
+
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextmanager
+    def lock(self):
+        """Hold the advisory lock of this results file (and of its CSV copy) while the block runs."""
+        with _flock(self.lock_path(), self.path):
+            if self.csv_path is None:
+                yield self
+                return
+            with _flock(self.csv_path.with_name(self.csv_path.name + ".lock"), self.csv_path):
+                yield self
 
     def load_cached(self) -> dict[str, dict[str, Any]]:
         """Finished rows (status ok or error) of an earlier run, by scenario key."""
@@ -120,13 +143,45 @@ class ResultsFile:
 
 
 def _atomic_write(df, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """The table replaces `path` atomically (`chakra_schema.safe_io.atomic_output`: a private temp name in
+    the same folder, the user's umask, one-line errors)."""
+    if path.suffix.lower() == ".csv":
+        with atomic_output(path, "w") as f:
+            df.to_csv(f, index=False)
+    else:
+        with atomic_output(path) as f:
+            df.to_parquet(f, index=False)
+
+
+@contextmanager
+def _flock(lock: Path, results: Path):
+    """An exclusive, non-blocking flock on `lock`, removed when released. The file is re-checked after
+    locking: another sweep may have removed it between our open and our lock (then we lock the new one)."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise TraceInputError(results, f"cannot create the lock file {lock}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise TraceInputError(results, f"another sweep is writing this results file (it holds {lock.name}); "
+                                               "wait for it to finish, or write to another file") from None
+            raise TraceInputError(results, f"cannot lock {lock}: {e.strerror or e}") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        if path.suffix.lower() == ".csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        yield
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+        os.close(fd)

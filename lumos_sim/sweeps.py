@@ -21,6 +21,13 @@ A spec is a TOML file (or the same dict in Python):
     search = { gpus = [64, 128], max_plans = 40 }   # valid plans of each GPU count, best-ranked first
                                                     # (max_plans absent: every valid plan that fits)
 
+Axes may be named instead (`[axes.nic]` + `grid = {...}`, in file order): `--set axes.nic.grid.KEY=[..]`
+edits one by name, and `axes.N...` by position works for both forms. Relative routing / trace paths
+(`moe.routing`, `moe.expert_load`, `trace.inputs`, `trace.et`, `trace.kineto`) in a spec file are
+relative to its folder. Errors of the spec itself (an unknown what-if, a what-if missing its model)
+fail the sweep before anything runs; a sweep of more than `MAX_POINTS` points is refused (its size is
+counted from the axes, without expanding them); the results file is locked while a sweep writes it.
+
 Keys are dotted scenario fields (see `estimators.scenario`). Every point is one `Scenario`; its row in
 the result is the point index, its label, status (`ok`, `error`, `pending`) and error, every input field
 (`Scenario.flatten()`) and every prediction field (`Prediction.to_row()`).
@@ -34,11 +41,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -58,12 +66,16 @@ META_COLUMNS = ("point", "status", "error")
 
 # ============================================================================ axes
 class Axis:
-    """One axis of a sweep: `expand(scenario)` -> [(label part, scenario)] for each of its values."""
+    """One axis of a sweep: `expand(scenario)` -> (label part, scenario) for each of its values, lazily;
+    `count()` -> how many values, without expanding (None when it depends on the scenario: search)."""
 
     kind = ""
 
-    def expand(self, s: Scenario, path: str | None) -> list[tuple[str, Scenario]]:
+    def expand(self, s: Scenario, path: str | None) -> Iterator[tuple[str, Scenario]]:
         raise NotImplementedError
+
+    def count(self) -> int | None:
+        return None
 
 
 def _label_part(key: str, value: Any) -> str:
@@ -88,12 +100,10 @@ class _KeyValuesAxis(Axis):
 
     def expand(self, s, path):
         keys = [k for k, _ in self.values]
-        out = []
         for combo in self.combos():
             changes = dict(zip(keys, combo))
             label = " ".join(_label_part(k, v) for k, v in changes.items())
-            out.append((label, _override(s, changes, path, f"{self.kind} point {label}")))
-        return out
+            yield label, _override(s, changes, path, f"{self.kind} point {label}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,9 @@ class GridAxis(_KeyValuesAxis):
     def combos(self):
         return itertools.product(*(v for _, v in self.values))
 
+    def count(self):
+        return math.prod(len(v) for _, v in self.values)
+
 
 @dataclass(frozen=True)
 class ZipAxis(_KeyValuesAxis):
@@ -115,6 +128,9 @@ class ZipAxis(_KeyValuesAxis):
     def combos(self):
         return zip(*(v for _, v in self.values))
 
+    def count(self):
+        return len(self.values[0][1])
+
 
 @dataclass(frozen=True)
 class ListAxis(Axis):
@@ -124,11 +140,12 @@ class ListAxis(Axis):
     kind = "list"
 
     def expand(self, s, path):
-        out = []
         for n, (label, changes) in enumerate(self.entries):
             label = label or " ".join(_label_part(k, v) for k, v in changes) or f"entry {n}"
-            out.append((label, _override(s, dict(changes), path, f"list entry {n} ({label})")))
-        return out
+            yield label, _override(s, dict(changes), path, f"list entry {n} ({label})")
+
+    def count(self):
+        return len(self.entries)
 
 
 @dataclass(frozen=True)
@@ -146,12 +163,10 @@ class SearchAxis(Axis):
 
         if s.model is None or s.hardware is None:
             raise TraceInputError(path, "a search axis needs 'model' and 'hardware' in the scenario")
-        out = []
         for gpus in self.gpus:
             plans = rank_candidate_plans(s.model, s.hardware, gpus, s.plan.seq_len, s.plan.global_batch,
                                          s.plan.precision, self.max_plans)
-            out.extend((f"{gpus} GPUs {plan_label(p)}", dataclasses.replace(s, plan=p)) for p in plans)
-        return out
+            yield from ((f"{gpus} GPUs {plan_label(p)}", dataclasses.replace(s, plan=p)) for p in plans)
 
 
 # ---------------------------------------------------------------------------- axis parsing
@@ -208,9 +223,11 @@ def _parse_search(v, where, path):
     reject_unknown_keys(path, v, ("gpus", "max_plans"), prefix="search.", where=f" in {where}")
     gpus = v.get("gpus")
     gpus = [gpus] if isinstance(gpus, int) else gpus
+    from estimators.plan import MAX_GPUS
     if not isinstance(gpus, (list, tuple)) or not gpus or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in gpus):
-        raise TraceInputError(path, f"{where}: search.gpus must be a list of GPU counts >= 1, got {v.get('gpus')!r}")
+            isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GPUS for g in gpus):
+        raise TraceInputError(path, f"{where}: search.gpus must be a list of GPU counts in [1, {MAX_GPUS:,}], "
+                                    f"got {v.get('gpus')!r}"[:300])
     max_plans = v.get("max_plans")
     if max_plans is not None and (isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1):
         raise TraceInputError(path, f"{where}: search.max_plans must be an integer >= 1, got {max_plans!r}")
@@ -242,6 +259,9 @@ class SweepPoint:
         return self.scenario.key()
 
 
+MAX_POINTS = 1_000_000   # one results table row per point, held in memory: split a bigger sweep
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     base: Scenario
@@ -249,45 +269,130 @@ class SweepSpec:
     name: str = ""
     path: str | None = None
 
-    def points(self) -> list[SweepPoint]:
-        """Every point: the product of the axes, in order (the last axis varies fastest)."""
-        partial: list[tuple[list[str], Scenario]] = [([], self.base)]
-        for axis in self.axes:
-            partial = [(labels + [part], s2) for labels, s in partial for part, s2 in axis.expand(s, self.path)]
-        out = []
-        for n, (labels, s) in enumerate(partial):
+    def count(self) -> int | None:
+        """The number of points, from the axes' sizes alone (None when a search axis makes it depend on
+        the scenarios: then only expanding tells)."""
+        counts = [a.count() for a in self.axes]
+        return None if None in counts else math.prod(counts)
+
+    def iter_points(self) -> Iterator[SweepPoint]:
+        """Every point, streamed: the product of the axes, in order (the last axis varies fastest). Each
+        point is checked for spec-level errors (an unknown what-if, a missing model) as it is made."""
+        def expand(depth: int, labels: list[str], s: Scenario) -> Iterator[tuple[list[str], Scenario]]:
+            if depth == len(self.axes):
+                yield labels, s
+                return
+            for part, s2 in self.axes[depth].expand(s, self.path):
+                yield from expand(depth + 1, labels + [part], s2)
+
+        for n, (labels, s) in enumerate(expand(0, [], self.base)):
             label = ", ".join(p for p in labels if p) or self.base.label or s.describe()
-            out.append(SweepPoint(n, label, dataclasses.replace(s, label=label)))
+            _check_runnable(s, self.path, label)
+            yield SweepPoint(n, label, dataclasses.replace(s, label=label))
+
+    def points(self, limit: int = MAX_POINTS) -> list[SweepPoint]:
+        """Every point as a list, refusing (before expanding) a sweep of more than `limit` points."""
+        n = self.count()
+        if n is not None and n > limit:
+            raise TraceInputError(self.path, f"the sweep has {n:,} points, more than the {limit:,} one results "
+                                             "table holds: narrow the axes or split the sweep (--dry-run counts)")
+        out = []
+        for p in self.iter_points():
+            if len(out) >= limit:
+                raise TraceInputError(self.path, f"the sweep has more than {limit:,} points (one results table "
+                                                 "row each): narrow the axes or split the sweep")
+            out.append(p)
         return out
 
 
+def _check_runnable(s: Scenario, path: str | None, label: str) -> None:
+    """Errors of the spec itself (the same for every point that has them) fail the sweep up front, rather
+    than fail every point quietly into its row: an unknown what-if, a what-if without what it needs."""
+    from estimators.whatifs import get_whatif
+
+    try:
+        w = get_whatif(s.whatif)
+    except TraceInputError as e:
+        raise TraceInputError(path, f"point '{label}': {e.problem}") from None
+    for need in w.needs:
+        if getattr(s, need) is None:
+            raise TraceInputError(path, f"point '{label}': what-if '{w.name}' needs '{need}' in the scenario")
+
+
 def load_spec(spec: str | os.PathLike | Mapping[str, Any], overrides: Iterable[str] = ()) -> SweepSpec:
-    """A spec from a TOML path or a dict; `overrides` are `KEY=VALUE` strings: `axes.N.<kind>...` and
-    `sweep.*` keys edit the spec, every other key the base scenario (as `--set` everywhere)."""
+    """A spec from a TOML path or a dict; `overrides` are `KEY=VALUE` strings: `axes.N.<kind>...` (or
+    `axes.NAME.<kind>...` for a named axis) and `sweep.*` keys edit the spec, every other key the base
+    scenario (as `--set` everywhere). Relative routing / trace paths in a spec file are relative to the
+    file's folder (as in `check` suites); those given with --set, to the current folder."""
     path = None
     if isinstance(spec, Mapping):
         data = copy.deepcopy(dict(spec))  # --set edits it: never the caller's dict
     else:
         path = str(spec)
         data = _read_toml(path)
+        _resolve_spec_paths(data, Path(path).resolve().parent)
     scenario_sets = []
     for a in overrides:
         key, sep, value = str(a).partition("=")
         if sep and key.strip().split(".")[0] in ("axes", "sweep"):
-            _set_spec_value(data, key.strip().split("."), _toml_value(value.strip()), path)
+            _set_spec_value(data, key.strip().split("."), _toml_value(value.strip(), path), path)
         else:
             scenario_sets.append(a)
     return _spec_from_dict(data, path, scenario_sets)
 
 
 def _read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise TraceInputError(path, "sweep spec not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
-        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+    from chakra_schema.errors import read_toml
+    return read_toml(path, "sweep spec")
+
+
+# scenario fields that name input files: a spec file's relative ones are relative to its folder
+PATH_KEYS = ("moe.routing", "moe.expert_load", "trace.inputs", "trace.et", "trace.kineto")
+
+
+def _resolve_path_value(value: Any, folder: Path) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_resolve_path_value(v, folder) for v in value]
+    if not isinstance(value, str) or not value or value.split(":")[0] == "synthetic" or os.path.isabs(value):
+        return value
+    return str(folder / value)
+
+
+def _resolve_spec_paths(data: dict[str, Any], folder: Path) -> None:
+    """Make the file paths of the spec's scenario and axes absolute from `folder` (in place)."""
+    scenario = data.get("scenario")
+    if isinstance(scenario, dict):
+        for key in PATH_KEYS:
+            section, field = key.split(".")
+            if key in scenario:
+                scenario[key] = _resolve_path_value(scenario[key], folder)
+            if isinstance(scenario.get(section), dict) and field in scenario[section]:
+                scenario[section][field] = _resolve_path_value(scenario[section][field], folder)
+    axes = data.get("axes")
+    tables = axes.values() if isinstance(axes, dict) else axes if isinstance(axes, list) else ()
+    for table in tables:
+        if not isinstance(table, dict):
+            continue
+        for kind in ("grid", "zip"):
+            if isinstance(table.get(kind), dict):
+                table[kind] = {k: ([_resolve_path_value(x, folder) for x in v] if k in PATH_KEYS and isinstance(v, list)
+                                   else v) for k, v in _dotted(table[kind]).items()}
+        if isinstance(table.get("list"), list):
+            table["list"] = [{k: (_resolve_path_value(v, folder) if k in PATH_KEYS else v)
+                              for k, v in _dotted(e).items()} if isinstance(e, dict) else e
+                             for e in table["list"]]
+
+
+def _axis_tables(axes_data: Any, path: str | None) -> list[tuple[str, Any]]:
+    """(where, table) of each axis: `[[axes]]` (an array: axes[0], axes[1]...) or named axes
+    (`[axes.nic]` tables, in file order: axes.nic)."""
+    if isinstance(axes_data, list):
+        return [(f"axes[{n}]", t) for n, t in enumerate(axes_data)]
+    if isinstance(axes_data, Mapping) and not set(axes_data) & set(AXIS_KINDS):
+        return [(f"axes.{name}", t) for name, t in axes_data.items()]
+    # `[axes]` + `grid = ...` (one bracket pair short) lands here too: an axis may not be named like a kind
+    raise TraceInputError(path, "'axes' must be an array of tables ([[axes]]) or named tables ([axes.NAME], "
+                                f"NAME not one of {', '.join(AXIS_KINDS)})")
 
 
 def _spec_from_dict(data: dict[str, Any], path: str | None, scenario_sets: Sequence[str]) -> SweepSpec:
@@ -299,34 +404,40 @@ def _spec_from_dict(data: dict[str, Any], path: str | None, scenario_sets: Seque
         raise TraceInputError(path, "[sweep] must be a table")
     reject_unknown_keys(path, meta, ("name", "description"), prefix="sweep.")
     base = Scenario.from_dict(data["scenario"], path=path).override_strings(scenario_sets, path=path)
-    axes_data = data.get("axes", [])
-    if not isinstance(axes_data, list):
-        raise TraceInputError(path, "'axes' must be an array of tables ([[axes]])")
-    axes = tuple(parse_axis(t, f"axes[{n}]", path) for n, t in enumerate(axes_data))
+    axes = tuple(parse_axis(t, where, path) for where, t in _axis_tables(data.get("axes", []), path))
     return SweepSpec(base=base, axes=axes, name=str(meta.get("name", "")), path=path)
 
 
-def _toml_value(text: str) -> Any:
+def _toml_value(text: str, path: str | None = None) -> Any:
     """A `--set` value as TOML would read it (`[64, 128]`, `2`, `"x"`), else the bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise TraceInputError(path, f"--set value nested too deeply: {text[:40]}...") from None
 
 
 def _set_spec_value(data: dict[str, Any], parts: list[str], value: Any, path: str | None) -> None:
-    """Set `axes.0.search.gpus` or `axes.1.grid.hardware.network.nic_gbps` (the rest of a key inside a
-    grid / zip table is one dotted key) in the spec dict."""
+    """Set `axes.0.search.gpus`, `axes.1.grid.hardware.network.nic_gbps` or `axes.nic.grid...` (the
+    rest of a key inside a grid / zip table is one dotted key) in the spec dict. A named axis is also
+    reachable by its position (axes.1 is the second [axes.NAME] table)."""
     key = ".".join(parts)
     node: Any = data
     for n, part in enumerate(parts[:-1]):
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise TraceInputError(path, f"--set {key}: '{part}' is not an axis index (0..{len(node) - 1})")
+                raise TraceInputError(path, f"--set {key}: '{part}' is not an axis index (0..{len(node) - 1}); "
+                                            "the axes of this spec have no names")
             node = node[int(part)]
             continue
         if not isinstance(node, dict):
             raise TraceInputError(path, f"--set {key}: '{part}' is inside a value that has no fields")
+        if n == 1 and parts[0] == "axes" and part.isdigit() and part not in node:
+            names = list(node)
+            if int(part) >= len(names):
+                raise TraceInputError(path, f"--set {key}: '{part}' is not an axis index (0..{len(names) - 1})")
+            part = names[int(part)]
         if part in ("grid", "zip") and isinstance(node.get(part), dict):
             node[part] = _dotted(node[part])
             node[part][".".join(parts[n + 1:])] = value
@@ -400,25 +511,30 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec | Iterable[Sce
         raise TraceInputError(spec.path, "overrides apply to a spec file or dict; this SweepSpec is already built")
     if sweep_spec is None and (isinstance(spec, (str, os.PathLike, Mapping))):
         sweep_spec = load_spec(spec, overrides)
+    # the output is checked before the points are expanded (a search axis ranks plans: that takes a while)
+    results = ResultsFile(Path(output), csv=csv, flush_every_s=flush_every_s) if output is not None else None
     if sweep_spec is not None:
         points = sweep_spec.points()
     else:
         points = [SweepPoint(n, s.label or s.describe(), s.override_strings(overrides)) for n, s in enumerate(spec)]
     if not points:
         raise TraceInputError(sweep_spec.path if sweep_spec else None, "the sweep has no points")
-    results = ResultsFile(Path(output), csv=csv, flush_every_s=flush_every_s) if output is not None else None
-    rows, todo = _initial_rows(points, results, fresh)
-    stats = {"points": len(points), "cached": len(points) - len(todo), "computed": 0, "failed": 0}
-    t0 = time.perf_counter()
-    try:
-        _run_points(todo, rows, results, stats, executor, workers, ray_address, progress)
-    except KeyboardInterrupt as e:
-        interrupted = e if isinstance(e, SweepInterrupted) else SweepInterrupted("SIGINT")
-        interrupted.stats = {**stats, "wall_s": time.perf_counter() - t0, "output": str(output) if output else None}
-        raise interrupted from None
-    finally:
-        if results is not None:
-            results.write(rows)
+    with results.lock() if results is not None else nullcontext():
+        rows, todo = _initial_rows(points, results, fresh)
+        stats = {"points": len(points), "cached": len(points) - len(todo), "computed": 0, "failed": 0}
+        state = {"started": not todo}     # nothing to run: the table is written as it is
+        t0 = time.perf_counter()
+        try:
+            _run_points(todo, rows, results, stats, state, executor, workers, ray_address, progress)
+        except KeyboardInterrupt as e:
+            interrupted = e if isinstance(e, SweepInterrupted) else SweepInterrupted("SIGINT")
+            interrupted.stats = {**stats, "wall_s": time.perf_counter() - t0, "output": str(output) if output else None}
+            raise interrupted from None
+        finally:
+            # only once the executor runs: a sweep that could not start leaves the file as it was (a table
+            # of pending rows would claim work that nothing is doing)
+            if results is not None and state["started"]:
+                results.write(rows)
     stats["failed"] = sum(r["status"] == STATUS_ERROR for r in rows)
     stats["wall_s"] = time.perf_counter() - t0
     df = rows_frame(rows)
@@ -438,13 +554,11 @@ def _initial_rows(points: list[SweepPoint], results, fresh: bool) -> tuple[list[
         else:
             rows.append({"point": p.index, "status": STATUS_PENDING, "error": "", **inputs, "scenario_key": p.key})
             todo.append(p)
-    if results is not None:
-        results.write(rows)  # complete from the start: every point has a row
     return rows, todo
 
 
-def _run_points(todo: list[SweepPoint], rows: list[dict[str, Any]], results, stats: dict[str, Any], executor: str,
-                workers: int, ray_address: str | None, progress: bool) -> None:
+def _run_points(todo: list[SweepPoint], rows: list[dict[str, Any]], results, stats: dict[str, Any],
+                state: dict[str, bool], executor: str, workers: int, ray_address: str | None, progress: bool) -> None:
     from lumos_sim.progress import progress_bar
     from lumos_sim.sweep_executors import get_executor
 
@@ -452,6 +566,9 @@ def _run_points(todo: list[SweepPoint], rows: list[dict[str, Any]], results, sta
         return
     with get_executor(executor, workers, ray_address) as ex, _sigterm_as_interrupt(), \
             progress_bar(f"sweep ({len(todo)} points)", enabled=progress) as bar:
+        state["started"] = True
+        if results is not None:
+            results.write(rows)  # complete from the start: every point has a row
         bar(0, len(todo))
         for index, result in ex.imap([(p.index, p.scenario) for p in todo]):
             rows[index].update(result)

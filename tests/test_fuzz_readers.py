@@ -1,8 +1,11 @@
-"""Coverage-guided fuzzing (atheris / libFuzzer) of the trace readers for a bounded time: the target
-(`tests/fuzz/readers_target.py`) fails on any exception other than a one-line TraceInputError, and
-libFuzzer fails on an input that takes more than 2 GB or 10 s. LUMOS_SIM_FUZZ_SECONDS sets the time
-(default 20), LUMOS_SIM_FUZZ_SEED the seed (default 1). Inputs that once crashed a reader are kept in
-tests/fuzz/crashes/ and start the corpus (tests/test_fuzz_regressions.py replays them without atheris)."""
+"""Coverage-guided fuzzing (atheris / libFuzzer) for a bounded time of three targets: the trace readers
+(`tests/fuzz/readers_target.py`), the MoE routing readers (`routing_target.py`: .npy, parquet, JSON
+lines, gzip) and the sweep / suite TOML loaders (`specs_target.py`). A target fails on any exception
+other than a one-line TraceInputError, and libFuzzer fails on an input that takes more than 2 GB or
+10 s. LUMOS_SIM_FUZZ_SECONDS sets the time per target (default 20 for the trace readers, half that for
+the others), LUMOS_SIM_FUZZ_SEED the seed (default 1). Inputs that once crashed a target are kept in
+tests/fuzz/crashes/ (named `routing-*` / `spec-*` for the new targets) and start its corpus
+(tests/test_fuzz_regressions.py replays them without atheris)."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,7 +27,8 @@ if importlib.util.find_spec("atheris") is None:
         pytest.fail("atheris is not installed (pip install -e '.[dev]')", pytrace=False)
     pytest.skip("atheris (the dev extra) is not installed", allow_module_level=True)
 
-TARGET = ROOT / "tests" / "fuzz" / "readers_target.py"
+FUZZ = ROOT / "tests" / "fuzz"
+CRASH_PREFIXES = {"routing": ("routing-",), "specs": ("spec-",)}
 
 KINETO = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
     {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
@@ -55,7 +59,21 @@ EXECUTION_TRACE = {"schema": "1.0.1", "pid": 1, "time": "x", "start_ts": 0, "fin
      "attrs": _attrs(1, "aten::mm(Tensor self, Tensor mat2) -> Tensor")}]}
 
 
-def _seed_corpus(directory) -> None:
+def crash_target(name: str) -> str:
+    """The target a kept crash input belongs to, from its name."""
+    for target, prefixes in CRASH_PREFIXES.items():
+        if name.startswith(prefixes):
+            return target
+    return "readers"
+
+
+def _crashes(directory, target: str) -> None:
+    for crash in (FUZZ / "crashes").iterdir():  # what broke a target once, as a start
+        if crash_target(crash.name) == target:
+            (directory / f"crash-{crash.name}").write_bytes(crash.read_bytes())
+
+
+def _seed_readers(directory) -> None:
     """One valid small input per reader (the target's first byte picks the reader)."""
     from chakra_schema.graph_io import write_graph
     from chakra_schema.pytorch.converter import RankInputs, convert_rank
@@ -66,22 +84,69 @@ def _seed_corpus(directory) -> None:
     (directory / "seed-et").write_bytes(bytes([0]) + (directory / "seed.et").read_bytes())
     (directory / "seed-kineto").write_bytes(bytes([2]) + json.dumps(KINETO).encode())
     (directory / "seed-execution-trace").write_bytes(bytes([4]) + json.dumps(EXECUTION_TRACE).encode())
-    for crash in (ROOT / "tests" / "fuzz" / "crashes").iterdir():  # what broke a reader once, as a start
-        (directory / f"crash-{crash.name}").write_bytes(crash.read_bytes())
     kineto.unlink()
     (directory / "seed.et").unlink()
 
 
-def test_fuzzing_the_readers_finds_no_crash(tmp_path):
+def _seed_routing(directory) -> None:
+    """A valid routing input per format (first byte: 0 npy, 1 parquet, 2 jsonl, 3 jsonl.gz, 4 json)."""
+    import gzip
+    import io
+
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, np.arange(24, dtype=np.int16).reshape(3, 2, 4) % 8)
+    (directory / "seed-npy").write_bytes(bytes([0]) + buf.getvalue())
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"indices": pa.array([[1, 2], [3, 4]], pa.list_(pa.int16())),
+                                 "domain": pa.array(["code", "math"]), "phase": pa.array(["prefill", "decode"])}), sink)
+        (directory / "seed-parquet").write_bytes(bytes([1]) + sink.getvalue())
+    except ImportError:
+        pass
+    megatron = b"\n".join(json.dumps({"step": 0, "layer": layer, "rank": 0, "num_tokens": 2, "topk": 2,
+                                       "top_indices": [[1, 2], [3, 4]]}).encode() for layer in (0, 1))
+    tokens = b"\n".join(json.dumps({"layer": 0, "token_idx": t, "experts": [t, t + 1], "gating_probs": [0.6, 0.4],
+                                     "domain": "code"}).encode() for t in range(3))
+    (directory / "seed-megatron").write_bytes(bytes([2]) + megatron)
+    (directory / "seed-tokens").write_bytes(bytes([4]) + tokens)
+    (directory / "seed-gz").write_bytes(bytes([3]) + gzip.compress(tokens, mtime=0))
+
+
+def _seed_specs(directory) -> None:
+    """A sweep spec with every static axis kind (first byte 0) and a check suite (first byte 1)."""
+    spec = (b'[sweep]\nname = "s"\n[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+            b'plan = { tp = 8, dp = 1, seq_len = 4096, global_batch = 8 }\n'
+            b'[axes.nic]\ngrid = { "hardware.network.nic_gbps" = [200, 400] }\n'
+            b'[axes.tp]\nzip = { "plan.tp" = [8, 4], "plan.dp" = [1, 2] }\n'
+            b'[axes.mb]\nlist = [{ "plan.micro_batch" = 1, label = "mb1" }]\n')
+    (directory / "seed-sweep").write_bytes(bytes([0]) + spec)
+    suite = (b'[suite]\nname = "x"\n[[case]]\nname = "a"\ninputs = ["{suite_dir}/t.json"]\ntiming = "trace"\n'
+             b'tolerance = 0.05\nmean_tolerance = 0.02\nmeasured_ms = { "ProfilerStep#1" = 5.0 }\n'
+             b'steps = ["ProfilerStep#1"]\nranks = [0]\n')
+    (directory / "seed-suite").write_bytes(bytes([1]) + suite)
+
+
+# target -> (file, corpus seeder, default seconds)
+TARGETS = {"readers": ("readers_target.py", _seed_readers, 20), "routing": ("routing_target.py", _seed_routing, 10),
+           "specs": ("specs_target.py", _seed_specs, 10)}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_fuzzing_finds_no_crash(tmp_path, target):
+    script, seed_corpus, default_seconds = TARGETS[target]
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    _seed_corpus(corpus)
-    seconds = int(os.environ.get("LUMOS_SIM_FUZZ_SECONDS", "20"))
+    seed_corpus(corpus)
+    _crashes(corpus, target)
+    seconds = int(os.environ.get("LUMOS_SIM_FUZZ_SECONDS", str(default_seconds)))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     # a fixed seed: CI explores the same inputs each run (a prefix of them on a slower machine), so a
     # new finding shows up in a fuzzing campaign (tests/fuzz/readers_target.py), not as a flaky CI run
     seed = os.environ.get("LUMOS_SIM_FUZZ_SEED", "1")
-    p = subprocess.run([sys.executable, str(TARGET), f"-seed={seed}", f"-max_total_time={seconds}", "-rss_limit_mb=2048",
+    p = subprocess.run([sys.executable, str(FUZZ / script), f"-seed={seed}", f"-max_total_time={seconds}", "-rss_limit_mb=2048",
                         "-timeout=10", "-max_len=4096", f"-artifact_prefix={tmp_path}/", str(corpus)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=seconds + 120)
     log = p.stdout + p.stderr

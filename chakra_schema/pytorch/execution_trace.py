@@ -24,6 +24,7 @@ are shared (hf_GPT2: 24 MB of JSON -> ~60 MB peak instead of ~250 MB).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import re
@@ -36,7 +37,7 @@ import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
-from chakra_schema.safe_io import input_too_large, max_input_bytes, read_json_input
+from chakra_schema.safe_io import input_too_large, iter_json_input, max_input_bytes, read_json_input
 
 ProgressFn = Callable[[int, int], None]
 _WS = re.compile(r"[ \t\n\r]*")
@@ -153,9 +154,7 @@ def read_json_bytes(path: str | os.PathLike) -> bytes:
         raise TraceInputError(path, f"corrupt tar archive ({exc})") from None
     except OSError as exc:
         raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not data.strip():
-        raise TraceInputError(path, "file is empty")
-    return data
+    return data   # blank content was refused by read_json_input ("empty file"): no .strip() copy of it here
 
 
 def _is_tar_header(block: bytes) -> bool:
@@ -202,18 +201,53 @@ def load_execution_trace(path: str | os.PathLike, progress: ProgressFn | None = 
     Small files go through orjson in one call. Big ones are parsed node by node (stdlib
     `JSONDecoder.raw_decode` at each node's offset), keeping only the columns: a whole-document parse
     holds a tree ~6x the text size (plus the parser's own document) at its peak."""
-    data = read_json_bytes(path)
-    if len(data) <= STREAM_THRESHOLD:
+    blocks = _json_blocks(path)
+    head, size = [], 0
+    for block in blocks:
+        head.append(block)
+        size += len(block)
+        if size > STREAM_THRESHOLD:
+            break
+    else:
+        data = b"".join(head)
+        del head
         root = parse_json(path, data)
         del data
         return execution_trace_from_json(root, path, progress)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceInputError(path, f"invalid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
-    del data
+    # big: parsed node by node from a window over the decompressed stream (never the whole text at once)
     header: dict[str, Any] = {}
-    return _build(_stream_nodes(text, path, header, progress), header, path, None)
+    window = _TextWindow(itertools.chain(head, blocks), path, _size_hint(path))
+    del head
+    return _build(_stream_nodes(window, path, header, progress), header, path, None)
+
+
+def _size_hint(path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _json_blocks(path):
+    """The decompressed JSON text of `path` in blocks (bounded by the input size limit; a tar's JSON
+    member as one block), with the same one-line errors as `read_json_bytes`."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        if head == b"\x1f\x8b":
+            with gzip.open(path, "rb") as gz:
+                probe = gz.read(512)
+        else:
+            with open(path, "rb") as fh:
+                probe = fh.read(512)
+        if _is_tar_header(probe):
+            yield read_json_bytes(path)
+            return
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceInputError(path, f"truncated or corrupt gzip data ({exc})") from None
+    except OSError as exc:
+        raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    yield from iter_json_input(path)
 
 
 def execution_trace_from_json(root: Any, path: str | os.PathLike,
@@ -228,69 +262,120 @@ def execution_trace_from_json(root: Any, path: str | os.PathLike,
     return _build(nodes, root, path, progress)
 
 
-def _stream_nodes(text: str, path, header: dict, progress: ProgressFn | None):
+def _stream_nodes(text: _TextWindow, path, header: dict, progress: ProgressFn | None):
     """Yield the elements of the top-level "nodes" array one by one; other top-level keys go to
-    `header` (filled as they are met: the caller reads it after the iteration ends)."""
+    `header` (filled as they are met: the caller reads it after the iteration ends). `text` is a
+    window over the decoded stream: positions are into `text.text`, and every `text.more` call may
+    drop what was parsed (it returns the new position)."""
     dec = json.JSONDecoder()
     ws = _WS
-    n = len(text)
 
     def skip(pos: int) -> int:
-        return ws.match(text, pos).end()
+        while True:
+            end = ws.match(text.text, pos).end()
+            if end < len(text.text) or text.eof:
+                return end
+            pos = text.more(end)
 
     def expect(pos: int, ch: str) -> int:
         pos = skip(pos)
-        if pos >= n or text[pos] != ch:
-            got = repr(text[pos]) if pos < n else "end of file"
-            raise TraceInputError(path, f"invalid JSON (expected {ch!r} at char {pos}, got {got})")
+        if pos >= len(text.text) or text.text[pos] != ch:
+            got = repr(text.text[pos]) if pos < len(text.text) else "end of file"
+            raise TraceInputError(path, f"invalid JSON (expected {ch!r} at char {text.base + pos}, got {got})")
         return pos + 1
 
-    try:
-        pos = expect(0, "{")
-        seen_nodes = False
-        step = max(n // 100, 1 << 20)
-        next_report = 0
+    def value(pos: int):
+        """The JSON value at `pos` and the position after it; a value cut by the window's end is parsed
+        again once the window has grown (to twice its size each time: a long value costs O(n) in all)."""
         while True:
-            pos = skip(pos)
-            if pos < n and text[pos] == "}":
-                break
-            key, pos = dec.raw_decode(text, pos)
-            pos = expect(pos, ":")
-            pos = skip(pos)
-            if key == "nodes" and pos < n and text[pos] == "[":
-                seen_nodes = True
-                pos = skip(pos + 1)
-                if pos < n and text[pos] == "]":
-                    pos += 1
-                else:
-                    while True:
-                        node, pos = dec.raw_decode(text, pos)
-                        yield node
-                        if progress is not None and pos >= next_report:
-                            progress(pos, n)
-                            next_report = pos + step
-                        pos = skip(pos)
-                        if pos < n and text[pos] == ",":
-                            pos = skip(pos + 1)
-                            continue
-                        pos = expect(pos, "]")
-                        break
-            else:
-                header[key], pos = dec.raw_decode(text, pos)
-            pos = skip(pos)
-            if pos < n and text[pos] == ",":
-                pos += 1
-                continue
-            pos = expect(pos, "}")
+            try:
+                v, end = dec.raw_decode(text.text, pos)
+                if end < len(text.text) or text.eof:   # a number may end where the window ends: look further
+                    return v, end
+            except json.JSONDecodeError as exc:
+                if text.eof:
+                    raise TraceInputError(path, f"invalid JSON ({exc.msg} at char {text.base + exc.pos})") from None
+            pos = text.more(pos, max(len(text.text) - pos, _WINDOW))
+
+    def char(pos: int) -> str:
+        return text.text[pos] if pos < len(text.text) else ""
+
+    pos = expect(0, "{")
+    seen_nodes = False
+    step, next_report = 1 << 24, 0
+    while True:
+        pos = skip(pos)
+        if char(pos) == "}":
             break
-    except json.JSONDecodeError as exc:
-        raise TraceInputError(path, f"invalid JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
+        key, pos = value(pos)
+        pos = expect(pos, ":")
+        pos = skip(pos)
+        if key == "nodes" and char(pos) == "[":
+            seen_nodes = True
+            pos = skip(pos + 1)
+            if char(pos) == "]":
+                pos += 1
+            else:
+                while True:
+                    node, pos = value(pos)
+                    yield node
+                    if progress is not None and text.base + pos >= next_report:
+                        progress(text.base + pos, max(text.size_hint, text.base + pos))
+                        next_report = text.base + pos + step
+                    pos = skip(pos)
+                    if char(pos) == ",":
+                        pos = skip(pos + 1)
+                        continue
+                    pos = expect(pos, "]")
+                    break
+        else:
+            header[key], pos = value(pos)
+        pos = skip(pos)
+        if char(pos) == ",":
+            pos += 1
+            continue
+        pos = expect(pos, "}")
+        break
     if progress is not None:
-        progress(n, n)
+        progress(text.base + pos, text.base + pos)
     if not seen_nodes:
         if "traceEvents" in header:
             raise TraceInputError(path, "looks like a Kineto trace, not an Execution Trace (no 'nodes' list)")
         raise TraceInputError(path, "not an Execution Trace: no 'nodes' list at top level")
+
+
+_WINDOW = 4 << 20   # characters decoded at a time by the streamed parse
+
+
+class _TextWindow:
+    """The UTF-8 text of a stream of byte blocks, decoded a window at a time. `text` holds what is not
+    parsed yet (from `base` characters into the document); `more(pos)` drops `text[:pos]` and appends
+    at least `at_least` more characters (fewer at the end: then `eof`). Memory is the window, not the
+    document: no whole-file bytes, no whole-file str."""
+
+    def __init__(self, blocks, path, size_hint: int = 0):
+        import codecs
+        self.blocks = iter(blocks)
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.path, self.size_hint = path, size_hint
+        self.text, self.base, self.eof = "", 0, False
+        self.more(0)
+
+    def more(self, pos: int, at_least: int = _WINDOW) -> int:
+        parts = [self.text[pos:]]
+        self.base += pos
+        have = len(parts[0])
+        while have < len(parts[0]) + at_least and not self.eof:
+            block = next(self.blocks, None)
+            try:
+                piece = self.decoder.decode(block or b"", final=block is None)
+            except UnicodeDecodeError as exc:
+                raise TraceInputError(self.path, f"invalid JSON (not UTF-8: {exc.reason})") from None
+            self.eof = block is None
+            parts.append(piece)
+            have += len(piece)
+        self.text = "".join(parts)
+        return 0
 
 
 def _build(nodes, root: dict, path, progress: ProgressFn | None) -> ExecutionTrace:

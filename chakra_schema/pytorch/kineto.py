@@ -338,9 +338,7 @@ def _cut_and_walk(path, trace: KinetoTrace, buf: bytearray) -> None:
 
 
 def _read_json(path: str | os.PathLike) -> Any:
-    raw = read_json_input(path)
-    if not raw.strip():
-        raise TraceInputError(path, "empty file")
+    raw = read_json_input(path)   # one buffer; blank content is refused there ("empty file"), no copy here
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -28,6 +28,12 @@ from chakra_schema.errors import TraceInputError
 
 DOMAIN_NAMES = ("code", "math", "chat", "general", "multilingual", "science", "legal", "medical")
 BLOCK = 65536
+# Sizes checked before anything is allocated: per-token metadata (domain, phase, cluster and their
+# temporaries, ~50 bytes a token) is held in memory, so 2^24 tokens is ~1 GiB; the per-layer tables
+# are [layers, 65536] + [layers, 2 x domains + 1, experts].
+MAX_TOKENS = 1 << 24
+MAX_LAYERS = 1024
+MAX_EXPERTS = 1 << 16
 CACHE_BYTES = 256 << 20   # traces up to this size are generated once and kept
 
 
@@ -56,17 +62,21 @@ class SyntheticSpec:
         for name in ("tokens", "layers", "experts", "top_k", "domains", "clusters", "request_tokens"):
             if getattr(self, name) < 1:
                 raise TraceInputError(None, f"synthetic routing: {name} must be >= 1")
+        for name, cap in (("tokens", MAX_TOKENS), ("layers", MAX_LAYERS), ("experts", MAX_EXPERTS)):
+            if getattr(self, name) > cap:
+                raise TraceInputError(None, f"synthetic routing: {name} must be at most {cap:,} (generated in memory), "
+                                            f"got {getattr(self, name):,}")
         if self.top_k > self.experts:
             raise TraceInputError(None, "synthetic routing: top_k must not exceed experts")
         if self.domains > len(DOMAIN_NAMES):
             raise TraceInputError(None, f"synthetic routing: at most {len(DOMAIN_NAMES)} domains")
         if self.experts % self.clusters:
             raise TraceInputError(None, "synthetic routing: clusters must divide experts")
-        for name in ("domain_share", "cluster_affinity", "prefill_fraction", "decode_correlation", "drift"):
+        for name in ("domain_share", "cluster_affinity", "prefill_fraction", "decode_correlation", "drift", "skew_jitter"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise TraceInputError(None, f"synthetic routing: {name} must be in [0, 1]")
-        if self.skew < 0:
-            raise TraceInputError(None, "synthetic routing: skew must be >= 0")
+        if not 0 <= self.skew < float("inf"):   # NaN fails this too
+            raise TraceInputError(None, "synthetic routing: skew must be a finite number >= 0")
 
     @classmethod
     def parse(cls, text: str, **defaults) -> "SyntheticSpec":
@@ -80,9 +90,15 @@ class SyntheticSpec:
                 raise TraceInputError(None, f"--routing synthetic: unknown setting '{item}' "
                                             f"(known: {', '.join(types)})")
             try:
-                kw[k] = int(v) if types[k] in (int, "int") else float(v)
-            except ValueError:
-                raise TraceInputError(None, f"--routing synthetic: {k} expects a number, got '{v}'") from None
+                x = float(v)
+                if types[k] in (int, "int"):
+                    if not x.is_integer():   # 1e6 is a count, 2.5 or inf is not
+                        raise ValueError
+                    x = int(x) if abs(x) < 2**53 else int(v)
+                kw[k] = x
+            except (ValueError, OverflowError):
+                raise TraceInputError(None, f"--routing synthetic: {k} expects "
+                                            f"{'an integer' if types[k] in (int, 'int') else 'a number'}, got '{v}'") from None
         return cls(**kw)
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 SPEC = Path(__file__).resolve().with_name("failures_ettr.toml")
@@ -100,18 +98,9 @@ def _gap(a, b) -> float:
 
 def write_html_atomically(fig, path: str) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written report."""
-    out = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".html.tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes it private; a report is an ordinary file
-        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from chakra_schema.safe_io import atomic_output
+    with atomic_output(path, "w") as f:   # the shared writer: the user's umask, one-line errors
+        fig.write_html(f, include_plotlyjs=True, full_html=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     write_html_atomically(figure(rows, title), args.output)
     if args.csv:
         import pandas as pd
-        tmp = args.csv + ".tmp"
-        pd.DataFrame(rows).to_csv(tmp, index=False)
-        os.replace(tmp, args.csv)
+
+        from chakra_schema.safe_io import atomic_output
+        with atomic_output(args.csv, "w") as f:
+            pd.DataFrame(rows).to_csv(f, index=False)
     for r in rows:
         gp = r.get("goodput_tokens_per_s")
         print(f"{r['gpus']:>7} {r['strategy']:8s} every {r['checkpoint_interval_min']:>5g} min: ETTR {r['ettr']:.3f} "

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -98,11 +96,9 @@ def figure(title: str, df):
 
 def write_html(fig, path: Path) -> None:
     """Self-contained (plotly.js inlined), written to a temp file and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".html.tmp")
-    os.close(fd)
-    fig.write_html(tmp, include_plotlyjs=True, full_html=True)
-    os.replace(tmp, path)
+    from chakra_schema.safe_io import atomic_output
+    with atomic_output(path, "w") as f:   # the user's umask (0644 by default), not mkstemp's 0600
+        fig.write_html(f, include_plotlyjs=True, full_html=True)
 
 
 def main(argv=None) -> int:
@@ -117,7 +113,9 @@ def main(argv=None) -> int:
                     progress=lambda line: print(line, file=sys.stderr))
     write_html(figure(title, df), args.out)
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        from chakra_schema.safe_io import atomic_output
+        with atomic_output(args.csv, "w") as f:
+            df.to_csv(f, index=False)
     print(f"{len(df)} points -> {args.out}")
     return 0
 

@@ -71,7 +71,7 @@ def register(subparsers) -> None:
                                                    "hierarchical); default: the fastest, as NCCL's tuner")
     c.add_argument("--concurrent", type=_positive_int, default=1,
                    help="N identical collectives in flight together on the same ranks, sharing the links "
-                        "max-min fairly (default 1: alone)")
+                        "max-min fairly (default 1: alone; at most 1,024, and N x GPUs at most 1,048,576)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.set_defaults(func=_collective)
 
@@ -91,8 +91,16 @@ def register(subparsers) -> None:
     s.set_defaults(func=_presets)
 
 
+MAX_CONCURRENT = 1024              # collectives in flight together: each is simulated flow by flow
+MAX_CONCURRENT_RANKS = 1 << 20     # concurrent x GPUs: the flows one sharing simulation holds
+
+
 def _collective(args) -> int:
     from replay.hardware import NetworkModel, get_hardware
+    if args.concurrent > MAX_CONCURRENT or args.concurrent * args.gpus > MAX_CONCURRENT_RANKS:
+        raise TraceInputError(None, f"--concurrent {args.concurrent:,} x --gpus {args.gpus:,} is past what one link-sharing "
+                                    f"simulation holds (--concurrent at most {MAX_CONCURRENT:,}, and --concurrent x "
+                                    f"--gpus at most {MAX_CONCURRENT_RANKS:,})")
     hw = get_hardware(args.hardware)
     net = NetworkModel(hw)
     try:

@@ -66,6 +66,9 @@ def main(args) -> int:
 
     if not str(args.output).endswith(".toml"):
         raise TraceInputError(args.output, "the calibrated preset must be a .toml file")
+    from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
+    prepare_output(args.output)   # a folder or an unwritable place is said now, not after the whole fit
+    refuse_overwriting_inputs(args.output, [*args.inputs, args.hardware])
     hw = get_hardware(args.hardware)
     with progress_bar("reading traces") as cb:
         graphs = load_labelled(args.inputs, cb)

@@ -17,7 +17,7 @@ import orjson
 from chakra_schema.et_io import iter_et
 from chakra_schema.graph import NodeType
 from chakra_schema.graph_io import attr_to_value
-from chakra_schema.safe_io import atomic_output
+from chakra_schema.safe_io import atomic_output, refuse_overwriting_inputs
 
 
 def register(sub) -> None:
@@ -96,6 +96,7 @@ def main(args) -> int:
                 out.write(chunk)
             out.flush()
         return 0
+    refuse_overwriting_inputs(args.output, [args.file])
     with atomic_output(args.output) as f:
         n = write_json(args.file, f)
     print(f"wrote {args.output} ({n} nodes)", file=sys.stderr)

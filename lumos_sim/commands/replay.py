@@ -7,7 +7,7 @@ import orjson
 
 from chakra_schema.inputs import load_graphs
 from lumos_sim.progress import progress_bar
-from chakra_schema.safe_io import prepare_output
+from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
 from lumos_sim.replay_run import TIMING_MODES, check_replay_arguments, print_result, run_replay
 from replay.engine import ALIGN_MODES
 
@@ -44,6 +44,7 @@ def main(args) -> int:
     for out in (args.timeline, args.report):
         if out:
             prepare_output(out)
+            refuse_overwriting_inputs(out, [*args.inputs, args.et, args.kineto, args.hardware])
     with progress_bar("converting") as cb:
         graphs = load_graphs(args.inputs, et_pattern=args.et, kineto_pattern=args.kineto, progress=cb)
     with progress_bar("replaying") as cb:

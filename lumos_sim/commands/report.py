@@ -18,6 +18,8 @@ def main(args) -> int:
     from lumos_sim.report import write_sweep_report
     from lumos_sim.sweep_io import read_results
 
+    from chakra_schema.safe_io import refuse_overwriting_inputs
+    refuse_overwriting_inputs(args.output, [args.results])
     df = read_results(args.results)
     out = write_sweep_report(df, args.output, title=args.title or f"lumos-sim sweep: {Path(args.results).name}")
     print(f"report: {out}")

@@ -19,29 +19,37 @@ def register(sub) -> None:
                    help="results table (.parquet or .csv); also the cache of finished points")
     p.add_argument("--executor", default="local", choices=("local", "ray"))
     p.add_argument("--workers", type=int, default=1,
-                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep")
-    p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001)")
+                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep "
+                        "(at most 1,024)")
+    p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001; "
+                                                         "default: $RAY_ADDRESS, else a local instance)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
     p.add_argument("--fresh", action="store_true", help="ignore points already in the output file")
     p.add_argument("--flush-every", type=float, default=5.0, metavar="SECONDS",
                    help="rewrite the results file at most this often while running (default 5)")
     p.add_argument("--report", metavar="OUT.html", help="also write the HTML report of the results")
-    p.add_argument("--dry-run", action="store_true", help="list the points and exit")
+    p.add_argument("--dry-run", action="store_true", help="count the points, list the first 100, and exit")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
     add_set_argument(p)
-    p.epilog = ("--set also edits the spec: axes.N.<kind>.<key>=VALUE (e.g. axes.0.search.gpus=[64,128], "
-                "axes.1.grid.hardware.network.nic_gbps=[200,800]); every other key sets the base scenario.")
+    p.epilog = ("--set also edits the spec: axes.N.<kind>.<key>=VALUE or, for named axes ([axes.NAME]), "
+                "axes.NAME.<kind>.<key>=VALUE (e.g. axes.0.search.gpus=[64,128], "
+                "axes.nic.grid.hardware.network.nic_gbps=[200,800]); every other key sets the base scenario. "
+                "--dry-run prints the number of points (counted, not expanded) and lists the first 100.")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     from lumos_sim.sweeps import SweepInterrupted, load_spec, sweep
 
+    from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
+
+    refuse_overwriting_inputs(args.output, [args.spec])
+    if args.report:   # said before the sweep runs, not after
+        prepare_output(args.report)
+        refuse_overwriting_inputs(args.report, [args.output, args.spec], flag="--report")
     spec = load_spec(args.spec, args.overrides)
     if args.dry_run:
-        for pt in spec.points():
-            print(f"{pt.index:6d}  {pt.key}  {pt.label}")
-        return 0
+        return _dry_run(spec)
     try:
         df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
                    ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
@@ -63,6 +71,32 @@ def main(args) -> int:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     else:
         _print_summary(df, summary)
+    return 0
+
+
+DRY_RUN_LISTED = 100
+
+
+def _dry_run(spec) -> int:
+    """The number of points (from the axes' sizes: a 10^9-point grid is counted, not expanded) and the
+    first DRY_RUN_LISTED of them, streamed."""
+    from lumos_sim.sweeps import MAX_POINTS
+
+    total = spec.count()
+    shown = 0
+    for pt in spec.iter_points():
+        if shown == DRY_RUN_LISTED:
+            break
+        print(f"{pt.index:6d}  {pt.key}  {pt.label}")
+        shown += 1
+    if total is None:   # a search axis: its size is known only by ranking the plans
+        total = shown if shown < DRY_RUN_LISTED else sum(1 for _ in spec.iter_points())
+    more = f" (the first {shown} listed)" if shown < total else ""
+    print(f"{total:,} points{more}", file=sys.stderr)   # stdout stays the list
+    if total > MAX_POINTS:
+        print(f"lumos-sim sweep: error: {total:,} points is more than the {MAX_POINTS:,} one results table holds: "
+              "narrow the axes or split the sweep", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -210,7 +210,7 @@ def main_scenario(args) -> int:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise TraceInputError(args.file, "scenario file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError) as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError, RecursionError) as e:
         raise TraceInputError(args.file, f"not a valid TOML file: {e}") from None
     scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
     p = evaluate_with_progress(scenario, "evaluating")

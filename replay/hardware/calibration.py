@@ -6,7 +6,6 @@ import dataclasses
 import datetime
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -123,15 +122,10 @@ def write_preset(result: CalibrationResult, out: str | os.PathLike, name: str | 
     out = Path(out)
     tool = f"{tool}, {datetime.date.today().isoformat()}"
     text = preset_toml(result, name or out.stem, tool)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        from .config import load_hardware_file
-        load_hardware_file(tmp)  # never leave a preset behind that does not load
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    from chakra_schema.safe_io import atomic_output
+
+    from .config import load_hardware_file
+    # never leave a preset behind that does not load; the file gets the user's umask, not mkstemp's 0600
+    with atomic_output(out, "w", check=load_hardware_file) as fh:
+        fh.write(text)
     return out

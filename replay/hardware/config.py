@@ -342,7 +342,7 @@ def _read_toml(path: Path) -> dict:
         raise TraceInputError(path, "hardware file not found") from None
     except IsADirectoryError:
         raise TraceInputError(path, "is a directory, not a hardware .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise TraceInputError(path, f"invalid TOML: {e}") from None
     except OSError as e:
         raise TraceInputError(path, f"cannot read: {e.strerror}") from None

@@ -1,0 +1,68 @@
+"""Coverage-guided fuzz target (atheris) for the TOML loaders of sweeps and accuracy suites: a sweep spec
+(`lumos_sim.sweeps.load_spec`, then its point count and first points) and a `check` suite
+(`lumos_sim.check.load_suite`). Any input must load or end in a one-line `TraceInputError`.
+
+    python tests/fuzz/specs_target.py -max_total_time=600 -rss_limit_mb=2048 [CORPUS_DIR]
+
+`fuzz_one(data)`: the first byte picks the loader, the rest is the TOML file. Points are expanded only
+for grid / zip / list axes (a search axis ranks plans: seconds per GPU count, not a parsing question).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from chakra_schema.errors import TraceInputError  # noqa: E402
+
+_DIR = tempfile.mkdtemp(prefix="lumos-fuzz-specs-")
+
+
+def _sweep(path: str) -> None:
+    from lumos_sim.sweeps import SearchAxis, load_spec
+    spec = load_spec(path)
+    spec.count()
+    if not any(isinstance(a, SearchAxis) for a in spec.axes):
+        for _ in itertools.islice(spec.iter_points(), 3):
+            pass
+
+
+def _suite(path: str) -> None:
+    from lumos_sim.check import load_suite
+    load_suite(path)
+
+
+LOADERS = (_sweep, _suite)
+
+
+def fuzz_one(data: bytes) -> None:
+    if not data:
+        return
+    loader = LOADERS[data[0] % len(LOADERS)]
+    path = os.path.join(_DIR, "spec.toml")
+    with open(path, "wb") as f:
+        f.write(data[1:])
+    try:
+        loader(path)
+    except TraceInputError:
+        pass
+
+
+def main(argv: list[str]) -> None:
+    import atheris
+    with atheris.instrument_imports():
+        import chakra_schema.errors  # noqa: F401
+        import estimators.scenario  # noqa: F401
+        import lumos_sim.check  # noqa: F401
+        import lumos_sim.sweeps  # noqa: F401
+    atheris.Setup(argv, fuzz_one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
