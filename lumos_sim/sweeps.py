@@ -223,7 +223,7 @@ def _parse_search(v, where, path):
     reject_unknown_keys(path, v, ("gpus", "max_plans"), prefix="search.", where=f" in {where}")
     gpus = v.get("gpus")
     gpus = [gpus] if isinstance(gpus, int) else gpus
-    from estimators.plan import MAX_GPUS
+    from estimators.parallelism.plan import MAX_GPUS
     if not isinstance(gpus, (list, tuple)) or not gpus or not all(
             isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GPUS for g in gpus):
         raise TraceInputError(path, f"{where}: search.gpus must be a list of GPU counts in [1, {MAX_GPUS:,}], "
@@ -308,7 +308,7 @@ class SweepSpec:
 def _check_runnable(s: Scenario, path: str | None, label: str) -> None:
     """Errors of the spec itself (the same for every point that has them) fail the sweep up front, rather
     than fail every point quietly into its row: an unknown what-if, a what-if without what it needs."""
-    from estimators.whatifs import get_whatif
+    from estimators.registry import get_whatif
 
     try:
         w = get_whatif(s.whatif)
