@@ -21,7 +21,25 @@ import socket
 from typing import Any, Callable, Iterator
 
 from chakra_schema.errors import TraceInputError
-from lumos_sim.sweeps import _evaluate_task
+
+STATUS_OK, STATUS_ERROR, STATUS_PENDING = "ok", "error", "pending"   # a sweep row's `status`
+
+
+def evaluate_point(scenario) -> dict[str, Any]:
+    """Status plus prediction columns of one point; any failure is recorded, never raised (a sweep goes on)."""
+    from estimators.registry import evaluate
+
+    try:
+        p = evaluate(scenario)
+    except Exception as e:  # noqa: BLE001 -- a failing point records its error in its row
+        msg = e.problem if isinstance(e, TraceInputError) else f"{type(e).__name__}: {e}"
+        return {"status": STATUS_ERROR, "error": " ".join(str(msg).split())}
+    return {"status": STATUS_OK, "error": "", **p.to_row()}
+
+
+def _evaluate_task(task: tuple[int, Any]) -> tuple[int, dict[str, Any]]:
+    index, scenario = task
+    return index, evaluate_point(scenario)
 
 Task = tuple[int, Any]          # (point index, Scenario)
 MAX_WORKERS = 1024              # processes of a local pool / CPUs of a local Ray instance

@@ -60,7 +60,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 SPEC_KEYS = ("sweep", "scenario", "axes")
-STATUS_OK, STATUS_ERROR, STATUS_PENDING = "ok", "error", "pending"
+from lumos_sim.sweep_executors import (STATUS_ERROR, STATUS_OK, STATUS_PENDING, check_executor, evaluate_point,
+                                       get_executor)
 META_COLUMNS = ("point", "status", "error")
 
 
@@ -448,24 +449,6 @@ def _set_spec_value(data: dict[str, Any], parts: list[str], value: Any, path: st
     node[parts[-1]] = value
 
 
-# ============================================================================ evaluation of one point
-def evaluate_point(scenario: Scenario) -> dict[str, Any]:
-    """Status plus prediction columns of one point; any failure is recorded, never raised (a sweep goes on)."""
-    from estimators.registry import evaluate
-
-    try:
-        p = evaluate(scenario)
-    except Exception as e:  # noqa: BLE001 -- a failing point records its error in its row
-        msg = e.problem if isinstance(e, TraceInputError) else f"{type(e).__name__}: {e}"
-        return {"status": STATUS_ERROR, "error": " ".join(str(msg).split())}
-    return {"status": STATUS_OK, "error": "", **p.to_row()}
-
-
-def _evaluate_task(task: tuple[int, Scenario]) -> tuple[int, dict[str, Any]]:
-    index, scenario = task
-    return index, evaluate_point(scenario)
-
-
 # ============================================================================ running a sweep
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped a sweep; the results file holds every point finished so far."""
@@ -502,7 +485,6 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec | Iterable[Sce
     `output` (.parquet or .csv; `csv=True` also writes a .csv beside a .parquet) is kept complete and
     readable throughout and is the cache: points already in it are not evaluated again (`fresh=True`
     ignores it). On Ctrl-C / SIGTERM the file is saved and `SweepInterrupted` is raised."""
-    from lumos_sim.sweep_executors import check_executor
     from lumos_sim.sweep_io import ResultsFile, rows_frame
 
     check_executor(executor, workers, ray_address)
@@ -560,7 +542,6 @@ def _initial_rows(points: list[SweepPoint], results, fresh: bool) -> tuple[list[
 def _run_points(todo: list[SweepPoint], rows: list[dict[str, Any]], results, stats: dict[str, Any],
                 state: dict[str, bool], executor: str, workers: int, ray_address: str | None, progress: bool) -> None:
     from lumos_sim.progress import progress_bar
-    from lumos_sim.sweep_executors import get_executor
 
     if not todo:
         return
