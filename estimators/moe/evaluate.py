@@ -150,6 +150,7 @@ class ExpertShape:
     dtype: str = "bf16"
     dispatch_bytes: int = 2           # per element sent to the experts (1 with FP8 dispatch)
     combine_bytes: int = 2
+    shared_ffn: int = 0               # width of a shared expert (0: expert_ffn)
 
     @property
     def up_width(self) -> int:
@@ -167,31 +168,80 @@ class LayerTimer:
         self.network = NetworkModel(hardware)
         self.ranks = list(range(layout.gpus))
         self._expert_memo: dict[int, float] = {}
+        self._gpu_memo: dict[tuple, float] = {}
+        self._a2a = None
 
-    def expert_us(self, tokens: int) -> float:
+    def expert_us(self, tokens: int, ffn: int = 0) -> float:
         """One expert's FFN on `tokens` tokens: up(+gate) GEMM, activation, down GEMM."""
-        t = self._expert_memo.get(tokens)
+        key = (tokens, ffn)
+        t = self._expert_memo.get(key)
         if t is None:
             s, c = self.shape, self.compute
+            f = ffn or s.expert_ffn
+            up = 2 * f if s.gated else f
             if tokens <= 0:
                 t = 0.0
             else:
-                t = (c.gemm(tokens, s.up_width, s.hidden, dtype=s.dtype).time_us
-                     + c.memory_op(tokens * s.expert_ffn * 2 * 3).time_us
-                     + c.gemm(tokens, s.hidden, s.expert_ffn, dtype=s.dtype).time_us)
-            self._expert_memo[tokens] = t
+                t = (c.gemm(tokens, up, s.hidden, dtype=s.dtype).time_us
+                     + c.memory_op(tokens * f * 2 * 3).time_us
+                     + c.gemm(tokens, s.hidden, f, dtype=s.dtype).time_us)
+            self._expert_memo[key] = t
+        return t
+
+    def gpu_experts_us(self, slot_tokens) -> float:
+        """A GPU's routed experts as grouped GEMMs (one group per expert slot with its own token count:
+        up(+gate), activation, down); slots without tokens cost nothing."""
+        key = tuple(sorted(int(x) for x in slot_tokens if x > 0))
+        t = self._gpu_memo.get(key)
+        if t is None:
+            s, c = self.shape, self.compute
+            t = 0.0
+            if key:
+                t = (c.grouped_gemm(key, s.up_width, s.hidden, dtype=s.dtype).time_us
+                     + c.memory_op(sum(key) * s.expert_ffn * 2 * 3).time_us
+                     + c.grouped_gemm(key, s.hidden, s.expert_ffn, dtype=s.dtype).time_us)
+            if len(self._gpu_memo) > 1 << 16:
+                self._gpu_memo.clear()
+            self._gpu_memo[key] = t
+        return t
+
+    def shared_us(self, tokens: float) -> float:
+        """Per layer and rank, independent of the placement: router GEMM and shared experts on the
+        rank's own tokens."""
+        s, c = self.shape, self.compute
+        T = max(1, int(round(tokens)))
+        t = c.gemm(T, s.experts, s.hidden, dtype="bf16").time_us
+        for _ in range(s.shared_experts):
+            t += self.expert_us(T, s.shared_ffn)
         return t
 
     def fixed_us(self) -> float:
-        """Per layer and rank, independent of the placement: router GEMM and shared experts."""
-        s, c, T = self.shape, self.compute, self.layout.tokens_per_gpu
-        t = c.gemm(T, s.experts, s.hidden, dtype="bf16").time_us
-        for _ in range(s.shared_experts):
-            t += self.expert_us(T)
-        return t
+        return self.shared_us(self.layout.tokens_per_gpu)
 
-    def a2a_us(self, pairs: np.ndarray, elem_bytes: int) -> float:
-        return self.network.all_to_all_v_us(pairs * (self.shape.hidden * elem_bytes), self.ranks)
+    def a2a_us(self, pairs: np.ndarray, elem_bytes: int, scale: float = 1.0) -> float:
+        """All-to-all of `pairs` (token pairs rank -> rank) x scale, `elem_bytes` per hidden element
+        (`NetworkModel.all_to_all_v_us`'s model through `estimators.moe.a2a`, fast at EP320)."""
+        if self._a2a is None:
+            from estimators.moe.a2a import all_to_all_timer
+            self._a2a = all_to_all_timer(self.network, self.ranks)
+        return self._a2a(pairs * (self.shape.hidden * elem_bytes), scale)
+
+
+def moe_layer_parts(cost: "PlacementCost", timer: LayerTimer, scale: float = 1.0):
+    """Per MoE layer, averaged over the timed batches, for `scale` x the batch's tokens (0.5: one of two
+    micro-batches): (slowest GPU's routed experts, dispatch, combine, router + shared experts) in us."""
+    P = cost.pair_tokens
+    W, L = P.shape[0], P.shape[1]
+    experts, dispatch, combine = np.zeros(L), np.zeros(L), np.zeros(L)
+    for w in range(W):
+        for layer in range(L):
+            slots = np.rint(cost.slot_tokens[w, layer] * scale).astype(np.int64)
+            experts[layer] += max(timer.gpu_experts_us(row) for row in slots)
+            dispatch[layer] += timer.a2a_us(P[w, layer], timer.shape.dispatch_bytes, scale)
+            combine[layer] += timer.a2a_us(P[w, layer].T, timer.shape.combine_bytes, scale)
+    shared = np.full(L, timer.shared_us(timer.layout.tokens_per_gpu * scale))
+    n = max(W, 1)
+    return experts / n, dispatch / n, combine / n, shared
 
 
 @dataclass
@@ -230,7 +280,7 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     gpus = part_gpus(src, start, stop, layout)
     chosen = sorted(set(np.linspace(0, n_win - 1, min(timed_windows, n_win)).round().astype(int).tolist())) if timer else []
     timed = {w: i for i, w in enumerate(chosen)}
-    routes = [[p.routes(layer) for layer in range(L)] for p in placements]
+    routes = [[p.route_parts(layer) for layer in range(L)] for p in placements]
     costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
                            dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
                            layer_us=np.zeros(L), pair_tokens=np.zeros((len(timed), L, G, G)),
@@ -268,15 +318,19 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     return costs
 
 
-def _pairs(counts: np.ndarray, routes: np.ndarray, gpn: int) -> tuple[np.ndarray, np.ndarray]:
-    """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window."""
+def _pairs(counts: np.ndarray, routes, gpn: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window; `routes`
+    as `Placement.route_parts` gives them (only replicated experts route by the token's node)."""
+    spread, multi, local = routes
     G = counts.shape[0]
-    pairs = np.empty((G, G))
-    served = np.zeros((counts.shape[1], G))
-    for n in range(routes.shape[0]):
-        block = counts[n * gpn:(n + 1) * gpn]
-        pairs[n * gpn:(n + 1) * gpn] = block @ routes[n]
-        served += block.sum(0)[:, None] * routes[n]
+    pairs = counts @ spread
+    served = counts.sum(0)[:, None] * spread
+    if len(multi):
+        served[multi] = 0.0
+        for n in range(local.shape[0]):
+            block = counts[n * gpn:(n + 1) * gpn, multi]
+            pairs[n * gpn:(n + 1) * gpn] += block @ (local[n] - spread[multi])
+            served[multi] += block.sum(0)[:, None] * local[n]
     return pairs, served
 
 
@@ -296,14 +350,13 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
         se = p.slot_expert[layer]
         mult = np.bincount(se * p.gpus + gpu, minlength=p.experts * p.gpus)[se * p.gpus + gpu]
         slot_tok = np.rint(served[se, gpu] / mult).astype(np.int64)
-        per_gpu = np.zeros(p.gpus)
-        np.add.at(per_gpu, gpu, [timer.expert_us(int(t)) for t in slot_tok])
+        slowest = max(timer.gpu_experts_us(row) for row in slot_tok.reshape(p.gpus, p.slots_per_gpu))
         d = timer.a2a_us(pairs, timer.shape.dispatch_bytes)
         c = timer.a2a_us(pairs.T, timer.shape.combine_bytes)
         pc.dispatch_us[layer] += d
         pc.combine_us[layer] += c
-        pc.expert_us[layer] += per_gpu.max()
-        pc.layer_us[layer] += d + per_gpu.max() + c + fixed
+        pc.expert_us[layer] += slowest
+        pc.layer_us[layer] += d + slowest + c + fixed
         pc.timed_windows += 1
         k = timed[w0 + j]
         pc.pair_tokens[k, layer] = pairs

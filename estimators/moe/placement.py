@@ -89,19 +89,32 @@ class Placement:
 
     def routes(self, layer: int) -> np.ndarray:
         """[nodes, E, G]: share of the pairs from a token on node n to expert e that GPU g serves."""
+        spread, multi, local = self.route_parts(layer)
+        out = np.repeat(spread[None], self.gpus // self.gpus_per_node, axis=0)
+        out[:, multi] = local
+        return out
+
+    def route_parts(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`routes` in parts: (spread [E, G]: even split over the expert's replicas, the experts with
+        replicas on more than one GPU [R], their routes from each node [nodes, R, G]: the replicas on
+        the token's own node when it has any, else the spread)."""
         nodes = self.gpus // self.gpus_per_node
         gpu = self.gpu_of_slot()
         on = np.zeros((self.experts, self.gpus))
         np.add.at(on, (self.slot_expert[layer], gpu), 1.0)
         spread = on / on.sum(1, keepdims=True)
-        out = np.empty((nodes, self.experts, self.gpus))
+        multi = np.flatnonzero((on > 0).sum(1) > 1)
+        sub = on[multi].reshape(len(multi), nodes, self.gpus_per_node)
+        local_sum = sub.sum(2)                                        # [R, nodes]
+        local = np.repeat(spread[multi][None], nodes, axis=0)         # [nodes, R, G]
         for n in range(nodes):
-            local = on.copy()
-            local[:, np.arange(self.gpus) // self.gpus_per_node != n] = 0.0
-            has = local.sum(1) > 0
-            out[n] = spread
-            out[n, has] = local[has] / local[has].sum(1, keepdims=True)
-        return out
+            has = local_sum[:, n] > 0
+            if has.any():
+                row = np.zeros((int(has.sum()), self.gpus))
+                cols = slice(n * self.gpus_per_node, (n + 1) * self.gpus_per_node)
+                row[:, cols] = sub[has, n] / local_sum[has, n][:, None]
+                local[n, has] = row
+        return spread, multi, local
 
     def slot_share(self, layer: int) -> np.ndarray:
         """[S]: share of its expert's pairs each slot serves (1 / replicas, before locality)."""
