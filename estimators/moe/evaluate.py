@@ -318,6 +318,38 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     return costs
 
 
+def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements: list[Placement],
+                      timer: LayerTimer | None) -> list[PlacementCost]:
+    """Costs on the expected counts of per-layer expert loads [L, E] (no sampling): every rank routes
+    tokens_per_gpu x top_k pairs, shared over the experts in proportion to the layer's loads. One batch,
+    timed."""
+    L, E = loads.shape
+    G, T = layout.gpus, layout.tokens_per_gpu
+    costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
+                           dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
+                           layer_us=np.zeros(L), pair_tokens=np.zeros((1, L, G, G)),
+                           slot_tokens=np.zeros((1, L, G, p.slots_per_gpu), np.int64)) for p in placements]
+    node_of = np.arange(G) // layout.gpus_per_node
+    inter = node_of[:, None] != node_of[None, :]
+    off = ~np.eye(G, dtype=bool)
+    shape = timer.shape if timer else None
+    per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
+    fixed = timer.fixed_us() if timer else 0.0
+    share = loads / loads.sum(1, keepdims=True)
+    for layer in range(L):
+        counts = np.broadcast_to(T * top_k * share[layer], (1, G, E)).astype(float)
+        for pc in costs:
+            _cost_windows(pc, pc.placement.route_parts(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
+                          inter, off, per_pair, layout, fixed)
+    for pc in costs:
+        pc.windows = 1
+        if pc.timed_windows:
+            t = pc.timed_windows / L
+            for name in ("dispatch_us", "combine_us", "expert_us", "layer_us"):
+                setattr(pc, name, getattr(pc, name) / t)
+    return costs
+
+
 def _pairs(counts: np.ndarray, routes, gpn: int) -> tuple[np.ndarray, np.ndarray]:
     """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window; `routes`
     as `Placement.route_parts` gives them (only replicated experts route by the token's node)."""
@@ -338,14 +370,21 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
                   timer: LayerTimer | None, inter: np.ndarray, off: np.ndarray, per_pair: float, layout: Layout,
                   fixed: float) -> None:
     p = pc.placement
+    gpn = layout.gpus_per_node
+    spread, multi, local = routes
+    every = counts @ spread                                   # [windows, G, G] pairs rank -> rank
+    for n in range(local.shape[0] if len(multi) else 0):
+        rows = slice(n * gpn, (n + 1) * gpn)
+        every[:, rows] += counts[:, rows][:, :, multi] @ (local[n] - spread[multi])
+    pc.a2a_bytes[layer] += float(every[:, off].sum()) * per_pair
+    pc.a2a_bytes_inter_node[layer] += float(every[:, inter].sum()) * per_pair
+    recv = every.sum(1)
+    mean = recv.mean(1)
+    pc.max_over_mean[layer] += float(np.where(mean > 0, recv.max(1) / np.where(mean > 0, mean, 1), 1.0).sum())
     for j in range(counts.shape[0]):
-        pairs, served = _pairs(counts[j], routes, layout.gpus_per_node)
-        pc.a2a_bytes[layer] += float(pairs[off].sum()) * per_pair
-        pc.a2a_bytes_inter_node[layer] += float(pairs[inter].sum()) * per_pair
-        recv = pairs.sum(0)
-        pc.max_over_mean[layer] += float(recv.max() / recv.mean()) if recv.mean() > 0 else 1.0
         if timer is None or (w0 + j) not in timed:
             continue
+        pairs, served = _pairs(counts[j], routes, gpn)
         gpu = p.gpu_of_slot()
         se = p.slot_expert[layer]
         mult = np.bincount(se * p.gpus + gpu, minlength=p.experts * p.gpus)[se * p.gpus + gpu]

@@ -174,16 +174,19 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
         parts["attention"] += attn
         parts["attention_tp_allreduce"] += ar
         total += _overlap(comp, comm, spec.overlap)
-        if dual and not exposed_first:
+        if dual and not exposed_first and comm > 0:
             exposed_first = min(comp, comm)                 # pipeline fill: the first half's exposed part
-    total += exposed_first
     if dual:  # parts per forward: both micro-batches
         parts = {k: 2 * v for k, v in parts.items()}
+    parts["overlap_saved"] = -(sum(parts.values()) - total)     # what overlapping hid (<= 0 adds nothing)
+    parts["pipeline_fill"] = exposed_first
+    total += exposed_first
     d = draft_tokens(model, spec)
     seqs = spec.tokens / (1 + d) if spec.phase == "decode" else max(1.0, spec.tokens / spec.context)
     # logits: every verified token in decode, one per prompt in prefill
     logit_tokens = spec.tokens if spec.phase == "decode" else seqs
-    total += at.logits_us(logit_tokens)
+    parts["logits"] = at.logits_us(logit_tokens)
+    total += parts["logits"]
     if d:
         last = moe_ids[-1] if moe_ids else model.layers - 1
         # one MTP module on the sequences: its layer's MoE parts scaled from the micro-batch's tokens
