@@ -59,6 +59,8 @@ class MoEOptions:
     attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
     overlap: str = "none"              # inference: none | dual-batch (two micro-batches, all-to-all hidden)
     mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
+    sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
+                                       # counts of the evaluated tokens' expert loads, not token by token
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -76,7 +78,7 @@ class MoEOptions:
         for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
-        for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp"):
+        for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1")
         if not 0.0 < self.fit_fraction < 1.0:
@@ -259,7 +261,9 @@ def moe(scenario: Scenario, progress=None) -> Prediction:
         loads = load_expert_loads(Path(opts.expert_load), model)
         split = Split(None, (0, 0), None, (0, 0), f"placement balanced on the loads of {opts.expert_load}; "
                                                    f"costed on their expected token counts")
-        cost, baseline, timer = _load_costs(scenario, opts, layout, loads)
+        cost, baseline, timer = _load_costs(scenario, opts, layout, _stats_of_loads(loads, layout), loads)
+    elif layout.window > opts.sampled_window:
+        split, cost, baseline, timer = _large_batch_costs(scenario, opts, layout)
     else:
         src = open_routing(opts, model, layout.window)
         split = split_trace(src, opts)
@@ -293,13 +297,41 @@ def _contiguous(stats: RoutingStats, popts: PlacementOptions):
     return fit_placement("contiguous", stats, popts) if stats.experts % stats.gpus == 0 else None
 
 
-def _load_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, loads: np.ndarray):
-    """Placement fitted on the given loads (what EPLB balances); costs on their expected counts: each
-    rank routes tokens x top-k pairs, shared over the experts in proportion to the layer's loads."""
-    model = scenario.model
+def _stats_of_loads(loads: np.ndarray, layout: Layout) -> RoutingStats:
+    """What a placement is fitted on when only loads are known (tokens spread evenly over the nodes)."""
     nodes = layout.nodes
-    stats = RoutingStats(loads, np.repeat(loads[:, None, :] / nodes, nodes, axis=1), None, 0,
-                         layout.gpus, layout.gpus_per_node)
+    return RoutingStats(loads, np.repeat(loads[:, None, :] / nodes, nodes, axis=1), None, 0,
+                        layout.gpus, layout.gpus_per_node)
+
+
+def _large_batch_costs(scenario: Scenario, opts: MoEOptions, layout: Layout):
+    """Batches larger than `sampled_window` tokens (prefill, EP144+ decode): the routing is read in batches
+    of `sampled_window` tokens, the placement fitted on the fit part, and the costs taken on the expected
+    counts of the evaluated part's per-expert loads at the real batch (sampling noise of a batch that
+    large is small; domain grouping, which needs token positions, is not modelled here)."""
+    if opts.group_by != "none":
+        raise TraceInputError(None, f"--group-by {opts.group_by} needs batches of at most {opts.sampled_window} "
+                                    f"tokens (EP{layout.gpus} x {layout.tokens_per_gpu}): raise moe.sampled_window")
+    model = scenario.model
+    E = model.moe.num_experts
+    small = dataclasses.replace(layout, tokens_per_gpu=max(1, opts.sampled_window // layout.gpus))
+    src = open_routing(opts, model, small.window)
+    split = split_trace(src, opts)
+    stats = fit_stats(split.fit, *split.fit_range, small, E,
+                      coactivation_tokens=32768 if opts.placement == "locality" else 0)
+    seen = fit_stats(split.evaluate, *split.eval_range, small, E, coactivation_tokens=0).load.astype(float)
+    if (seen.max(1) <= 0).any():
+        raise TraceInputError(src.path, "the evaluated tokens route nothing in some MoE layer")
+    split = dataclasses.replace(split, note=split.note + f"; costed on the expected counts of the evaluated "
+                                                         f"tokens' expert loads (a batch of {layout.window} tokens "
+                                                         f"> sampled_window {opts.sampled_window})")
+    return (split, *_load_costs(scenario, opts, layout, stats, rescale_loads(seen)))
+
+
+def _load_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, stats: RoutingStats, loads: np.ndarray):
+    """Placement fitted on `stats` (the given loads: what EPLB balances); costs on the expected counts of
+    `loads`: each rank routes tokens x top-k pairs, shared over the experts in proportion to the loads."""
+    model = scenario.model
     popts = _placement_options(model, opts)
     placement = fit_placement(opts.placement, stats, popts)
     contiguous = _contiguous(stats, popts)
