@@ -98,7 +98,7 @@ class AttentionTimer:
                       + c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us)
                 core = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
                 cache = c.memory_op(T * ctx * latent * s.kv_bytes)      # the cache is read once per step
-                t += max(core.compute_us, cache.time_us, core.time_us - core.memory_us)
+                t += max(core.compute_us, cache.time_us)              # FlashMLA: compute- or bandwidth-bound
             else:
                 t += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
                 seqs = max(1, T // ctx)
