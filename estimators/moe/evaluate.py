@@ -157,15 +157,28 @@ class ExpertShape:
         return 2 * self.expert_ffn if self.gated else self.expert_ffn
 
 
+_MODELS: dict = {}
+
+
+def hardware_models(hardware):
+    """(ComputeModel, NetworkModel) of a hardware preset, kept per preset: their kernel-time caches
+    belong to the instance, and a sweep or a repeated estimate asks the same shapes again."""
+    from replay.hardware.compute import ComputeModel
+    from replay.hardware.network import NetworkModel
+    got = _MODELS.get(id(hardware))
+    if got is None or got[0] is not hardware:       # the same preset object (kept alive here)
+        if len(_MODELS) > 8:
+            _MODELS.clear()
+        got = _MODELS[id(hardware)] = (hardware, ComputeModel(hardware), NetworkModel(hardware))
+    return got[1], got[2]
+
+
 class LayerTimer:
     """Expert GEMM and all-to-all times of one EP group on one hardware preset."""
 
     def __init__(self, shape: ExpertShape, hardware, layout: Layout):
-        from replay.hardware.compute import ComputeModel
-        from replay.hardware.network import NetworkModel
         self.shape, self.layout = shape, layout
-        self.compute = ComputeModel(hardware)
-        self.network = NetworkModel(hardware)
+        self.compute, self.network = hardware_models(hardware)
         self.ranks = list(range(layout.gpus))
         self._expert_memo: dict[int, float] = {}
         self._gpu_memo: dict[tuple, float] = {}
@@ -197,9 +210,15 @@ class LayerTimer:
             s, c = self.shape, self.compute
             t = 0.0
             if key:
-                t = (c.grouped_gemm(key, s.up_width, s.hidden, dtype=s.dtype).time_us
-                     + c.memory_op(sum(key) * s.expert_ffn * 2 * 3).time_us
-                     + c.grouped_gemm(key, s.hidden, s.expert_ffn, dtype=s.dtype).time_us)
+                # ComputeModel.grouped_gemm's rule (equal sizes as one batched GEMM, distinct sizes one
+                # after another) on the sizes directly: this runs for every GPU of every layer
+                sizes: dict[int, int] = {}
+                for m in key:
+                    sizes[m] = sizes.get(m, 0) + 1
+                t = c.memory_op(sum(key) * s.expert_ffn * 2 * 3).time_us
+                for m, n in sizes.items():
+                    t += (c.gemm(m, s.up_width, s.hidden, batch=n, dtype=s.dtype).time_us
+                          + c.gemm(m, s.hidden, s.expert_ffn, batch=n, dtype=s.dtype).time_us)
             if len(self._gpu_memo) > 1 << 16:
                 self._gpu_memo.clear()
             self._gpu_memo[key] = t
@@ -226,6 +245,28 @@ class LayerTimer:
             self._a2a = all_to_all_timer(self.network, self.ranks)
         return self._a2a(pairs * (self.shape.hidden * elem_bytes), scale)
 
+    def a2a_parts(self, pairs: np.ndarray, elem_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, drain) per protocol of that all-to-all (time = min of latency + drain)."""
+        if self._a2a is None:
+            from estimators.moe.a2a import all_to_all_timer
+            self._a2a = all_to_all_timer(self.network, self.ranks)
+        return self._a2a.parts(pairs * (self.shape.hidden * elem_bytes))
+
+
+def slowest_gpu_us(timer: LayerTimer, slot_tokens: np.ndarray) -> float:
+    """The slowest GPU's routed experts, slot_tokens [G, slots per GPU]. Large groups time only the GPUs
+    that can be the slowest: with one slot per GPU the one with most tokens (GEMM time never falls as its
+    rows grow); else the 8 GPUs with most tokens, most tokens in one slot, and most busy slots."""
+    G = slot_tokens.shape[0]
+    if G > 32:
+        if slot_tokens.shape[1] == 1:
+            return timer.gpu_experts_us(slot_tokens[int(np.argmax(slot_tokens[:, 0]))])
+        top = lambda v: np.argsort(-v, kind="stable")[:8]           # noqa: E731
+        rows = set(top(slot_tokens.sum(1)).tolist()) | set(top(slot_tokens.max(1)).tolist()) \
+            | set(top((slot_tokens > 0).sum(1)).tolist())
+        return max(timer.gpu_experts_us(slot_tokens[r]) for r in rows)
+    return max(timer.gpu_experts_us(row) for row in slot_tokens)
+
 
 def moe_layer_parts(cost: "PlacementCost", timer: LayerTimer, scale: float = 1.0):
     """Per MoE layer, averaged over the timed batches, for `scale` x the batch's tokens (0.5: one of two
@@ -236,9 +277,14 @@ def moe_layer_parts(cost: "PlacementCost", timer: LayerTimer, scale: float = 1.0
     for w in range(W):
         for layer in range(L):
             slots = np.rint(cost.slot_tokens[w, layer] * scale).astype(np.int64)
-            experts[layer] += max(timer.gpu_experts_us(row) for row in slots)
-            dispatch[layer] += timer.a2a_us(P[w, layer], timer.shape.dispatch_bytes, scale)
-            combine[layer] += timer.a2a_us(P[w, layer].T, timer.shape.combine_bytes, scale)
+            experts[layer] += slowest_gpu_us(timer, slots)
+            if cost.a2a_parts is not None:   # latency + scale x drain, per protocol, as costed
+                lat_d, drain_d, lat_c, drain_c = cost.a2a_parts[w][layer]
+                dispatch[layer] += float((lat_d + scale * drain_d).min())
+                combine[layer] += float((lat_c + scale * drain_c).min())
+            else:
+                dispatch[layer] += timer.a2a_us(P[w, layer], timer.shape.dispatch_bytes, scale)
+                combine[layer] += timer.a2a_us(P[w, layer].T, timer.shape.combine_bytes, scale)
     shared = np.full(L, timer.shared_us(timer.layout.tokens_per_gpu * scale))
     n = max(W, 1)
     return experts / n, dispatch / n, combine / n, shared
@@ -260,6 +306,7 @@ class PlacementCost:
     timed_windows: int = 0
     pair_tokens: np.ndarray = None            # [timed windows, L, G, G] pairs rank -> rank
     slot_tokens: np.ndarray = None            # [timed windows, L, G, slots per GPU] tokens per expert slot
+    a2a_parts: list = None                    # [timed window][layer] (dispatch latency, drain, combine ...)
 
     @property
     def moe_latency_us(self) -> float:
@@ -366,6 +413,17 @@ def _pairs(counts: np.ndarray, routes, gpn: int) -> tuple[np.ndarray, np.ndarray
     return pairs, served
 
 
+def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:
+    """Tokens each GPU serves of each expert [E, G] in one window (`_pairs`' second half)."""
+    spread, multi, local = routes
+    served = counts.sum(0)[:, None] * spread
+    if len(multi):
+        served[multi] = 0.0
+        for n in range(local.shape[0]):
+            served[multi] += counts[n * gpn:(n + 1) * gpn, multi].sum(0)[:, None] * local[n]
+    return served
+
+
 def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, layer: int, w0: int, timed: dict,
                   timer: LayerTimer | None, inter: np.ndarray, off: np.ndarray, per_pair: float, layout: Layout,
                   fixed: float) -> None:
@@ -384,14 +442,18 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
     for j in range(counts.shape[0]):
         if timer is None or (w0 + j) not in timed:
             continue
-        pairs, served = _pairs(counts[j], routes, gpn)
+        pairs, served = every[j], _served(counts[j], routes, gpn)
         gpu = p.gpu_of_slot()
         se = p.slot_expert[layer]
         mult = np.bincount(se * p.gpus + gpu, minlength=p.experts * p.gpus)[se * p.gpus + gpu]
         slot_tok = np.rint(served[se, gpu] / mult).astype(np.int64)
-        slowest = max(timer.gpu_experts_us(row) for row in slot_tok.reshape(p.gpus, p.slots_per_gpu))
-        d = timer.a2a_us(pairs, timer.shape.dispatch_bytes)
-        c = timer.a2a_us(pairs.T, timer.shape.combine_bytes)
+        slowest = slowest_gpu_us(timer, slot_tok.reshape(p.gpus, p.slots_per_gpu))
+        dparts = timer.a2a_parts(pairs, timer.shape.dispatch_bytes)
+        cparts = timer.a2a_parts(pairs.T, timer.shape.combine_bytes)
+        d, c = float((dparts[0] + dparts[1]).min()), float((cparts[0] + cparts[1]).min())
+        if pc.a2a_parts is None:
+            pc.a2a_parts = [[None] * pc.pair_tokens.shape[1] for _ in range(pc.pair_tokens.shape[0])]
+        pc.a2a_parts[timed[w0 + j]][layer] = (*dparts, *cparts)
         pc.dispatch_us[layer] += d
         pc.combine_us[layer] += c
         pc.expert_us[layer] += slowest

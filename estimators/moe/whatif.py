@@ -20,6 +20,7 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
+from estimators.moe.grouped import GroupLimitedSource
 from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementCost, evaluate_expected,
                                      evaluate_placements, fit_stats, moe_layer_parts)
 from estimators.moe.placement import PLACEMENTS, SLOTTED, PlacementOptions, RoutingStats, fit_placement
@@ -105,7 +106,8 @@ def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> Routi
     tokens = max(opts.synthetic_tokens, need)
     if opts.expert_load:
         loads = load_expert_loads(Path(opts.expert_load), model)
-        return LoadSampledSource(loads, mo.top_k, tokens, opts.seed, path=opts.expert_load)
+        return _node_limited(LoadSampledSource(loads, mo.top_k, tokens, opts.seed, path=opts.expert_load),
+                             model, opts)
     if opts.routing.split(":")[0] == "synthetic":
         spec = SyntheticSpec.parse(opts.routing, tokens=tokens, layers=model.moe_layers,
                                    experts=mo.num_experts, top_k=mo.top_k, seed=opts.seed)
@@ -114,8 +116,24 @@ def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> Routi
         src = _synthetic_source(spec)
     else:
         src = load_routing(opts.routing)
+        check_against_model(src, mo.num_experts, model.moe_layers, mo.top_k)
+        return src                       # a real trace routes as it was recorded
     check_against_model(src, mo.num_experts, model.moe_layers, mo.top_k)
-    return src
+    return _node_limited(src, model, opts)
+
+
+def _node_limited(src: RoutingSource, model: ModelConfig, opts: MoEOptions) -> RoutingSource:
+    """Generated routing obeys the model's node-limited routing (groups, groups per token; --groups and
+    --groups-per-token override them)."""
+    groups, per = expert_groups(model, opts), groups_per_token(model, opts)
+    if per > groups:
+        raise TraceInputError(None, f"groups_per_token ({per}) must be at most the {groups} expert groups")
+    if groups <= 1 or per >= groups:
+        return src
+    if model.moe.top_k > per * (model.moe.num_experts // groups):
+        raise TraceInputError(None, f"top-{model.moe.top_k} does not fit in {per} groups of "
+                                    f"{model.moe.num_experts // groups} experts")
+    return GroupLimitedSource(src, model.moe.num_experts, groups, per)
 
 
 @functools.lru_cache(maxsize=2)
@@ -315,7 +333,9 @@ def _large_batch_costs(scenario: Scenario, opts: MoEOptions, layout: Layout):
     model = scenario.model
     E = model.moe.num_experts
     small = dataclasses.replace(layout, tokens_per_gpu=max(1, opts.sampled_window // layout.gpus))
-    src = open_routing(opts, model, small.window)
+    # generated routing: just the tokens of one sampled batch in each part
+    src = open_routing(dataclasses.replace(opts, synthetic_tokens=min(opts.synthetic_tokens, 2 * small.window)),
+                       model, small.window)
     split = split_trace(src, opts)
     stats = fit_stats(split.fit, *split.fit_range, small, E,
                       coactivation_tokens=32768 if opts.placement == "locality" else 0)
