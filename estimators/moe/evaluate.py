@@ -418,9 +418,8 @@ def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:
     spread, multi, local = routes
     served = counts.sum(0)[:, None] * spread
     if len(multi):
-        served[multi] = 0.0
-        for n in range(local.shape[0]):
-            served[multi] += counts[n * gpn:(n + 1) * gpn, multi].sum(0)[:, None] * local[n]
+        node_sums = counts[:, multi].reshape(local.shape[0], gpn, len(multi)).sum(1)     # [nodes, R]
+        served[multi] = np.einsum("nr,nrh->rh", node_sums, local)
     return served
 
 
@@ -430,12 +429,17 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
     p = pc.placement
     gpn = layout.gpus_per_node
     spread, multi, local = routes
+    nw, G = counts.shape[0], counts.shape[1]
+    nodes = G // gpn
     every = counts @ spread                                   # [windows, G, G] pairs rank -> rank
-    for n in range(local.shape[0] if len(multi) else 0):
-        rows = slice(n * gpn, (n + 1) * gpn)
-        every[:, rows] += counts[:, rows][:, :, multi] @ (local[n] - spread[multi])
-    pc.a2a_bytes[layer] += float(every[:, off].sum()) * per_pair
-    pc.a2a_bytes_inter_node[layer] += float(every[:, inter].sum()) * per_pair
+    if len(multi):                                            # replicated experts route by the token's node
+        by_node = counts[:, :, multi].reshape(nw, nodes, gpn, len(multi))
+        every += np.einsum("wngr,nrh->wngh", by_node, local - spread[multi][None]).reshape(nw, G, G)
+    total = float(every.sum())
+    blocks = every.reshape(nw, nodes, gpn, nodes, gpn)
+    intra = float(np.einsum("wninj->", blocks))             # the node-diagonal blocks
+    pc.a2a_bytes[layer] += (total - float(np.trace(every, axis1=1, axis2=2).sum())) * per_pair
+    pc.a2a_bytes_inter_node[layer] += (total - intra) * per_pair
     recv = every.sum(1)
     mean = recv.mean(1)
     pc.max_over_mean[layer] += float(np.where(mean > 0, recv.max(1) / np.where(mean > 0, mean, 1), 1.0).sum())

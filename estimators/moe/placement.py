@@ -98,22 +98,19 @@ class Placement:
         """`routes` in parts: (spread [E, G]: even split over the expert's replicas, the experts with
         replicas on more than one GPU [R], their routes from each node [nodes, R, G]: the replicas on
         the token's own node when it has any, else the spread)."""
-        nodes = self.gpus // self.gpus_per_node
-        gpu = self.gpu_of_slot()
-        on = np.zeros((self.experts, self.gpus))
-        np.add.at(on, (self.slot_expert[layer], gpu), 1.0)
+        nodes, gpn, E, G = self.gpus // self.gpus_per_node, self.gpus_per_node, self.experts, self.gpus
+        on = np.bincount(self.slot_expert[layer].astype(np.int64) * G + self.gpu_of_slot(),
+                         minlength=E * G).reshape(E, G).astype(float)
         spread = on / on.sum(1, keepdims=True)
         multi = np.flatnonzero((on > 0).sum(1) > 1)
-        sub = on[multi].reshape(len(multi), nodes, self.gpus_per_node)
+        sub = on[multi].reshape(len(multi), nodes, gpn)
         local_sum = sub.sum(2)                                        # [R, nodes]
-        local = np.repeat(spread[multi][None], nodes, axis=0)         # [nodes, R, G]
-        for n in range(nodes):
-            has = local_sum[:, n] > 0
-            if has.any():
-                row = np.zeros((int(has.sum()), self.gpus))
-                cols = slice(n * self.gpus_per_node, (n + 1) * self.gpus_per_node)
-                row[:, cols] = sub[has, n] / local_sum[has, n][:, None]
-                local[n, has] = row
+        has = (local_sum > 0).T                                       # [nodes, R]
+        full = np.zeros((nodes, len(multi), nodes, gpn))
+        idx = np.arange(nodes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            full[idx, :, idx, :] = (sub / local_sum[:, :, None]).transpose(1, 0, 2)
+        local = np.where(has[:, :, None], full.reshape(nodes, len(multi), G), spread[multi][None])
         return spread, multi, local
 
     def slot_share(self, layer: int) -> np.ndarray:
