@@ -118,3 +118,17 @@ def test_cli_expert_load_is_balanced_as_given(tmp_path, capsys):
     assert out["physical_to_logical"] == want.physical_to_logical.tolist()
     loads = gpu_loads(want.physical_to_logical, want.logical_count, w, 16)
     assert out["max_over_mean_gpu_load_per_layer"] == pytest.approx((loads.max(1) / loads.mean(1)).tolist(), rel=1e-3)
+
+
+def test_eplb_and_eplb_fallback_are_reported_side_by_side(tmp_path, capsys):
+    w = np.random.default_rng(11).integers(900, 1100, (2, 256))     # nearly flat loads
+    (tmp_path / "loads.json").write_text(json.dumps(w.tolist()))
+    code = main(["whatif", "moe", "--model", "deepseek-v3", "--ep", "16", "--set", "model.layers=5",
+                 "--expert-load", str(tmp_path / "loads.json"), "--placement", "eplb", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0
+    exact = rebalance(w.astype(float), 256, 8, 2, 16)
+    loads = gpu_loads(exact.physical_to_logical, exact.logical_count, w, 16)
+    assert d["fit_max_over_mean_gpu_load_eplb"] == pytest.approx(float((loads.max(1) / loads.mean(1)).mean()))
+    assert d["fit_max_over_mean_gpu_load_eplb_fallback"] <= d["fit_max_over_mean_gpu_load_eplb"] + 1e-12
+    assert 0 <= d["eplb_fallback_layers_changed"] <= 2

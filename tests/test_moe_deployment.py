@@ -195,3 +195,37 @@ def test_fast_all_to_all_matches_the_network_model(hw):
         t = AllToAllTimer(net, list(range(G)))
         assert t(m) == pytest.approx(net.all_to_all_v_us(m, list(range(G))), rel=1e-12)
         assert t(m, 0.5) == pytest.approx(net.all_to_all_v_us(m * 0.5, list(range(G))), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ the sweep
+def test_serving_sweep_reports_tokens_per_node_and_marks_the_best_point(tmp_path):
+    import importlib.util
+    import tomllib
+    script = ROOT / "examples" / "sweeps" / "moe_placement.py"
+    spec_file = ROOT / "examples" / "sweeps" / "moe_serving.toml"
+    spec = importlib.util.spec_from_file_location("moe_placement_example", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    points = mod.expand_axes(tomllib.loads(spec_file.read_text())["axes"])
+    assert len(points) == 24 and {c["moe.placement"] for _, c in points} >= {"eplb", "eplb-fallback"}
+    small = spec_file.read_text().split("[[axes]]")[0] + """
+[[axes]]
+list = [{ label = "EP16", "plan.ep" = 16, "plan.dp" = 16, "moe.redundant_experts" = 0 },
+        { label = "EP16 +16", "plan.ep" = 16, "plan.dp" = 16, "moe.redundant_experts" = 16 }]
+[[axes]]
+list = [{ label = "contiguous", "moe.placement" = "contiguous" }, { label = "eplb", "moe.placement" = "eplb" }]
+"""
+    (tmp_path / "small.toml").write_text(small)
+    out, csv = tmp_path / "r.html", tmp_path / "r.csv"
+    assert mod.main(["--spec", str(tmp_path / "small.toml"), "--set", "model.layers=5", "--set",
+                     "moe.synthetic_tokens=8192", "--set", "moe.tokens=64", "-o", str(out), "--csv", str(csv)]) == 0
+    import pandas as pd
+    df = pd.read_csv(csv)
+    ok = df[df["error"].isna()] if "error" in df else df
+    assert len(df) == 4 and len(ok) == 3                         # contiguous + 16 redundant is refused
+    assert df.loc[df["error"].notna(), "error"].str.contains("redundant_experts needs placement").all()
+    best = ok[ok["best"] == True]                                # noqa: E712
+    assert len(best) == 1
+    assert best["metrics.tokens_per_s_per_node"].iloc[0] == ok["metrics.tokens_per_s_per_node"].max()
+    assert ok["metrics.time_per_output_token_ms"].gt(0).all()
+    assert "star" in out.read_text()

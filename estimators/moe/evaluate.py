@@ -183,6 +183,7 @@ class LayerTimer:
         self._expert_memo: dict[int, float] = {}
         self._gpu_memo: dict[tuple, float] = {}
         self._a2a = None
+        self.comparison: dict = {}        # figures of other placements, side by side (eplb vs eplb-fallback)
 
     def expert_us(self, tokens: int, ffn: int = 0) -> float:
         """One expert's FFN on `tokens` tokens: up(+gate) GEMM, activation, down GEMM."""

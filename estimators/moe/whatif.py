@@ -23,7 +23,8 @@ from estimators.model_config import ModelConfig
 from estimators.moe.grouped import GroupLimitedSource
 from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementCost, evaluate_expected,
                                      evaluate_placements, fit_stats, moe_layer_parts)
-from estimators.moe.placement import PLACEMENTS, SLOTTED, PlacementOptions, RoutingStats, fit_placement
+from estimators.moe.placement import (PLACEMENTS, SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
+                                      max_over_mean)
 from estimators.moe.serving import ServingSpec, serve
 from estimators.moe.routing import MaskedSource, RoutingSource, check_against_model, load_routing
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
@@ -287,6 +288,7 @@ def moe(scenario: Scenario, progress=None) -> Prediction:
         split = split_trace(src, opts)
         cost, baseline, timer = _placement_costs(scenario, opts, layout, split, progress)
     pred = _prediction(scenario, opts, layout, split, cost, baseline)
+    pred.metrics.update(timer.comparison)
     if opts.phase == "train":
         _train_step(scenario, cost, pred)
     else:
@@ -308,6 +310,19 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
 
 def _placement_options(model: ModelConfig, opts: MoEOptions) -> PlacementOptions:
     return PlacementOptions(opts.redundant_experts, expert_groups(model, opts), opts.coactivation_weight)
+
+
+def _eplb_side_by_side(stats: RoutingStats, popts: PlacementOptions, opts: MoEOptions) -> dict:
+    """With an EPLB placement, both policies on the loads they were fitted on: exact EPLB's GPU load
+    max/mean and eplb-fallback's, and on how many layers they differ."""
+    if opts.placement not in SLOTTED:
+        return {}
+    exact = fit_placement("eplb", stats, popts)
+    fallback = fit_placement("eplb-fallback", stats, popts)
+    ratio = {p.name: max_over_mean(gpu_loads(p, stats.load)) for p in (exact, fallback)}
+    return {"fit_max_over_mean_gpu_load_eplb": float(ratio["eplb"].mean()),
+            "fit_max_over_mean_gpu_load_eplb_fallback": float(ratio["eplb-fallback"].mean()),
+            "eplb_fallback_layers_changed": int((exact.slot_expert != fallback.slot_expert).any(1).sum())}
 
 
 def _contiguous(stats: RoutingStats, popts: PlacementOptions):
@@ -334,8 +349,8 @@ def _large_batch_costs(scenario: Scenario, opts: MoEOptions, layout: Layout):
     E = model.moe.num_experts
     small = dataclasses.replace(layout, tokens_per_gpu=max(1, opts.sampled_window // layout.gpus))
     # generated routing: just the tokens of one sampled batch in each part
-    src = open_routing(dataclasses.replace(opts, synthetic_tokens=min(opts.synthetic_tokens, 2 * small.window)),
-                       model, small.window)
+    src = open_routing(dataclasses.replace(opts, synthetic_tokens=min(opts.synthetic_tokens, 2 * opts.sampled_window)),
+                       model, small.window)     # (the same generated trace whatever the EP degree)
     split = split_trace(src, opts)
     stats = fit_stats(split.fit, *split.fit_range, small, E,
                       coactivation_tokens=32768 if opts.placement == "locality" else 0)
@@ -356,6 +371,7 @@ def _load_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, stats: Rou
     placement = fit_placement(opts.placement, stats, popts)
     contiguous = _contiguous(stats, popts)
     timer = LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout)
+    timer.comparison = _eplb_side_by_side(stats, popts, opts)
     costs = evaluate_expected(loads, model.moe.top_k, layout, [placement] + ([contiguous] if contiguous else []),
                               timer)
     return costs[0], costs[-1], timer
@@ -369,6 +385,7 @@ def _placement_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, split
     popts = _placement_options(scenario.model, opts)
     placement = fit_placement(opts.placement, stats, popts)
     timer = LayerTimer(expert_shape(scenario.model, scenario.plan.precision), scenario.hardware, layout)
+    timer.comparison = _eplb_side_by_side(stats, popts, opts)
     base_layout = dataclasses.replace(layout, group_by="none")
     contiguous = _contiguous(stats, popts)
     if layout.group_by == "none" or contiguous is None:

@@ -175,6 +175,10 @@ def _print_table(scenario, pred) -> None:
                                              f"{m['combine_us_mean']:.1f}", ""),
         ("MoE latency us (all layers)", f"{m['moe_latency_us']:.1f}", f"{m['contiguous_moe_latency_us']:.1f}"),
     ]
+    if "fit_max_over_mean_gpu_load_eplb" in m:
+        rows.append(("fitted GPU load max/mean: eplb | eplb-fallback",
+                     f"{m['fit_max_over_mean_gpu_load_eplb']:.3f} | {m['fit_max_over_mean_gpu_load_eplb_fallback']:.3f}",
+                     f"{m['eplb_fallback_layers_changed']} layers differ"))
     if opts.phase == "train":
         rows.append(("step time s", f"{pred.step_time_s:.4f}", f"{m['balanced_step_time_s']:.4f} (balanced routing)"))
     else:
