@@ -207,7 +207,10 @@ def test_serving_sweep_reports_tokens_per_node_and_marks_the_best_point(tmp_path
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     points = mod.expand_axes(tomllib.loads(spec_file.read_text())["axes"])
-    assert len(points) == 24 and {c["moe.placement"] for _, c in points} >= {"eplb", "eplb-fallback"}
+    assert len(points) == 16 and {c["moe.placement"] for _, c in points} == {"contiguous", "balanced", "eplb",
+                                                                              "eplb-fallback"}
+    assert {(c["plan.ep"], c["moe.redundant_experts"]) for _, c in points} == {
+        (32, 0), (32, 32), (64, 0), (64, 64), (144, 32), (320, 64)}
     small = spec_file.read_text().split("[[axes]]")[0] + """
 [[axes]]
 list = [{ label = "EP16", "plan.ep" = 16, "plan.dp" = 16, "moe.redundant_experts" = 0 },

@@ -385,7 +385,7 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
     fixed = timer.fixed_us() if timer else 0.0
     share = loads / loads.sum(1, keepdims=True)
     for layer in range(L):
-        counts = np.broadcast_to(T * top_k * share[layer], (1, G, E)).astype(float)
+        counts = np.broadcast_to(T * top_k * share[layer], (1, G, E))       # a view: rows alike
         for pc in costs:
             _cost_windows(pc, pc.placement.route_parts(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
                           inter, off, per_pair, layout, fixed)
@@ -432,7 +432,10 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
     spread, multi, local = routes
     nw, G = counts.shape[0], counts.shape[1]
     nodes = G // gpn
-    every = counts @ spread                                   # [windows, G, G] pairs rank -> rank
+    if counts.strides[1] == 0:                                # every rank routes alike (expected counts)
+        every = np.repeat(counts[:, :1] @ spread, G, axis=1)
+    else:
+        every = counts @ spread                               # [windows, G, G] pairs rank -> rank
     if len(multi):                                            # replicated experts route by the token's node
         by_node = counts[:, :, multi].reshape(nw, nodes, gpn, len(multi))
         every += np.einsum("wngr,nrh->wngh", by_node, local - spread[multi][None]).reshape(nw, G, G)

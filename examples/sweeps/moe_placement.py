@@ -8,8 +8,8 @@
                                                   # placement x redundant experts x EP -> tokens/s per node
 
 Plots: inter-node all-to-all bytes per batch, MoE layer latency, GPU load max/mean and (inference) output
-tokens/s per node and time per output token, each against tokens per GPU (or the spec's `[sweep] x`, e.g.
-redundant_experts), one line per placement, one column per EP degree. The best point (most tokens/s per
+tokens/s per node and time per output token, each against tokens per GPU (or redundant experts when the
+spec varies them), one line per placement, one column per EP degree. The best point (most tokens/s per
 node) is marked (a star, and `best` in the CSV). Points the what-if refuses (slots that do not divide
 over EP...) are listed with their one-line reason and skipped.
 """
@@ -66,7 +66,8 @@ def run(spec_path: Path, sets: list[str], progress=print):
     base = Scenario.from_dict(spec["scenario"], str(spec_path)).override(parse_assignments(sets))
     rows = []
     points = expand_axes(spec.get("axes", []))
-    x = spec.get("sweep", {}).get("x", "tokens_per_gpu")
+    # x axis: redundant experts when the spec varies them, else the batch (tokens per GPU)
+    x = "redundant_experts" if any("moe.redundant_experts" in c for _, c in points) else "tokens_per_gpu"
     for n, (label, changes) in enumerate(points, 1):
         # the placement first: the options are checked as each key is set (redundant experts need eplb)
         changes = dict(sorted(changes.items(), key=lambda kv: kv[0] != "moe.placement"))
