@@ -232,3 +232,32 @@ list = [{ label = "contiguous", "moe.placement" = "contiguous" }, { label = "epl
     assert best["metrics.tokens_per_s_per_node"].iloc[0] == ok["metrics.tokens_per_s_per_node"].max()
     assert ok["metrics.time_per_output_token_ms"].gt(0).all()
     assert "star" in out.read_text()
+
+
+# ------------------------------------------------------------------------------------------ node-limited routing
+def test_group_limit_keeps_obeying_rows_and_moves_other_picks_into_the_kept_groups():
+    from estimators.moe.grouped import limit_groups
+    # 8 groups of 32: picks in groups 0,0,1,1,3,4,6,7 -> keep 0, 1 (two picks each), 3, 4 (picked first);
+    # 200 (index 8 in group 6) -> expert 8 of group 0, 250 (index 26) -> expert 26 of group 0
+    assert limit_groups(np.array([[0, 1, 40, 41, 100, 130, 200, 250]]), 256, 8, 4).tolist() == \
+        [[0, 1, 40, 41, 100, 130, 8, 26]]
+    ok = np.array([[0, 33, 70, 100, 1, 34, 71, 101]])           # already 4 groups: unchanged
+    assert (limit_groups(ok, 256, 8, 4) == ok).all()
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.permutation(256)[:8] for _ in range(5000)]).astype(np.int16)
+    out = limit_groups(ids, 256, 8, 4)
+    assert out.dtype == ids.dtype
+    assert max(len(set(r)) for r in (out // 32).tolist()) <= 4
+    assert all(len(set(r)) == 8 for r in out.tolist())
+
+
+def test_deepseek_synthetic_routing_is_node_limited_as_its_config_says():
+    from estimators.moe.whatif import MoEOptions, open_routing
+    from estimators.model_config import load_model
+    m = load_model("deepseek-v3")
+    src = open_routing(MoEOptions(synthetic_tokens=2048), m, 1024)
+    _, ids = next(src.chunks(0, 2048))
+    assert (np.array([[len(set(r)) for r in (ids[:, layer] // 32).tolist()] for layer in range(3)]) <= 4).all()
+    src = open_routing(MoEOptions(synthetic_tokens=2048, groups_per_token=8), m, 1024)   # --groups-per-token 8
+    _, ids = next(src.chunks(0, 2048))
+    assert max(len(set(r)) for r in (ids[:, 0] // 32).tolist()) > 4

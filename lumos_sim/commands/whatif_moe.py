@@ -15,6 +15,10 @@ prefill_fraction, decode_correlation, drift, seed, balanced. The placement is fi
 trace and evaluated on another (--fit). Example:
   lumos-sim whatif moe --model deepseek-v3 --routing synthetic:domains=8 --ep 64 --placement locality \\
       --group-by domain --phase decode --json
+A deployment as published (flags given on the command line win over the file):
+  lumos-sim whatif moe --deployment examples/deployments/deepseek-v3-decode-ep144.toml
+--placement eplb is DeepSeek's EPLB exactly; eplb-fallback adds a per-layer fallback to the global policy /
+contiguous layout where EPLB's layout is less balanced (both are reported side by side).
 """
 
 
