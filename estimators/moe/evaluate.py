@@ -328,7 +328,7 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     gpus = part_gpus(src, start, stop, layout)
     chosen = sorted(set(np.linspace(0, n_win - 1, min(timed_windows, n_win)).round().astype(int).tolist())) if timer else []
     timed = {w: i for i, w in enumerate(chosen)}
-    routes = [[p.route_parts(layer) for layer in range(L)] for p in placements]
+    routes = [[p.route_blocks(layer) for layer in range(L)] for p in placements]
     costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
                            dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
                            layer_us=np.zeros(L), pair_tokens=np.zeros((len(timed), L, G, G)),
@@ -387,7 +387,7 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
     for layer in range(L):
         counts = np.broadcast_to(T * top_k * share[layer], (1, G, E))       # a view: rows alike
         for pc in costs:
-            _cost_windows(pc, pc.placement.route_parts(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
+            _cost_windows(pc, pc.placement.route_blocks(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
                           inter, off, per_pair, layout, fixed)
     for pc in costs:
         pc.windows = 1
@@ -398,29 +398,17 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
     return costs
 
 
-def _pairs(counts: np.ndarray, routes, gpn: int) -> tuple[np.ndarray, np.ndarray]:
-    """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window; `routes`
-    as `Placement.route_parts` gives them (only replicated experts route by the token's node)."""
-    spread, multi, local = routes
-    G = counts.shape[0]
-    pairs = counts @ spread
-    served = counts.sum(0)[:, None] * spread
-    if len(multi):
-        served[multi] = 0.0
-        for n in range(local.shape[0]):
-            block = counts[n * gpn:(n + 1) * gpn, multi]
-            pairs[n * gpn:(n + 1) * gpn] += block @ (local[n] - spread[multi])
-            served[multi] += block.sum(0)[:, None] * local[n]
-    return pairs, served
-
-
 def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:
-    """Tokens each GPU serves of each expert [E, G] in one window (`_pairs`' second half)."""
-    spread, multi, local = routes
+    """Tokens each GPU serves of each expert [E, G] in one window (`routes` as `Placement.route_blocks`):
+    the spread, except that tokens of a node holding replicas of the expert go to those."""
+    spread, multi, has, block = routes
     served = counts.sum(0)[:, None] * spread
     if len(multi):
-        node_sums = counts[:, multi].reshape(local.shape[0], gpn, len(multi)).sum(1)     # [nodes, R]
-        served[multi] = np.einsum("nr,nrh->rh", node_sums, local)
+        nodes, R = has.shape
+        local = counts[:, multi].reshape(nodes, gpn, R).sum(1) * has           # [nodes, R] served on-node
+        sm = served[multi] - local.sum(0)[:, None] * spread[multi]
+        sm = sm.reshape(R, nodes, gpn) + np.einsum("nr,nrj->rnj", local, block)
+        served[multi] = sm.reshape(R, nodes * gpn)
     return served
 
 
@@ -429,16 +417,19 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
                   fixed: float) -> None:
     p = pc.placement
     gpn = layout.gpus_per_node
-    spread, multi, local = routes
+    spread, multi, has, block = routes
     nw, G = counts.shape[0], counts.shape[1]
     nodes = G // gpn
     if counts.strides[1] == 0:                                # every rank routes alike (expected counts)
         every = np.repeat(counts[:, :1] @ spread, G, axis=1)
     else:
         every = counts @ spread                               # [windows, G, G] pairs rank -> rank
-    if len(multi):                                            # replicated experts route by the token's node
-        by_node = counts[:, :, multi].reshape(nw, nodes, gpn, len(multi))
-        every += np.einsum("wngr,nrh->wngh", by_node, local - spread[multi][None]).reshape(nw, G, G)
+    if len(multi):            # pairs to replicated experts a node holds stay on the node's replicas
+        local = counts[:, :, multi].reshape(nw, nodes, gpn, len(multi)) * has[None, :, None, :]
+        every -= local.reshape(nw, G, len(multi)) @ spread[multi]
+        idx = np.arange(nodes)
+        ev = every.reshape(nw, nodes, gpn, nodes, gpn)
+        ev[:, idx, :, idx, :] += np.einsum("wngr,nrj->nwgj", local, block)
     total = float(every.sum())
     blocks = every.reshape(nw, nodes, gpn, nodes, gpn)
     intra = float(np.einsum("wninj->", blocks))             # the node-diagonal blocks

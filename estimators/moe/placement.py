@@ -98,6 +98,18 @@ class Placement:
         """`routes` in parts: (spread [E, G]: even split over the expert's replicas, the experts with
         replicas on more than one GPU [R], their routes from each node [nodes, R, G]: the replicas on
         the token's own node when it has any, else the spread)."""
+        spread, multi, has, block = self.route_blocks(layer)
+        nodes, gpn = self.gpus // self.gpus_per_node, self.gpus_per_node
+        full = np.zeros((nodes, len(multi), nodes, gpn))
+        idx = np.arange(nodes)
+        full[idx, :, idx, :] = block
+        local = np.where(has[:, :, None], full.reshape(nodes, len(multi), self.gpus), spread[multi][None])
+        return spread, multi, local
+
+    def route_blocks(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`route_parts` without the dense [nodes, R, G]: (spread, multi, has [nodes, R]: the node holds a
+        replica of the expert, block [nodes, R, gpn]: share of the node's own GPUs in its tokens' pairs
+        to the expert where it has one, else 0)."""
         nodes, gpn, E, G = self.gpus // self.gpus_per_node, self.gpus_per_node, self.experts, self.gpus
         on = np.bincount(self.slot_expert[layer].astype(np.int64) * G + self.gpu_of_slot(),
                          minlength=E * G).reshape(E, G).astype(float)
@@ -106,12 +118,9 @@ class Placement:
         sub = on[multi].reshape(len(multi), nodes, gpn)
         local_sum = sub.sum(2)                                        # [R, nodes]
         has = (local_sum > 0).T                                       # [nodes, R]
-        full = np.zeros((nodes, len(multi), nodes, gpn))
-        idx = np.arange(nodes)
         with np.errstate(invalid="ignore", divide="ignore"):
-            full[idx, :, idx, :] = (sub / local_sum[:, :, None]).transpose(1, 0, 2)
-        local = np.where(has[:, :, None], full.reshape(nodes, len(multi), G), spread[multi][None])
-        return spread, multi, local
+            block = np.where(has[:, :, None], (sub / local_sum[:, :, None]).transpose(1, 0, 2), 0.0)
+        return spread, multi, has, block
 
     def slot_share(self, layer: int) -> np.ndarray:
         """[S]: share of its expert's pairs each slot serves (1 / replicas, before locality)."""
