@@ -471,7 +471,8 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
     forward_us = est.forward_us
     pred.step_time_s = forward_us / 1e6
     pred.tokens_per_s = est.tokens_per_s_per_gpu * layout.gpus
-    per_node = est.tokens_per_s_per_gpu * layout.gpus_per_node
+    node_gpus = scenario.hardware.node.gpus_per_node         # a physical node (an EP4 group is half of one)
+    per_node = est.tokens_per_s_per_gpu * node_gpus
     pred.metrics.update({
         "forward_latency_us": forward_us, f"{opts.phase}_latency_us": forward_us,
         "dense_forward_us": sum(v for k, v in parts.items() if k not in ("shared_experts", "routed_experts",
@@ -491,7 +492,7 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
     pred.notes.append(f"{opts.phase}: {layout.tokens_per_gpu} routed tokens per GPU per forward on EP{layout.gpus}, "
                       f"{opts.context}-token {'prompts' if opts.phase == 'prefill' else 'KV cache'}, attention "
                       f"{'TP' + str(opts.attention_tp) if opts.attention_tp > 1 else 'DP' + str(layout.gpus)}, "
-                      f"overlap {opts.overlap}: {per_node:,.0f} {what} tokens/s per {layout.gpus_per_node}-GPU node")
+                      f"overlap {opts.overlap}: {per_node:,.0f} {what} tokens/s per {node_gpus}-GPU node")
 
 
 # ------------------------------------------------------------------------------------------ training
