@@ -47,10 +47,13 @@ def _stats(seed: int, skew: float, E=64, G=16, gpn=4, L=2) -> RoutingStats:
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), skew=st.floats(0.0, 2.0), redundant=st.sampled_from([0, 16]))
-def test_balanced_and_eplb_never_load_a_gpu_more_unevenly_than_contiguous(seed, skew, redundant):
+def test_balanced_and_eplb_fallback_never_load_a_gpu_more_unevenly_than_contiguous(seed, skew, redundant):
+    # exact EPLB (`eplb`) can lose to contiguous on nearly flat loads (seed 940469, skew 0.1875): the
+    # guarantee belongs to the policy with the fallback
     stats = _stats(seed, skew)
     contiguous = max_over_mean(gpu_loads(fit_placement("contiguous", stats), stats.load))
-    for name, opts in (("balanced", PlacementOptions()), ("eplb", PlacementOptions(redundant_experts=redundant))):
+    for name, opts in (("balanced", PlacementOptions()),
+                       ("eplb-fallback", PlacementOptions(redundant_experts=redundant))):
         ratio = max_over_mean(gpu_loads(fit_placement(name, stats, opts), stats.load))
         assert (ratio <= contiguous + 1e-9).all(), name
 
@@ -59,12 +62,12 @@ def test_balanced_and_eplb_never_load_a_gpu_more_unevenly_than_contiguous(seed, 
 def test_every_placement_puts_each_expert_somewhere_with_equal_slots_per_gpu(name):
     src = SyntheticSource(SyntheticSpec(tokens=4096, layers=2, experts=32, top_k=4, domains=2))
     stats = fit_stats(src, 0, 4096, Layout(8, 4, 128), 32)
-    p = fit_placement(name, stats, PlacementOptions(redundant_experts=8 if name == "eplb" else 0))
+    p = fit_placement(name, stats, PlacementOptions(redundant_experts=8 if name.startswith("eplb") else 0))
     for layer in range(2):
         assert set(p.slot_expert[layer].tolist()) == set(range(32))
         routes = p.routes(layer)
         assert np.allclose(routes.sum(-1), 1.0)
-    assert p.slots == (40 if name == "eplb" else 32)
+    assert p.slots == (40 if name.startswith("eplb") else 32)
 
 
 # DeepSeek-V3 shape: 256 experts, top-8, EP64 on 8 nodes; one domain per node, half of a token's experts

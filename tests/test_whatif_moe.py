@@ -29,13 +29,13 @@ def _scenario(**moe) -> Scenario:
 
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10 ** 6), skew=st.floats(0.0, 1.5))
-def test_balanced_and_eplb_gpu_load_never_exceeds_contiguous_on_synthetic_routing(seed, skew):
+def test_balanced_and_eplb_fallback_gpu_load_never_exceeds_contiguous_on_synthetic_routing(seed, skew):
     # DeepSeek-V3 shape, EP64 on 8 nodes, one batch fitted and evaluated (in-sample)
     src = SyntheticSource(SyntheticSpec(tokens=64 * 64, layers=2, experts=256, top_k=8, skew=skew, seed=seed))
     lay = Layout(64, 8, 64)
     stats = fit_stats(src, 0, src.tokens, lay, 256, coactivation_tokens=0)
     ps = [fit_placement(n, stats, PlacementOptions(redundant_experts=r))
-          for n, r in (("contiguous", 0), ("balanced", 0), ("eplb", 0), ("eplb", 64))]
+          for n, r in (("contiguous", 0), ("balanced", 0), ("eplb-fallback", 0), ("eplb-fallback", 64))]
     ratios = [c.max_over_mean for c in evaluate_placements(src, 0, src.tokens, lay, 256, ps, None)]
     for r in ratios[1:]:
         assert (r <= ratios[0] + 1e-9).all()

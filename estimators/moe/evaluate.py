@@ -150,48 +150,145 @@ class ExpertShape:
     dtype: str = "bf16"
     dispatch_bytes: int = 2           # per element sent to the experts (1 with FP8 dispatch)
     combine_bytes: int = 2
+    shared_ffn: int = 0               # width of a shared expert (0: expert_ffn)
 
     @property
     def up_width(self) -> int:
         return 2 * self.expert_ffn if self.gated else self.expert_ffn
 
 
+_MODELS: dict = {}
+
+
+def hardware_models(hardware):
+    """(ComputeModel, NetworkModel) of a hardware preset, kept per preset: their kernel-time caches
+    belong to the instance, and a sweep or a repeated estimate asks the same shapes again."""
+    from replay.hardware.compute import ComputeModel
+    from replay.hardware.network import NetworkModel
+    got = _MODELS.get(id(hardware))
+    if got is None or got[0] is not hardware:       # the same preset object (kept alive here)
+        if len(_MODELS) > 8:
+            _MODELS.clear()
+        got = _MODELS[id(hardware)] = (hardware, ComputeModel(hardware), NetworkModel(hardware))
+    return got[1], got[2]
+
+
 class LayerTimer:
     """Expert GEMM and all-to-all times of one EP group on one hardware preset."""
 
     def __init__(self, shape: ExpertShape, hardware, layout: Layout):
-        from replay.hardware.compute import ComputeModel
-        from replay.hardware.network import NetworkModel
         self.shape, self.layout = shape, layout
-        self.compute = ComputeModel(hardware)
-        self.network = NetworkModel(hardware)
+        self.compute, self.network = hardware_models(hardware)
         self.ranks = list(range(layout.gpus))
         self._expert_memo: dict[int, float] = {}
+        self._gpu_memo: dict[tuple, float] = {}
+        self._a2a = None
+        self.comparison: dict = {}        # figures of other placements, side by side (eplb vs eplb-fallback)
 
-    def expert_us(self, tokens: int) -> float:
+    def expert_us(self, tokens: int, ffn: int = 0) -> float:
         """One expert's FFN on `tokens` tokens: up(+gate) GEMM, activation, down GEMM."""
-        t = self._expert_memo.get(tokens)
+        key = (tokens, ffn)
+        t = self._expert_memo.get(key)
         if t is None:
             s, c = self.shape, self.compute
+            f = ffn or s.expert_ffn
+            up = 2 * f if s.gated else f
             if tokens <= 0:
                 t = 0.0
             else:
-                t = (c.gemm(tokens, s.up_width, s.hidden, dtype=s.dtype).time_us
-                     + c.memory_op(tokens * s.expert_ffn * 2 * 3).time_us
-                     + c.gemm(tokens, s.hidden, s.expert_ffn, dtype=s.dtype).time_us)
-            self._expert_memo[tokens] = t
+                t = (c.gemm(tokens, up, s.hidden, dtype=s.dtype).time_us
+                     + c.memory_op(tokens * f * 2 * 3).time_us
+                     + c.gemm(tokens, s.hidden, f, dtype=s.dtype).time_us)
+            self._expert_memo[key] = t
+        return t
+
+    def gpu_experts_us(self, slot_tokens) -> float:
+        """A GPU's routed experts as grouped GEMMs (one group per expert slot with its own token count:
+        up(+gate), activation, down); slots without tokens cost nothing."""
+        key = tuple(sorted(int(x) for x in slot_tokens if x > 0))
+        t = self._gpu_memo.get(key)
+        if t is None:
+            s, c = self.shape, self.compute
+            t = 0.0
+            if key:
+                # ComputeModel.grouped_gemm's rule (equal sizes as one batched GEMM, distinct sizes one
+                # after another) on the sizes directly: this runs for every GPU of every layer
+                sizes: dict[int, int] = {}
+                for m in key:
+                    sizes[m] = sizes.get(m, 0) + 1
+                t = c.memory_op(sum(key) * s.expert_ffn * 2 * 3).time_us
+                for m, n in sizes.items():
+                    t += (c.gemm(m, s.up_width, s.hidden, batch=n, dtype=s.dtype).time_us
+                          + c.gemm(m, s.hidden, s.expert_ffn, batch=n, dtype=s.dtype).time_us)
+            if len(self._gpu_memo) > 1 << 16:
+                self._gpu_memo.clear()
+            self._gpu_memo[key] = t
+        return t
+
+    def shared_us(self, tokens: float) -> float:
+        """Per layer and rank, independent of the placement: router GEMM and shared experts on the
+        rank's own tokens."""
+        s, c = self.shape, self.compute
+        T = max(1, int(round(tokens)))
+        t = c.gemm(T, s.experts, s.hidden, dtype="bf16").time_us
+        for _ in range(s.shared_experts):
+            t += self.expert_us(T, s.shared_ffn)
         return t
 
     def fixed_us(self) -> float:
-        """Per layer and rank, independent of the placement: router GEMM and shared experts."""
-        s, c, T = self.shape, self.compute, self.layout.tokens_per_gpu
-        t = c.gemm(T, s.experts, s.hidden, dtype="bf16").time_us
-        for _ in range(s.shared_experts):
-            t += self.expert_us(T)
-        return t
+        return self.shared_us(self.layout.tokens_per_gpu)
 
-    def a2a_us(self, pairs: np.ndarray, elem_bytes: int) -> float:
-        return self.network.all_to_all_v_us(pairs * (self.shape.hidden * elem_bytes), self.ranks)
+    def a2a_us(self, pairs: np.ndarray, elem_bytes: int, scale: float = 1.0) -> float:
+        """All-to-all of `pairs` (token pairs rank -> rank) x scale, `elem_bytes` per hidden element
+        (`NetworkModel.all_to_all_v_us`'s model through `estimators.moe.a2a`, fast at EP320)."""
+        if self._a2a is None:
+            from estimators.moe.a2a import all_to_all_timer
+            self._a2a = all_to_all_timer(self.network, self.ranks)
+        return self._a2a(pairs * (self.shape.hidden * elem_bytes), scale)
+
+    def a2a_parts(self, pairs: np.ndarray, elem_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, drain) per protocol of that all-to-all (time = min of latency + drain)."""
+        if self._a2a is None:
+            from estimators.moe.a2a import all_to_all_timer
+            self._a2a = all_to_all_timer(self.network, self.ranks)
+        return self._a2a.parts(pairs * (self.shape.hidden * elem_bytes))
+
+
+def slowest_gpu_us(timer: LayerTimer, slot_tokens: np.ndarray) -> float:
+    """The slowest GPU's routed experts, slot_tokens [G, slots per GPU]. Large groups time only the GPUs
+    that can be the slowest: with one slot per GPU the one with most tokens (GEMM time never falls as its
+    rows grow); else the 8 GPUs with most tokens, most tokens in one slot, and most busy slots."""
+    G = slot_tokens.shape[0]
+    if G > 32:
+        if slot_tokens.shape[1] == 1:
+            return timer.gpu_experts_us(slot_tokens[int(np.argmax(slot_tokens[:, 0]))])
+        top = lambda v: np.argsort(-v, kind="stable")[:8]           # noqa: E731
+        rows = set(top(slot_tokens.sum(1)).tolist()) | set(top(slot_tokens.max(1)).tolist()) \
+            | set(top((slot_tokens > 0).sum(1)).tolist())
+        return max(timer.gpu_experts_us(slot_tokens[r]) for r in rows)
+    return max(timer.gpu_experts_us(row) for row in slot_tokens)
+
+
+def moe_layer_parts(cost: "PlacementCost", timer: LayerTimer, scale: float = 1.0):
+    """Per MoE layer, averaged over the timed batches, for `scale` x the batch's tokens (0.5: one of two
+    micro-batches): (slowest GPU's routed experts, dispatch, combine, router + shared experts) in us."""
+    P = cost.pair_tokens
+    W, L = P.shape[0], P.shape[1]
+    experts, dispatch, combine = np.zeros(L), np.zeros(L), np.zeros(L)
+    for w in range(W):
+        for layer in range(L):
+            slots = np.rint(cost.slot_tokens[w, layer] * scale).astype(np.int64)
+            experts[layer] += slowest_gpu_us(timer, slots)
+            if cost.a2a_parts is not None:   # latency + scale x drain, per protocol, as costed
+                lat_d, drain_d, lat_c, drain_c = cost.a2a_parts[w][layer]
+                dispatch[layer] += float((lat_d + scale * drain_d).min())
+                combine[layer] += float((lat_c + scale * drain_c).min())
+            else:
+                dispatch[layer] += timer.a2a_us(P[w, layer], timer.shape.dispatch_bytes, scale)
+                combine[layer] += timer.a2a_us(P[w, layer].T, timer.shape.combine_bytes, scale)
+    shared = np.full(L, timer.shared_us(timer.layout.tokens_per_gpu * scale))
+    n = max(W, 1)
+    return experts / n, dispatch / n, combine / n, shared
 
 
 @dataclass
@@ -210,6 +307,7 @@ class PlacementCost:
     timed_windows: int = 0
     pair_tokens: np.ndarray = None            # [timed windows, L, G, G] pairs rank -> rank
     slot_tokens: np.ndarray = None            # [timed windows, L, G, slots per GPU] tokens per expert slot
+    a2a_parts: list = None                    # [timed window][layer] (dispatch latency, drain, combine ...)
 
     @property
     def moe_latency_us(self) -> float:
@@ -230,7 +328,7 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     gpus = part_gpus(src, start, stop, layout)
     chosen = sorted(set(np.linspace(0, n_win - 1, min(timed_windows, n_win)).round().astype(int).tolist())) if timer else []
     timed = {w: i for i, w in enumerate(chosen)}
-    routes = [[p.routes(layer) for layer in range(L)] for p in placements]
+    routes = [[p.route_blocks(layer) for layer in range(L)] for p in placements]
     costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
                            dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
                            layer_us=np.zeros(L), pair_tokens=np.zeros((len(timed), L, G, G)),
@@ -268,42 +366,97 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
     return costs
 
 
-def _pairs(counts: np.ndarray, routes: np.ndarray, gpn: int) -> tuple[np.ndarray, np.ndarray]:
-    """(pairs [G, G] rank -> rank, tokens each rank gives each expert [E, G]) for one window."""
-    G = counts.shape[0]
-    pairs = np.empty((G, G))
-    served = np.zeros((counts.shape[1], G))
-    for n in range(routes.shape[0]):
-        block = counts[n * gpn:(n + 1) * gpn]
-        pairs[n * gpn:(n + 1) * gpn] = block @ routes[n]
-        served += block.sum(0)[:, None] * routes[n]
-    return pairs, served
+def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements: list[Placement],
+                      timer: LayerTimer | None) -> list[PlacementCost]:
+    """Costs on the expected counts of per-layer expert loads [L, E] (no sampling): every rank routes
+    tokens_per_gpu x top_k pairs, shared over the experts in proportion to the layer's loads. One batch,
+    timed."""
+    L, E = loads.shape
+    G, T = layout.gpus, layout.tokens_per_gpu
+    costs = [PlacementCost(p, a2a_bytes=np.zeros(L), a2a_bytes_inter_node=np.zeros(L), max_over_mean=np.zeros(L),
+                           dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
+                           layer_us=np.zeros(L), pair_tokens=np.zeros((1, L, G, G)),
+                           slot_tokens=np.zeros((1, L, G, p.slots_per_gpu), np.int64)) for p in placements]
+    node_of = np.arange(G) // layout.gpus_per_node
+    inter = node_of[:, None] != node_of[None, :]
+    off = ~np.eye(G, dtype=bool)
+    shape = timer.shape if timer else None
+    per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
+    fixed = timer.fixed_us() if timer else 0.0
+    share = loads / loads.sum(1, keepdims=True)
+    for layer in range(L):
+        counts = np.broadcast_to(T * top_k * share[layer], (1, G, E))       # a view: rows alike
+        for pc in costs:
+            _cost_windows(pc, pc.placement.route_blocks(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
+                          inter, off, per_pair, layout, fixed)
+    for pc in costs:
+        pc.windows = 1
+        if pc.timed_windows:
+            t = pc.timed_windows / L
+            for name in ("dispatch_us", "combine_us", "expert_us", "layer_us"):
+                setattr(pc, name, getattr(pc, name) / t)
+    return costs
+
+
+def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:
+    """Tokens each GPU serves of each expert [E, G] in one window (`routes` as `Placement.route_blocks`):
+    the spread, except that tokens of a node holding replicas of the expert go to those."""
+    spread, multi, has, block = routes
+    served = counts.sum(0)[:, None] * spread
+    if len(multi):
+        nodes, R = has.shape
+        local = counts[:, multi].reshape(nodes, gpn, R).sum(1) * has           # [nodes, R] served on-node
+        sm = served[multi] - local.sum(0)[:, None] * spread[multi]
+        sm = sm.reshape(R, nodes, gpn) + np.einsum("nr,nrj->rnj", local, block)
+        served[multi] = sm.reshape(R, nodes * gpn)
+    return served
 
 
 def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, layer: int, w0: int, timed: dict,
                   timer: LayerTimer | None, inter: np.ndarray, off: np.ndarray, per_pair: float, layout: Layout,
                   fixed: float) -> None:
     p = pc.placement
+    gpn = layout.gpus_per_node
+    spread, multi, has, block = routes
+    nw, G = counts.shape[0], counts.shape[1]
+    nodes = G // gpn
+    if counts.strides[1] == 0:                                # every rank routes alike (expected counts)
+        every = np.repeat(counts[:, :1] @ spread, G, axis=1)
+    else:
+        every = counts @ spread                               # [windows, G, G] pairs rank -> rank
+    if len(multi):            # pairs to replicated experts a node holds stay on the node's replicas
+        local = counts[:, :, multi].reshape(nw, nodes, gpn, len(multi)) * has[None, :, None, :]
+        every -= local.reshape(nw, G, len(multi)) @ spread[multi]
+        idx = np.arange(nodes)
+        ev = every.reshape(nw, nodes, gpn, nodes, gpn)
+        ev[:, idx, :, idx, :] += np.einsum("wngr,nrj->nwgj", local, block)
+    total = float(every.sum())
+    blocks = every.reshape(nw, nodes, gpn, nodes, gpn)
+    intra = float(np.einsum("wninj->", blocks))             # the node-diagonal blocks
+    pc.a2a_bytes[layer] += (total - float(np.trace(every, axis1=1, axis2=2).sum())) * per_pair
+    pc.a2a_bytes_inter_node[layer] += (total - intra) * per_pair
+    recv = every.sum(1)
+    mean = recv.mean(1)
+    pc.max_over_mean[layer] += float(np.where(mean > 0, recv.max(1) / np.where(mean > 0, mean, 1), 1.0).sum())
     for j in range(counts.shape[0]):
-        pairs, served = _pairs(counts[j], routes, layout.gpus_per_node)
-        pc.a2a_bytes[layer] += float(pairs[off].sum()) * per_pair
-        pc.a2a_bytes_inter_node[layer] += float(pairs[inter].sum()) * per_pair
-        recv = pairs.sum(0)
-        pc.max_over_mean[layer] += float(recv.max() / recv.mean()) if recv.mean() > 0 else 1.0
         if timer is None or (w0 + j) not in timed:
             continue
+        pairs, served = every[j], _served(counts[j], routes, gpn)
         gpu = p.gpu_of_slot()
         se = p.slot_expert[layer]
         mult = np.bincount(se * p.gpus + gpu, minlength=p.experts * p.gpus)[se * p.gpus + gpu]
         slot_tok = np.rint(served[se, gpu] / mult).astype(np.int64)
-        per_gpu = np.zeros(p.gpus)
-        np.add.at(per_gpu, gpu, [timer.expert_us(int(t)) for t in slot_tok])
-        d = timer.a2a_us(pairs, timer.shape.dispatch_bytes)
-        c = timer.a2a_us(pairs.T, timer.shape.combine_bytes)
+        slowest = slowest_gpu_us(timer, slot_tok.reshape(p.gpus, p.slots_per_gpu))
+        dparts = timer.a2a_parts(pairs, timer.shape.dispatch_bytes)
+        cparts = timer.a2a_parts(pairs.T, timer.shape.combine_bytes)
+        d, c = float((dparts[0] + dparts[1]).min()), float((cparts[0] + cparts[1]).min())
+        if pc.a2a_parts is None:
+            pc.a2a_parts = [[None] * pc.pair_tokens.shape[1] for _ in range(pc.pair_tokens.shape[0])]
+        pc.a2a_parts[timed[w0 + j]][layer] = (*dparts, *cparts)
         pc.dispatch_us[layer] += d
         pc.combine_us[layer] += c
-        pc.expert_us[layer] += per_gpu.max()
-        pc.layer_us[layer] += d + per_gpu.max() + c + fixed
+        pc.expert_us[layer] += slowest
+        pc.layer_us[layer] += d + slowest + c + fixed
         pc.timed_windows += 1
         k = timed[w0 + j]
         pc.pair_tokens[k, layer] = pairs

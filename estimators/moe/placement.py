@@ -12,9 +12,11 @@ co-activation) and evaluated on another (`estimators.moe.evaluate`).
 - `round-robin`: expert e on GPU e mod G.
 - `balanced`: greedy largest-first packing of experts by load onto GPUs, equal expert count per GPU
   (kept only where it beats contiguous on the fit data).
-- `eplb`: DeepSeek EPLB: hierarchical (expert groups packed onto nodes, redundant copies of hot experts
-  within each node, replicas packed onto the node's GPUs) when groups divide by nodes, else the global
-  policy (one group, one node). See `rebalance_hierarchical`.
+- `eplb`: DeepSeek's EPLB exactly (`estimators.moe.eplb`): hierarchical (expert groups packed onto nodes,
+  redundant copies of hot experts within each node, replicas packed onto the node's GPUs) when the nodes
+  divide the groups, else the global policy (one group, one node).
+- `eplb-fallback`: EPLB, with a per-layer fallback (global policy, then contiguous) where EPLB's layout
+  loads a GPU more unevenly than contiguous; a different answer from EPLB on those layers.
 - `locality`: experts partitioned onto nodes (capacity E/nodes experts, and a node token load within
   10% of the mean so no node's links become the hot spot) to maximise (token, expert) pairs whose
   expert sits on the token's own node, with co-activated experts (a networkx co-activation graph) kept
@@ -28,6 +30,9 @@ from typing import Callable
 import numpy as np
 
 from chakra_schema.errors import TraceInputError
+from estimators.moe.eplb import _inverse as _inverse_perm
+from estimators.moe.eplb import pack_evenly, rebalance as eplb_rebalance, replicate
+from estimators.moe.eplb import rebalance_hierarchical as _eplb_hierarchical
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class RoutingStats:
 @dataclass(frozen=True)
 class PlacementOptions:
     redundant_experts: int = 0         # eplb: extra physical slots for hot experts
-    groups: int = 0                    # eplb: expert groups (0: one per node when it divides the experts)
+    groups: int = 0                    # eplb: expert groups (0: one group, i.e. no node-limited routing)
     coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts together
     locality_load_slack: float = 0.1   # locality: node token load at most (1 + slack) x the mean
 
@@ -84,19 +89,38 @@ class Placement:
 
     def routes(self, layer: int) -> np.ndarray:
         """[nodes, E, G]: share of the pairs from a token on node n to expert e that GPU g serves."""
-        nodes = self.gpus // self.gpus_per_node
-        gpu = self.gpu_of_slot()
-        on = np.zeros((self.experts, self.gpus))
-        np.add.at(on, (self.slot_expert[layer], gpu), 1.0)
-        spread = on / on.sum(1, keepdims=True)
-        out = np.empty((nodes, self.experts, self.gpus))
-        for n in range(nodes):
-            local = on.copy()
-            local[:, np.arange(self.gpus) // self.gpus_per_node != n] = 0.0
-            has = local.sum(1) > 0
-            out[n] = spread
-            out[n, has] = local[has] / local[has].sum(1, keepdims=True)
+        spread, multi, local = self.route_parts(layer)
+        out = np.repeat(spread[None], self.gpus // self.gpus_per_node, axis=0)
+        out[:, multi] = local
         return out
+
+    def route_parts(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`routes` in parts: (spread [E, G]: even split over the expert's replicas, the experts with
+        replicas on more than one GPU [R], their routes from each node [nodes, R, G]: the replicas on
+        the token's own node when it has any, else the spread)."""
+        spread, multi, has, block = self.route_blocks(layer)
+        nodes, gpn = self.gpus // self.gpus_per_node, self.gpus_per_node
+        full = np.zeros((nodes, len(multi), nodes, gpn))
+        idx = np.arange(nodes)
+        full[idx, :, idx, :] = block
+        local = np.where(has[:, :, None], full.reshape(nodes, len(multi), self.gpus), spread[multi][None])
+        return spread, multi, local
+
+    def route_blocks(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`route_parts` without the dense [nodes, R, G]: (spread, multi, has [nodes, R]: the node holds a
+        replica of the expert, block [nodes, R, gpn]: share of the node's own GPUs in its tokens' pairs
+        to the expert where it has one, else 0)."""
+        nodes, gpn, E, G = self.gpus // self.gpus_per_node, self.gpus_per_node, self.experts, self.gpus
+        on = np.bincount(self.slot_expert[layer].astype(np.int64) * G + self.gpu_of_slot(),
+                         minlength=E * G).reshape(E, G).astype(float)
+        spread = on / on.sum(1, keepdims=True)
+        multi = np.flatnonzero((on > 0).sum(1) > 1)
+        sub = on[multi].reshape(len(multi), nodes, gpn)
+        local_sum = sub.sum(2)                                        # [R, nodes]
+        has = (local_sum > 0).T                                       # [nodes, R]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            block = np.where(has[:, :, None], (sub / local_sum[:, :, None]).transpose(1, 0, 2), 0.0)
+        return spread, multi, has, block
 
     def slot_share(self, layer: int) -> np.ndarray:
         """[S]: share of its expert's pairs each slot serves (1 / replicas, before locality)."""
@@ -106,6 +130,7 @@ class Placement:
 
 PlacementFn = Callable[[RoutingStats, PlacementOptions], Placement]
 PLACEMENTS: dict[str, PlacementFn] = {}
+SLOTTED = ("eplb", "eplb-fallback")    # placements with redundant slots (the others: one slot per expert)
 
 
 def register_placement(name: str) -> Callable[[PlacementFn], PlacementFn]:
@@ -118,7 +143,7 @@ def register_placement(name: str) -> Callable[[PlacementFn], PlacementFn]:
 def fit_placement(name: str, stats: RoutingStats, options: PlacementOptions = PlacementOptions()) -> Placement:
     if name not in PLACEMENTS:
         raise TraceInputError(None, f"unknown placement '{name}' (known: {', '.join(PLACEMENTS)})")
-    if stats.experts % stats.gpus and name != "eplb":  # eplb needs its slots (with redundancy) to divide
+    if stats.experts % stats.gpus and name not in SLOTTED:  # eplb needs its slots (with redundancy) to divide
         raise TraceInputError(None, f"{stats.experts} experts do not divide evenly over EP{stats.gpus}")
     if stats.gpus % stats.gpus_per_node:
         raise TraceInputError(None, f"EP{stats.gpus} is not a multiple of {stats.gpus_per_node} GPUs per node")
@@ -172,94 +197,49 @@ def balanced(stats: RoutingStats, options: PlacementOptions) -> Placement:
 
 
 # ------------------------------------------------------------------------------------------- EPLB
-def balanced_packing(weight: np.ndarray, packs: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: items by weight, heaviest first, each to the lightest pack that still has room (every
-    pack gets items/packs items). Returns (pack index, rank within the pack) per item, [L, n]."""
-    L, n = weight.shape
-    per = n // packs
-    if per == 1:
-        return np.tile(np.arange(n), (L, 1)), np.zeros((L, n), np.int64)
-    pack = np.zeros((L, n), np.int64)
-    rank = np.zeros((L, n), np.int64)
-    for layer in range(L):
-        totals = np.zeros(packs)
-        count = np.zeros(packs, np.int64)
-        for item in np.argsort(-weight[layer], kind="stable"):
-            p = int(np.argmin(np.where(count < per, totals, np.inf)))
-            pack[layer, item], rank[layer, item] = p, count[p]
-            totals[p] += weight[layer, item]
-            count[p] += 1
-    return pack, rank
-
-
-def replicate_experts(weight: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fill `slots` physical slots: one per logical expert, then repeatedly a copy of the expert with
-    the largest load per copy. Returns (slot -> expert, replica rank of the slot, copies per expert)."""
-    L, n = weight.shape
-    slot_expert = np.tile(np.arange(slots), (L, 1))
-    replica = np.zeros((L, slots), np.int64)
-    copies = np.ones((L, n), np.int64)
-    rows = np.arange(L)
-    for s in range(n, slots):
-        hot = np.argmax(weight / copies, axis=1)
-        slot_expert[:, s] = hot
-        replica[:, s] = copies[rows, hot]
-        copies[rows, hot] += 1
-    return slot_expert, replica, copies
-
-
-def _inverse(perm: np.ndarray) -> np.ndarray:
-    inv = np.empty_like(perm)
-    rows = np.arange(perm.shape[0])[:, None]
-    inv[rows, perm] = np.arange(perm.shape[1])[None, :]
-    return inv
+# the packing steps other placements reuse; the algorithm itself lives in estimators.moe.eplb
+balanced_packing = pack_evenly
+replicate_experts = replicate
+_inverse = _inverse_perm
 
 
 def rebalance_hierarchical(weight: np.ndarray, slots: int, groups: int, nodes: int, gpus: int) -> np.ndarray:
-    """DeepSeek EPLB's hierarchical policy -> physical-to-logical map [L, slots].
+    """DeepSeek EPLB's hierarchical policy -> physical-to-logical map [L, slots] (see estimators.moe.eplb)."""
+    return _eplb_hierarchical(weight, slots, groups, nodes, gpus).physical_to_logical
 
-    1. pack expert groups onto nodes by group load;
-    2. on each node, add redundant copies of its hottest experts (slots / nodes slots per node);
-    3. pack each node's replicas (load / copies) onto its GPUs."""
-    L, E = weight.shape
-    group_size, groups_per_node = E // groups, groups // nodes
-    per_node, per_gpu = E // nodes, slots // gpus
-    group_pack, group_rank = balanced_packing(weight.reshape(L, groups, group_size).sum(-1), nodes)
-    # logical expert -> position in node-major order ("mlog"), and back
-    log_to_mlog = (((group_pack * groups_per_node + group_rank) * group_size)[:, :, None]
-                   + np.arange(group_size)).reshape(L, E)
-    mlog_to_log = _inverse(log_to_mlog)
-    node_weight = np.take_along_axis(weight, mlog_to_log, axis=1).reshape(L * nodes, per_node)
-    phy_to_mlog, _, copies = replicate_experts(node_weight, slots // nodes)
-    replica_load = np.take_along_axis(node_weight / copies, phy_to_mlog, axis=1)
-    pack, rank = balanced_packing(replica_load, gpus // nodes)
-    pphy_to_phy = _inverse(pack * per_gpu + rank)
-    pphy_to_mlog = np.take_along_axis(phy_to_mlog, pphy_to_phy, axis=1).reshape(L, nodes, -1)
-    pphy_to_mlog = (pphy_to_mlog + (np.arange(nodes) * per_node)[None, :, None]).reshape(L, -1)
-    return np.take_along_axis(mlog_to_log, pphy_to_mlog, axis=1)
+
+def _eplb(stats: RoutingStats, options: PlacementOptions):
+    groups = options.groups or 1
+    return eplb_rebalance(stats.load, stats.experts + options.redundant_experts, groups, stats.nodes, stats.gpus)
 
 
 @register_placement("eplb")
 def eplb(stats: RoutingStats, options: PlacementOptions) -> Placement:
-    E, G, nodes = stats.experts, stats.gpus, stats.nodes
+    """DeepSeek's EPLB exactly: the same physical-to-logical map as the published algorithm."""
+    r = _eplb(stats, options)
+    note = (f"hierarchical: {options.groups or 1} groups on {stats.nodes} nodes" if r.policy == "hierarchical"
+            else "global policy")
+    return _placement("eplb", r.physical_to_logical, stats, note=note)
+
+
+@register_placement("eplb-fallback")
+def eplb_fallback(stats: RoutingStats, options: PlacementOptions) -> Placement:
+    """EPLB, then per layer where its GPU load max/mean is worse than Megatron's contiguous layout (packing
+    whole groups onto nodes can lose on nearly flat loads): EPLB's global policy, and without redundant
+    slots the contiguous layout itself where that is still better. Never loads a GPU more unevenly than
+    contiguous; differs from what EPLB deploys on those layers (it says how many)."""
+    E, G = stats.experts, stats.gpus
+    r = _eplb(stats, options)
     slots = E + options.redundant_experts
-    if slots % G:
-        raise TraceInputError(None, f"eplb: {E} experts + {options.redundant_experts} redundant = {slots} slots "
-                                    f"do not divide over {G} GPUs")
-    groups = options.groups or nodes
-    if E % groups == 0 and groups % nodes == 0 and slots % nodes == 0:
-        slot_expert = rebalance_hierarchical(stats.load, slots, groups, nodes, G)
-        note = f"hierarchical: {groups} groups on {nodes} nodes"
-    else:
-        slot_expert, note = rebalance_hierarchical(stats.load, slots, 1, 1, G), "global policy"
-    # packing whole groups onto nodes can lose to Megatron's layout on nearly flat loads: there, use the
-    # global policy, and without redundant slots the contiguous layout if that is still better
+    slot_expert = r.physical_to_logical.copy()
+    note = f"{r.policy} policy"
     if E % G:  # no contiguous layout to compare with
-        return _placement("eplb", slot_expert, stats, note=note)
-    contiguous_ratio = max_over_mean(gpu_loads(_placement("", np.tile(np.arange(E), (stats.layers, 1)), stats), stats.load))
-    fallbacks = [rebalance_hierarchical(stats.load, slots, 1, 1, G)]
+        return _placement("eplb-fallback", slot_expert, stats, note=note)
+    base = np.tile(np.arange(E), (stats.layers, 1))
+    contiguous_ratio = max_over_mean(gpu_loads(_placement("", base, stats), stats.load))
+    fallbacks = [eplb_rebalance(stats.load, slots, 1, 1, G).physical_to_logical]
     if slots == E:
-        fallbacks.append(np.tile(np.arange(E), (stats.layers, 1)))
+        fallbacks.append(base)
     replaced = np.zeros(stats.layers, bool)
     for alt in fallbacks:
         ratio = max_over_mean(gpu_loads(_placement("", slot_expert, stats), stats.load))
@@ -268,7 +248,7 @@ def eplb(stats: RoutingStats, options: PlacementOptions) -> Placement:
         replaced |= worse
     if replaced.any():
         note += f"; {int(replaced.sum())} layers fell back (global policy / contiguous)"
-    return _placement("eplb", slot_expert, stats, note=note)
+    return _placement("eplb-fallback", slot_expert, stats, note=note)
 
 
 # --------------------------------------------------------------------------------------- locality

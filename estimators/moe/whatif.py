@@ -20,9 +20,12 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
-from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementCost, evaluate_placements,
-                                     fit_stats)
-from estimators.moe.placement import PLACEMENTS, PlacementOptions, fit_placement
+from estimators.moe.grouped import GroupLimitedSource
+from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementCost, evaluate_expected,
+                                     evaluate_placements, fit_stats, moe_layer_parts)
+from estimators.moe.placement import (PLACEMENTS, SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
+                                      max_over_mean)
+from estimators.moe.serving import ServingSpec, serve
 from estimators.moe.routing import MaskedSource, RoutingSource, check_against_model, load_routing
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
 from estimators.prediction import Prediction
@@ -32,6 +35,7 @@ from estimators.registry import register_options, register_whatif
 PHASES = ("prefill", "decode", "train")
 FITS = ("first-half", "prefill", "all")
 GROUP_BY = ("none", "domain")
+OVERLAPS = ("none", "dual-batch")
 DEFAULT_TOKENS = {"prefill": 4096, "decode": 128}
 
 
@@ -41,7 +45,8 @@ class MoEOptions:
     expert_load: str = ""              # [layers][experts] token counts (JSON or CSV) when only loads are known
     placement: str = "contiguous"
     redundant_experts: int = 0         # eplb: extra physical expert slots
-    groups: int = 0                    # eplb: expert groups (0: one per node)
+    groups: int = 0                    # expert groups of node-limited routing (0: the model's, moe.groups)
+    groups_per_token: int = 0          # groups a token's experts come from (0: the model's)
     group_by: str = "none"             # none | domain: batch requests of one domain together
     phase: str = "decode"              # prefill | decode | train
     tokens: int = 0                    # routed tokens per EP rank per forward (0: 4096 prefill, 128 decode)
@@ -53,6 +58,11 @@ class MoEOptions:
     timed_windows: int = 4             # batches whose all-to-all and GEMMs are timed
     coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts on one node
     seed: int = 0
+    attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
+    overlap: str = "none"              # inference: none | dual-batch (two micro-batches, all-to-all hidden)
+    mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
+    sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
+                                       # counts of the evaluated tokens' expert loads, not token by token
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -65,18 +75,22 @@ class MoEOptions:
             bad(f"fit must be one of {', '.join(FITS)}, got {self.fit!r}")
         if self.group_by not in GROUP_BY:
             bad(f"group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
-        for name in ("redundant_experts", "groups", "tokens"):
+        if self.overlap not in OVERLAPS:
+            bad(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
+        for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
-        for name in ("context", "synthetic_tokens", "timed_windows"):
+        for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
         if self.coactivation_weight < 0:
             bad("coactivation_weight must be >= 0")
-        if self.redundant_experts and self.placement != "eplb":
-            bad("redundant_experts needs placement = eplb")
+        if not 0.0 <= self.mtp_acceptance <= 1.0:
+            bad("mtp_acceptance must be in [0, 1]")
+        if self.redundant_experts and self.placement not in SLOTTED:
+            bad("redundant_experts needs placement = eplb (or eplb-fallback)")
 
 
 register_options("moe", MoEOptions)
@@ -93,7 +107,8 @@ def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> Routi
     tokens = max(opts.synthetic_tokens, need)
     if opts.expert_load:
         loads = load_expert_loads(Path(opts.expert_load), model)
-        return LoadSampledSource(loads, mo.top_k, tokens, opts.seed, path=opts.expert_load)
+        return _node_limited(LoadSampledSource(loads, mo.top_k, tokens, opts.seed, path=opts.expert_load),
+                             model, opts)
     if opts.routing.split(":")[0] == "synthetic":
         spec = SyntheticSpec.parse(opts.routing, tokens=tokens, layers=model.moe_layers,
                                    experts=mo.num_experts, top_k=mo.top_k, seed=opts.seed)
@@ -102,8 +117,24 @@ def open_routing(opts: MoEOptions, model: ModelConfig, window: int = 0) -> Routi
         src = _synthetic_source(spec)
     else:
         src = load_routing(opts.routing)
+        check_against_model(src, mo.num_experts, model.moe_layers, mo.top_k)
+        return src                       # a real trace routes as it was recorded
     check_against_model(src, mo.num_experts, model.moe_layers, mo.top_k)
-    return src
+    return _node_limited(src, model, opts)
+
+
+def _node_limited(src: RoutingSource, model: ModelConfig, opts: MoEOptions) -> RoutingSource:
+    """Generated routing obeys the model's node-limited routing (groups, groups per token; --groups and
+    --groups-per-token override them)."""
+    groups, per = expert_groups(model, opts), groups_per_token(model, opts)
+    if per > groups:
+        raise TraceInputError(None, f"groups_per_token ({per}) must be at most the {groups} expert groups")
+    if groups <= 1 or per >= groups:
+        return src
+    if model.moe.top_k > per * (model.moe.num_experts // groups):
+        raise TraceInputError(None, f"top-{model.moe.top_k} does not fit in {per} groups of "
+                                    f"{model.moe.num_experts // groups} experts")
+    return GroupLimitedSource(src, model.moe.num_experts, groups, per)
 
 
 @functools.lru_cache(maxsize=2)
@@ -135,9 +166,26 @@ def load_expert_loads(path: Path, model: ModelConfig) -> np.ndarray:
         raise TraceInputError(path, f"expert loads have {loads.shape[0]} layers, the model has {model.moe_layers} MoE layers")
     if loads.shape[1] != model.moe.num_experts:
         raise TraceInputError(path, f"expert loads have {loads.shape[1]} experts, the model has {model.moe.num_experts}")
-    if (loads < 0).any() or not np.isfinite(loads).all() or (loads.sum(1) <= 0).any():
-        raise TraceInputError(path, "expert loads must be finite, >= 0, and not all zero in a layer")
-    return loads
+    if not np.isfinite(loads).all():
+        raise TraceInputError(path, "expert loads must be finite numbers (found inf or nan)")
+    if (loads < 0).any():
+        raise TraceInputError(path, f"expert loads must be >= 0 (found {loads.min():g})")
+    if (loads.max(1) <= 0).any():
+        raise TraceInputError(path, f"expert loads are all zero in layer {int(np.argmax(loads.max(1) <= 0))}")
+    return rescale_loads(loads)
+
+
+def rescale_loads(loads: np.ndarray) -> np.ndarray:
+    """Loads whose sums would overflow (or whose float32 copy, what EPLB balances, would be inf or 0):
+    each such layer scaled by a power of two, which is exact, so ratios and ties are kept; layers within
+    [2^-60, 2^60] are left as given."""
+    peak = loads.max(1)
+    out = loads.copy()
+    far = (peak > 2.0 ** 60) | (peak < 2.0 ** -60)
+    if far.any():
+        exp = np.frexp(peak[far])[1]
+        out[far] = np.ldexp(loads[far], -exp[:, None] + 20)
+    return out
 
 
 @dataclass(frozen=True)
@@ -175,66 +223,181 @@ def tokens_per_gpu(opts: MoEOptions, scenario: Scenario) -> int:
 
 
 def ep_layout(scenario: Scenario, opts: MoEOptions) -> Layout:
+    """EP ranks on nodes, checked: the physical expert slots (routed + redundant) divide over the EP
+    GPUs, at most one slot per expert per GPU, whole nodes, groups that divide the experts."""
     ep = scenario.plan.ep
     gpn = min(scenario.hardware.node.gpus_per_node, ep)
+    E = scenario.model.moe.num_experts
     if ep < 2:
         raise TraceInputError(None, "the MoE what-if needs expert parallelism: plan.ep >= 2 (--ep N)")
     if ep % gpn:
         raise TraceInputError(None, f"EP{ep} is not a whole number of {gpn}-GPU nodes")
-    if scenario.model.moe.num_experts % ep:
-        raise TraceInputError(None, f"{scenario.model.moe.num_experts} experts do not divide over EP{ep}")
+    slots = E + opts.redundant_experts
+    if slots % ep:
+        extra = f" + {opts.redundant_experts} redundant = {slots} physical slots" if opts.redundant_experts else ""
+        raise TraceInputError(None, f"{E} experts{extra} do not divide over EP{ep}"
+                                    + (" (redundant experts need --placement eplb)" if E % ep == 0 and
+                                       opts.placement not in SLOTTED else ""))
+    if slots // ep > E:
+        raise TraceInputError(None, f"{opts.redundant_experts} redundant experts give {slots // ep} slots per GPU, "
+                                    f"more than the {E} experts (at most {E * ep - E} redundant on EP{ep})")
+    groups = expert_groups(scenario.model, opts)
+    if E % groups:
+        raise TraceInputError(None, f"{groups} expert groups do not divide the {E} experts")
     return Layout(ep, gpn, tokens_per_gpu(opts, scenario), opts.group_by)
+
+
+def expert_groups(model: ModelConfig, opts: MoEOptions) -> int:
+    """Expert groups of node-limited routing: the option, else the model's (1 when it has none)."""
+    return opts.groups or int(getattr(model.moe, "groups", 1) or 1)
+
+
+def groups_per_token(model: ModelConfig, opts: MoEOptions) -> int:
+    return opts.groups_per_token or int(getattr(model.moe, "groups_per_token", 1) or 1)
 
 
 def expert_shape(model: ModelConfig, precision: str) -> ExpertShape:
     mo = model.moe
     return ExpertShape(model.hidden, mo.expert_ffn, model.activation == "swiglu", mo.shared_experts,
                        mo.num_experts, dtype=precision, dispatch_bytes=1 if precision == "fp8" else 2,
-                       combine_bytes=2)
+                       combine_bytes=2, shared_ffn=getattr(mo, "shared_ffn", mo.expert_ffn))
 
 
 # ------------------------------------------------------------------------------------------ the what-if
 @register_whatif("moe", needs=("model", "hardware"))
 def moe(scenario: Scenario, progress=None) -> Prediction:
-    """MoE routing, expert placement and micro-batch grouping -> all-to-all bytes, load, latency."""
+    """MoE routing, expert placement and micro-batch grouping -> all-to-all bytes, load, latency;
+    inference: serving throughput of the deployment."""
     opts = scenario.moe if scenario.moe is not None else MoEOptions()
     model = scenario.model
     if model.moe is None:
         raise TraceInputError(None, f"model '{model.name}' has no MoE layers")
     layout = ep_layout(scenario, opts)
-    src = open_routing(opts, model, layout.window)
-    split = split_trace(src, opts)
+    _check_serving(scenario, opts)
     if opts.phase == "train":  # one routing window per micro-batch (up to timed_windows)
         opts = dataclasses.replace(opts, timed_windows=min(opts.timed_windows, scenario.plan.micro_batches))
-    cost, baseline = _placement_costs(scenario, opts, layout, split, progress)
+    if opts.expert_load:
+        loads = load_expert_loads(Path(opts.expert_load), model)
+        split = Split(None, (0, 0), None, (0, 0), f"placement balanced on the loads of {opts.expert_load}; "
+                                                   f"costed on their expected token counts")
+        cost, baseline, timer = _load_costs(scenario, opts, layout, _stats_of_loads(loads, layout), loads)
+    elif layout.window > opts.sampled_window:
+        split, cost, baseline, timer = _large_batch_costs(scenario, opts, layout)
+    else:
+        src = open_routing(opts, model, layout.window)
+        split = split_trace(src, opts)
+        cost, baseline, timer = _placement_costs(scenario, opts, layout, split, progress)
     pred = _prediction(scenario, opts, layout, split, cost, baseline)
+    pred.metrics.update(timer.comparison)
     if opts.phase == "train":
         _train_step(scenario, cost, pred)
     else:
-        _inference(scenario, opts, layout, cost, pred)
+        _inference(scenario, opts, layout, cost, timer, pred)
     return pred
 
 
-def _placement_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Split,
-                     progress) -> tuple[PlacementCost, PlacementCost]:
+def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
+    model, ep, tp = scenario.model, scenario.plan.ep, opts.attention_tp
+    if tp > 1 and (ep % tp or model.heads % tp):
+        raise TraceInputError(None, f"attention TP{tp} must divide EP{ep} and the {model.heads} attention heads")
+    if opts.mtp_acceptance > 0 and opts.phase == "decode" and not getattr(model, "mtp_layers", 0):
+        raise TraceInputError(None, f"mtp_acceptance needs a model with multi-token prediction layers "
+                                    f"({model.name} has mtp_layers = 0)")
+    if opts.expert_load and opts.group_by != "none":
+        raise TraceInputError(opts.expert_load, "--group-by domain needs routing with request domains, "
+                                                "not expert loads")
+
+
+def _placement_options(model: ModelConfig, opts: MoEOptions) -> PlacementOptions:
+    return PlacementOptions(opts.redundant_experts, expert_groups(model, opts), opts.coactivation_weight)
+
+
+def _eplb_side_by_side(stats: RoutingStats, popts: PlacementOptions, opts: MoEOptions) -> dict:
+    """With an EPLB placement, both policies on the loads they were fitted on: exact EPLB's GPU load
+    max/mean and eplb-fallback's, and on how many layers they differ."""
+    if opts.placement not in SLOTTED:
+        return {}
+    exact = fit_placement("eplb", stats, popts)
+    fallback = fit_placement("eplb-fallback", stats, popts)
+    ratio = {p.name: max_over_mean(gpu_loads(p, stats.load)) for p in (exact, fallback)}
+    return {"fit_max_over_mean_gpu_load_eplb": float(ratio["eplb"].mean()),
+            "fit_max_over_mean_gpu_load_eplb_fallback": float(ratio["eplb-fallback"].mean()),
+            "eplb_fallback_layers_changed": int((exact.slot_expert != fallback.slot_expert).any(1).sum())}
+
+
+def _contiguous(stats: RoutingStats, popts: PlacementOptions):
+    """Megatron's layout, the baseline; None where the experts do not divide over the GPUs (EP144)."""
+    return fit_placement("contiguous", stats, popts) if stats.experts % stats.gpus == 0 else None
+
+
+def _stats_of_loads(loads: np.ndarray, layout: Layout) -> RoutingStats:
+    """What a placement is fitted on when only loads are known (tokens spread evenly over the nodes)."""
+    nodes = layout.nodes
+    return RoutingStats(loads, np.repeat(loads[:, None, :] / nodes, nodes, axis=1), None, 0,
+                        layout.gpus, layout.gpus_per_node)
+
+
+def _large_batch_costs(scenario: Scenario, opts: MoEOptions, layout: Layout):
+    """Batches larger than `sampled_window` tokens (prefill, EP144+ decode): the routing is read in batches
+    of `sampled_window` tokens, the placement fitted on the fit part, and the costs taken on the expected
+    counts of the evaluated part's per-expert loads at the real batch (sampling noise of a batch that
+    large is small; domain grouping, which needs token positions, is not modelled here)."""
+    if opts.group_by != "none":
+        raise TraceInputError(None, f"--group-by {opts.group_by} needs batches of at most {opts.sampled_window} "
+                                    f"tokens (EP{layout.gpus} x {layout.tokens_per_gpu}): raise moe.sampled_window")
+    model = scenario.model
+    E = model.moe.num_experts
+    small = dataclasses.replace(layout, tokens_per_gpu=max(1, opts.sampled_window // layout.gpus))
+    # generated routing: just the tokens of one sampled batch in each part
+    src = open_routing(dataclasses.replace(opts, synthetic_tokens=min(opts.synthetic_tokens, 2 * opts.sampled_window)),
+                       model, small.window)     # (the same generated trace whatever the EP degree)
+    split = split_trace(src, opts)
+    stats = fit_stats(split.fit, *split.fit_range, small, E,
+                      coactivation_tokens=32768 if opts.placement == "locality" else 0)
+    seen = fit_stats(split.evaluate, *split.eval_range, small, E, coactivation_tokens=0).load.astype(float)
+    if (seen.max(1) <= 0).any():
+        raise TraceInputError(src.path, "the evaluated tokens route nothing in some MoE layer")
+    split = dataclasses.replace(split, note=split.note + f"; costed on the expected counts of the evaluated "
+                                                         f"tokens' expert loads (a batch of {layout.window} tokens "
+                                                         f"> sampled_window {opts.sampled_window})")
+    return (split, *_load_costs(scenario, opts, layout, stats, rescale_loads(seen)))
+
+
+def _load_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, stats: RoutingStats, loads: np.ndarray):
+    """Placement fitted on `stats` (the given loads: what EPLB balances); costs on the expected counts of
+    `loads`: each rank routes tokens x top-k pairs, shared over the experts in proportion to the loads."""
+    model = scenario.model
+    popts = _placement_options(model, opts)
+    placement = fit_placement(opts.placement, stats, popts)
+    contiguous = _contiguous(stats, popts)
+    timer = LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout)
+    timer.comparison = _eplb_side_by_side(stats, popts, opts)
+    costs = evaluate_expected(loads, model.moe.top_k, layout, [placement] + ([contiguous] if contiguous else []),
+                              timer)
+    return costs[0], costs[-1], timer
+
+
+def _placement_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Split, progress):
     """Fit the placement, then cost it and the contiguous / arrival-order baseline on the same tokens."""
     E = scenario.model.moe.num_experts
     stats = fit_stats(split.fit, *split.fit_range, layout, E,
                       coactivation_tokens=32768 if opts.placement == "locality" else 0)
-    popts = PlacementOptions(opts.redundant_experts, opts.groups, opts.coactivation_weight)
+    popts = _placement_options(scenario.model, opts)
     placement = fit_placement(opts.placement, stats, popts)
     timer = LayerTimer(expert_shape(scenario.model, scenario.plan.precision), scenario.hardware, layout)
+    timer.comparison = _eplb_side_by_side(stats, popts, opts)
     base_layout = dataclasses.replace(layout, group_by="none")
-    contiguous = fit_placement("contiguous", stats, popts)
-    if layout.group_by == "none":
-        costs = evaluate_placements(split.evaluate, *split.eval_range, layout, E, [placement, contiguous], timer,
+    contiguous = _contiguous(stats, popts)
+    if layout.group_by == "none" or contiguous is None:
+        costs = evaluate_placements(split.evaluate, *split.eval_range, layout, E,
+                                    [placement] + ([contiguous] if contiguous else []), timer,
                                     opts.timed_windows, progress)
-        return costs[0], costs[1]
+        return costs[0], costs[-1], timer
     cost = evaluate_placements(split.evaluate, *split.eval_range, layout, E, [placement], timer,
                                opts.timed_windows, progress)[0]
     base = evaluate_placements(split.evaluate, *split.eval_range, base_layout, E, [contiguous], timer,
                                opts.timed_windows)[0]
-    return cost, base
+    return cost, base, timer
 
 
 def _reduction(new: float, old: float) -> float:
@@ -267,9 +430,16 @@ def _prediction(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Spl
         "fit_tokens": split.fit_range[1] - split.fit_range[0],
         "batches": cost.windows, "timed_batches": len(cost.pair_tokens),
         "physical_experts_per_gpu": cost.placement.slots_per_gpu,
+        "routed_slots_per_gpu": cost.placement.slots_per_gpu,
+        "shared_experts_per_gpu": scenario.model.moe.shared_experts,
+        "redundant_experts": cost.placement.slots - cost.placement.experts,
+        "expert_groups": expert_groups(scenario.model, opts),
     }
+    baseline = ("contiguous placement, arrival-order batching" if base is not cost else
+                f"none ({cost.placement.experts} experts do not divide over EP{layout.gpus}: the contiguous "
+                f"columns repeat the placement)")
     notes = [split.note, f"a2a bytes per forward batch of {layout.window} tokens over all MoE layers; baseline: "
-                         f"contiguous placement, arrival-order batching"]
+                         f"{baseline}"]
     if cost.placement.note:
         notes.append(f"{cost.placement.name}: {cost.placement.note}")
     detail = {
@@ -285,44 +455,44 @@ def _prediction(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Spl
 
 
 # ------------------------------------------------------------------------------------------ inference
-def dense_forward_us(model: ModelConfig, hardware, tokens: int, context: int, phase: str, dtype: str) -> float:
-    """One rank's forward outside the routed experts (attention projections and core, dense FFN layers,
-    norms, logits) on `tokens` tokens: prefill = tokens/context prompts of `context` tokens, decode =
-    `tokens` requests each attending to `context` cached tokens. Weights are replicated per rank (data-
-    parallel attention, as in DeepSeek-V3's deployment)."""
-    from replay.hardware.compute import ComputeModel
-    c = ComputeModel(hardware)
-    h, T = model.hidden, tokens
-    qk, vd = model.attn_score_dims
-    attn_width = max(1, model.attn_params() // h)      # projections as one GEMM of the same weight bytes
-    per_layer = c.gemm(T, attn_width, h, dtype=dtype).time_us + 2 * c.memory_op(T * h * 2 * 2).time_us
-    if phase == "prefill":
-        seqs = max(1, T // context)
-        per_layer += c.attention(seqs, model.heads, min(T, context), min(T, context), max(qk, vd), causal=True,
-                                 kv_heads=model.n_kv if model.mla is None else model.heads).time_us
-    else:
-        per_layer += c.attention(T, model.heads, 1, context, max(qk, vd),
-                                 kv_heads=model.n_kv if model.mla is None else 1).time_us
-    dense_ffn = 0.0
-    f_in = 2 * model.ffn if model.activation == "swiglu" else model.ffn
-    if model.ffn:
-        dense_ffn = c.gemm(T, f_in, h, dtype=dtype).time_us + c.gemm(T, h, model.ffn, dtype=dtype).time_us
-    dense_layers = model.layers - model.moe_layers
-    return (model.layers * per_layer + dense_layers * dense_ffn
-            + c.gemm(T, model.vocab, h, dtype="bf16").time_us)
+def serving_spec(scenario: Scenario, opts: MoEOptions, layout: Layout) -> ServingSpec:
+    return ServingSpec(opts.phase, layout.tokens_per_gpu, opts.context, opts.attention_tp, opts.overlap,
+                       opts.mtp_acceptance, scenario.plan.precision)
 
 
-def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: PlacementCost, pred: Prediction) -> None:
-    model, p = scenario.model, scenario.plan
-    dense = dense_forward_us(model, scenario.hardware, layout.tokens_per_gpu, opts.context, opts.phase, p.precision)
-    forward_us = dense + cost.moe_latency_us
-    tokens = layout.tokens_per_gpu * layout.gpus
+def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: PlacementCost, timer: LayerTimer,
+               pred: Prediction) -> None:
+    """Serving figures of the deployment (`estimators.moe.serving`) from the placement's timed parts."""
+    model = scenario.model
+    est = serve(model, scenario.hardware, serving_spec(scenario, opts, layout),
+                lambda scale: moe_layer_parts(cost, timer, scale))
+    parts = est.parts_us
+    moe_parts = parts["shared_experts"] + parts["routed_experts"] + parts["dispatch"] + parts["combine"]
+    forward_us = est.forward_us
     pred.step_time_s = forward_us / 1e6
-    pred.tokens_per_s = tokens / (forward_us / 1e6)
-    pred.metrics.update({"forward_latency_us": forward_us, "dense_forward_us": dense,
-                         f"{opts.phase}_latency_us": forward_us, f"{opts.phase}_tokens_per_s": pred.tokens_per_s})
-    pred.notes.append(f"{opts.phase}: one forward of {layout.tokens_per_gpu} tokens per GPU on EP{layout.gpus}"
-                      + (f", {opts.context}-token context" if opts.phase == "decode" else ""))
+    pred.tokens_per_s = est.tokens_per_s_per_gpu * layout.gpus
+    node_gpus = scenario.hardware.node.gpus_per_node         # a physical node (an EP4 group is half of one)
+    per_node = est.tokens_per_s_per_gpu * node_gpus
+    pred.metrics.update({
+        "forward_latency_us": forward_us, f"{opts.phase}_latency_us": forward_us,
+        "dense_forward_us": sum(v for k, v in parts.items() if k not in ("shared_experts", "routed_experts",
+                                                                          "dispatch", "combine")),
+        "moe_parts_us": moe_parts,
+        f"{opts.phase}_tokens_per_s": pred.tokens_per_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "tokens_per_s_per_node": per_node,
+        "time_per_forward_ms": forward_us / 1e3,
+        "time_per_output_token_ms": est.time_per_output_token_ms if opts.phase == "decode" else None,
+        "sequences_per_gpu": est.sequences_per_gpu,
+        "tokens_per_step_per_sequence": est.tokens_per_step_per_sequence if opts.phase == "decode" else None,
+        "overlap": opts.overlap, "attention_tp": opts.attention_tp, "attention_dp": layout.gpus // opts.attention_tp,
+        "mtp_acceptance": opts.mtp_acceptance,
+    })
+    pred.detail["serving_parts_us"] = {k: float(v) for k, v in parts.items()}
+    what = "input" if opts.phase == "prefill" else "output"
+    pred.notes.append(f"{opts.phase}: {layout.tokens_per_gpu} routed tokens per GPU per forward on EP{layout.gpus}, "
+                      f"{opts.context}-token {'prompts' if opts.phase == 'prefill' else 'KV cache'}, attention "
+                      f"{'TP' + str(opts.attention_tp) if opts.attention_tp > 1 else 'DP' + str(layout.gpus)}, "
+                      f"overlap {opts.overlap}: {per_node:,.0f} {what} tokens/s per {node_gpus}-GPU node")
 
 
 # ------------------------------------------------------------------------------------------ training

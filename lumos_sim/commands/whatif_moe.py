@@ -15,6 +15,10 @@ prefill_fraction, decode_correlation, drift, seed, balanced. The placement is fi
 trace and evaluated on another (--fit). Example:
   lumos-sim whatif moe --model deepseek-v3 --routing synthetic:domains=8 --ep 64 --placement locality \\
       --group-by domain --phase decode --json
+A deployment as published (flags given on the command line win over the file):
+  lumos-sim whatif moe --deployment examples/deployments/deepseek-v3-decode-ep144.toml
+--placement eplb is DeepSeek's EPLB exactly; eplb-fallback adds a per-layer fallback to the global policy /
+contiguous layout where EPLB's layout is less balanced (both are reported side by side).
 """
 
 
@@ -27,24 +31,35 @@ def register_moe(wsub) -> None:
     p = wsub.add_parser("moe", help="MoE routing + expert placement -> all-to-all bytes, load, latency",
                         description=__doc__.splitlines()[0], epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="deepseek-v3 | llama4-maverick | qwen3-235b-a22b | model TOML")
-    p.add_argument("--routing", default="synthetic", help="routing trace path, or synthetic[:k=v,...] (default)")
-    p.add_argument("--expert-load", metavar="FILE", help="[layers][experts] token counts (JSON or CSV) "
-                                                         "when only loads are known")
-    p.add_argument("--ep", type=int, required=True, help="expert-parallel degree (GPUs of the EP group)")
+    p.add_argument("--deployment", metavar="FILE", help="a deployment TOML (examples/deployments/): model, EP, "
+                                                         "redundant experts, phase, batch...; flags given win")
+    p.add_argument("--model", help="deepseek-v3 | llama4-maverick | qwen3-235b-a22b | model TOML")
+    p.add_argument("--routing", help="routing trace path, or synthetic[:k=v,...] (default)")
+    p.add_argument("--expert-load", metavar="FILE", help="[layers][experts] expert loads (JSON or CSV): the "
+                                                         "placement balances them, costs use their expected counts")
+    p.add_argument("--ep", type=int, help="expert-parallel degree (GPUs of the EP group)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the hardware preset's)")
-    p.add_argument("--placement", default="contiguous", choices=list(PLACEMENTS))
-    p.add_argument("--redundant-experts", type=int, default=0, help="eplb: extra physical expert slots")
-    p.add_argument("--group-by", choices=["none", "domain"], default="none",
+    p.add_argument("--placement", choices=list(PLACEMENTS), help="default contiguous")
+    p.add_argument("--redundant-experts", type=int, help="eplb: extra physical expert slots (routed + "
+                                                         "redundant must divide over EP)")
+    p.add_argument("--groups", type=int, help="expert groups of node-limited routing (default: the model's)")
+    p.add_argument("--groups-per-token", type=int, help="groups a token's experts come from (default: the model's)")
+    p.add_argument("--group-by", choices=["none", "domain"],
                    help="micro-batch grouping: batch requests of one domain together")
-    p.add_argument("--phase", choices=["prefill", "decode", "train"], default="decode")
-    p.add_argument("--tokens", type=int, default=0, help="routed tokens per GPU per forward "
-                                                         "(default 4096 prefill, 128 decode)")
-    p.add_argument("--context", type=int, default=4096, help="inference: prompt / KV-cache length")
-    p.add_argument("--fit", choices=["first-half", "prefill", "all"], default="first-half",
+    p.add_argument("--phase", choices=["prefill", "decode", "train"], help="default decode")
+    p.add_argument("--tokens", type=int, help="routed tokens per GPU per forward "
+                                              "(default 4096 prefill, 128 decode; decode with MTP: "
+                                              "sequences x (1 + draft tokens))")
+    p.add_argument("--context", type=int, help="inference: prompt / KV-cache length (default 4096)")
+    p.add_argument("--attention-tp", type=int, help="inference: GPUs per attention group (default 1: "
+                                                    "attention data-parallel beside expert EP)")
+    p.add_argument("--overlap", choices=["none", "dual-batch"],
+                   help="inference: two micro-batches, one's all-to-all behind the other's compute (default none)")
+    p.add_argument("--mtp-acceptance", type=float, help="decode: acceptance rate of each MTP draft token")
+    p.add_argument("--fit", choices=["first-half", "prefill", "all"],
                    help="which tokens the placement is fitted on (evaluated on the others)")
-    p.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    p.add_argument("--precision", default="bf16", help="bf16 | fp8 (fp8: FP8 dispatch, BF16 combine)")
+    p.add_argument("--hardware", help="hardware preset name or TOML path (default h100-sxm)")
+    p.add_argument("--precision", help="bf16 | fp8 (fp8: FP8 GEMMs and dispatch, BF16 combine)")
     train = p.add_argument_group("training (--phase train)")
     train.add_argument("--dp", type=int, help="data-parallel degree (default: --ep)")
     train.add_argument("--pp", type=int, default=1)
@@ -56,30 +71,63 @@ def register_moe(wsub) -> None:
     p.set_defaults(func=main_moe)
 
 
+DEFAULTS = {"routing": "synthetic", "expert_load": "", "placement": "contiguous", "redundant_experts": 0,
+            "groups": 0, "groups_per_token": 0, "group_by": "none", "phase": "decode", "tokens": 0,
+            "context": 4096, "attention_tp": 1, "overlap": "none", "mtp_acceptance": 0.0, "fit": "first-half",
+            "hardware": "h100-sxm", "precision": "bf16", "gpus_per_node": None}
+
+
+def settings_from_args(args) -> dict:
+    """Flag values over the deployment file's over the defaults."""
+    from estimators.moe.deployment import load_deployment
+    out = dict(DEFAULTS)
+    out["model"], out["ep"] = None, None
+    stated = load_deployment(args.deployment) if args.deployment else {}
+    out.update(stated)
+    for key in [*DEFAULTS, "model", "ep"]:
+        v = getattr(args, key, None)
+        if v is not None:
+            out[key] = v
+    if not out["model"]:
+        raise TraceInputError(None, "--model is required (or a --deployment file naming it)")
+    if out["ep"] is None:
+        raise TraceInputError(None, "--ep is required (or a --deployment file giving it)")
+    out["_stated"] = stated
+    return out
+
+
 def scenario_from_args(args):
-    """The `moe` scenario of the flags, with --set overrides on top."""
+    """The `moe` scenario of the flags (over a --deployment file), with --set overrides on top."""
     from estimators.model_config import load_model
+    from estimators.moe.deployment import check_stated_layout
     from estimators.parallelism.plan import ParallelPlan
     from estimators.scenario import Scenario
     from estimators.registry import option_sections
     from replay.hardware.config import get_hardware
 
-    if args.ep < 2:
-        raise TraceInputError(None, "--ep must be >= 2")
-    model = load_model(args.model)
+    st = settings_from_args(args)
+    if st["ep"] < 2:
+        raise TraceInputError(args.deployment, "--ep must be >= 2")
+    if st["gpus_per_node"] is not None and st["gpus_per_node"] < 1:
+        raise TraceInputError(args.deployment, f"--gpus-per-node must be >= 1, got {st['gpus_per_node']}")
+    model = load_model(st["model"])
     if model.moe is None:
-        raise TraceInputError(args.model, "is not a MoE model")
-    hw = get_hardware(args.hardware)
-    dp = args.dp or args.ep
-    plan = ParallelPlan(pp=args.pp, dp=dp, ep=args.ep, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                        global_batch=args.global_batch or 2 * dp * args.micro_batch, precision=args.precision)
+        raise TraceInputError(st["model"], "is not a MoE model")
+    hw = get_hardware(st["hardware"])
+    ep = st["ep"]
+    dp = args.dp or ep
+    plan = ParallelPlan(pp=args.pp, dp=dp, ep=ep, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                        global_batch=args.global_batch or 2 * dp * args.micro_batch, precision=st["precision"])
     opts = option_sections()["moe"](
-        routing=args.routing, expert_load=args.expert_load or "", placement=args.placement,
-        redundant_experts=args.redundant_experts, group_by=args.group_by, phase=args.phase, tokens=args.tokens,
-        context=args.context, fit=args.fit)
+        routing=st["routing"], expert_load=st["expert_load"] or "", placement=st["placement"],
+        redundant_experts=st["redundant_experts"], groups=st["groups"], groups_per_token=st["groups_per_token"],
+        group_by=st["group_by"], phase=st["phase"], tokens=st["tokens"], context=st["context"], fit=st["fit"],
+        attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"])
+    if st["_stated"]:
+        check_stated_layout(args.deployment, st["_stated"], model, ep, opts.redundant_experts, opts.attention_tp)
     s = Scenario(whatif="moe", model=model, hardware=hw, plan=plan, moe=opts)
-    if args.gpus_per_node:
-        s = s.override({"hardware.node.gpus_per_node": args.gpus_per_node})
+    if st["gpus_per_node"] is not None:
+        s = s.override({"hardware.node.gpus_per_node": st["gpus_per_node"]})
     return s.override_strings(args.overrides)
 
 
@@ -109,9 +157,12 @@ def _print_table(scenario, pred) -> None:
 
     m, opts = pred.metrics, scenario.moe
     console = Console(width=None if sys.stdout.isatty() else 120)
+    slots = (f" ({m['routed_slots_per_gpu']} routed" + (f" incl. {m['redundant_experts']} redundant over EP"
+                                                         if m['redundant_experts'] else "")
+             + f" + {m['shared_experts_per_gpu']} shared per GPU)")
     t = Table(title=f"{scenario.model.name} EP{m['ep']} on {m['nodes']} x {scenario.hardware.name} nodes: "
                     f"{opts.placement}" + (f" + group-by {opts.group_by}" if opts.group_by != "none" else "")
-                    + f", {opts.phase}")
+                    + f", {opts.phase}" + slots)
     t.add_column("metric")
     t.add_column("what-if", justify="right")
     t.add_column("contiguous", justify="right")
@@ -128,11 +179,20 @@ def _print_table(scenario, pred) -> None:
                                              f"{m['combine_us_mean']:.1f}", ""),
         ("MoE latency us (all layers)", f"{m['moe_latency_us']:.1f}", f"{m['contiguous_moe_latency_us']:.1f}"),
     ]
+    if "fit_max_over_mean_gpu_load_eplb" in m:
+        rows.append(("fitted GPU load max/mean: eplb | eplb-fallback",
+                     f"{m['fit_max_over_mean_gpu_load_eplb']:.3f} | {m['fit_max_over_mean_gpu_load_eplb_fallback']:.3f}",
+                     f"{m['eplb_fallback_layers_changed']} layers differ"))
     if opts.phase == "train":
         rows.append(("step time s", f"{pred.step_time_s:.4f}", f"{m['balanced_step_time_s']:.4f} (balanced routing)"))
     else:
-        rows.append((f"{opts.phase} forward latency ms", f"{m['forward_latency_us'] / 1000:.2f}", ""))
-        rows.append((f"{opts.phase} tokens/s", f"{pred.tokens_per_s:,.0f}", ""))
+        what = "input" if opts.phase == "prefill" else "output"
+        rows.append((f"{opts.phase} time per forward ms", f"{m['time_per_forward_ms']:.2f}", ""))
+        if m.get("time_per_output_token_ms") is not None:
+            rows.append(("time per output token ms", f"{m['time_per_output_token_ms']:.2f}", ""))
+        rows.append((f"{what} tokens/s per GPU", f"{m['tokens_per_s_per_gpu']:,.0f}", ""))
+        rows.append((f"{what} tokens/s per node", f"{m['tokens_per_s_per_node']:,.0f}", ""))
+        rows.append((f"{what} tokens/s (EP{m['ep']})", f"{pred.tokens_per_s:,.0f}", ""))
     for r in rows:
         t.add_row(*r)
     console.print(t)

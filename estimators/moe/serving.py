@@ -1,0 +1,208 @@
+"""Serving throughput of an expert-parallel deployment, built from timed parts (prefill or decode).
+
+Layout (as DeepSeek, SGLang and vLLM serve large MoE models): the routed experts run expert-parallel over
+EP GPUs (physical slots = routed + redundant experts, `slots / EP` per GPU); attention and the shared
+experts run beside them on every GPU, data-parallel (attention DP = EP / attention TP), or tensor-parallel
+in groups of `attention_tp` GPUs (heads split, one all-reduce per attention block). Each GPU routes
+`tokens` tokens per forward.
+
+Per MoE layer and GPU, the parts (all from `replay.hardware.compute.ComputeModel` and
+`replay.hardware.network.NetworkModel`, the models the parallelism what-if uses):
+- attention: projections as GEMMs, the attention core with the KV-cache length (`context`) and the batch;
+  MLA (DeepSeek) decodes in the absorbed form over the compressed KV cache (kv_lora + rope per token,
+  one latent head), prefills in the expanded form;
+- shared experts and the router GEMM on the GPU's own tokens;
+- routed experts: one grouped GEMM (up+gate, activation, down) over the GPU's expert slots with the
+  per-slot token counts the placement gives (`PlacementCost.slot_tokens`); the slowest GPU sets the pace;
+- dispatch (FP8 with fp8 precision) and combine (BF16) all-to-alls of the per-pair token counts
+  (`PlacementCost.pair_tokens`).
+Dense layers (DeepSeek's first 3, Maverick's interleaved ones) cost attention + the dense FFN; the logits
+GEMM runs once per forward (prefill: one token per prompt).
+
+Overlap (`overlap = "dual-batch"`, what DeepSeek does in prefill and, as a 5-stage pipeline, in decode):
+the batch is split into two micro-batches and one's all-to-all runs while the other computes, so a layer
+takes max(compute of both, communication of both), plus the first micro-batch's exposed part once per
+forward. `overlap = "none"`: compute + communication.
+
+Multi-token prediction (decode, `mtp_acceptance` a > 0 with the model's `mtp_layers` d draft tokens): each
+step verifies 1 + d tokens per sequence (so `tokens` = sequences x (1 + d)), runs the d MTP modules (one
+transformer layer of the last layer's kind + the logits each), and emits 1 + a + a^2 + ... + a^d tokens
+per sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from chakra_schema.graph import CommType
+from estimators.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    phase: str                        # prefill | decode
+    tokens: int                       # routed tokens per GPU per forward
+    context: int                      # prompt length (prefill) / KV-cache length (decode)
+    attention_tp: int = 1             # GPUs per attention group (1: attention data-parallel)
+    overlap: str = "dual-batch"       # dual-batch | none
+    mtp_acceptance: float = 0.0       # decode: acceptance rate of each draft token (0: no MTP)
+    dtype: str = "bf16"               # GEMM precision (fp8: FP8 GEMMs and dispatch, BF16 combine)
+    kv_bytes: int = 2                 # bytes per cached KV element
+
+
+@dataclass
+class ServingEstimate:
+    forward_us: float                 # one forward (one decode step / one prefill chunk) of the deployment
+    tokens_per_s_per_gpu: float       # input tokens (prefill) / output tokens (decode)
+    time_per_output_token_ms: float   # decode: per sequence; prefill: time of the forward
+    parts_us: dict                    # per forward, summed over layers, one micro-batch overlap applied
+    sequences_per_gpu: float
+    tokens_per_step_per_sequence: float
+
+
+def draft_tokens(model: ModelConfig, spec: ServingSpec) -> int:
+    return model.mtp_layers if spec.phase == "decode" and spec.mtp_acceptance > 0 else 0
+
+
+class AttentionTimer:
+    """Attention block and dense FFN of one GPU (heads / attention_tp of them)."""
+
+    def __init__(self, model: ModelConfig, hardware, spec: ServingSpec):
+        from replay.hardware.compute import ComputeModel
+        from replay.hardware.network import NetworkModel
+        self.m, self.spec = model, spec
+        self.c = ComputeModel(hardware)
+        self.net = NetworkModel(hardware) if spec.attention_tp > 1 else None
+
+    def attention_us(self, tokens: float, layer: int) -> float:
+        """Attention block of `tokens` routed tokens per GPU (the attention group holds tokens x tp)."""
+        m, s, c = self.m, self.spec, self.c
+        tp = s.attention_tp
+        T = max(1, int(round(tokens * tp)))
+        H = max(1, m.heads // tp)
+        h, dt = m.hidden, s.dtype
+        ctx = m.attention_span(layer, s.context)
+        t = 2 * c.memory_op(T * h * 2 * 2).time_us                       # two norms
+        if m.mla is not None:
+            a = m.mla
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            t += (c.gemm(T, a.q_lora_rank, h, dtype=dt).time_us
+                  + c.gemm(T, H * qk, a.q_lora_rank, dtype=dt).time_us
+                  + c.gemm(T, a.kv_lora_rank + a.qk_rope_head_dim, h, dtype=dt).time_us
+                  + c.gemm(T, h, H * a.v_head_dim, dtype=dt).time_us)
+            if s.phase == "decode":
+                # absorbed: q_nope -> latent, attention over the compressed cache, latent -> v
+                latent = a.kv_lora_rank + a.qk_rope_head_dim
+                t += (c.gemm(T, a.kv_lora_rank, a.qk_nope_head_dim, batch=H, dtype="bf16").time_us
+                      + c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us)
+                core = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
+                cache = c.memory_op(T * ctx * latent * s.kv_bytes)      # the cache is read once per step
+                t += max(core.compute_us, cache.time_us)              # FlashMLA: compute- or bandwidth-bound
+            else:
+                t += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
+                seqs = max(1, T // ctx)
+                t += c.attention(seqs, H, min(T, ctx), min(T, ctx), max(qk, a.v_head_dim), causal=True).time_us
+        else:
+            d, K = m.d_head, max(1, m.n_kv // tp)
+            t += c.gemm(T, (H + 2 * K) * d, h, dtype=dt).time_us + c.gemm(T, h, H * d, dtype=dt).time_us
+            if s.phase == "decode":
+                core = c.attention(T, H, 1, ctx, d, kv_heads=K)
+                cache = c.memory_op(T * ctx * 2 * K * d * s.kv_bytes)
+                t += max(core.compute_us, cache.time_us)
+            else:
+                seqs = max(1, T // ctx)
+                t += c.attention(seqs, H, min(T, ctx), min(T, ctx), d, causal=True, kv_heads=K).time_us
+        return t
+
+    def tp_allreduce_us(self, tokens: float) -> float:
+        """The attention output all-reduce inside a tensor-parallel attention group."""
+        tp = self.spec.attention_tp
+        if tp <= 1:
+            return 0.0
+        T = max(1, int(round(tokens * tp)))
+        return self.net.collective_us(CommType.ALL_REDUCE, T * self.m.hidden * 2, list(range(tp)))
+
+    def dense_ffn_us(self, tokens: float) -> float:
+        m, s, c = self.m, self.spec, self.c
+        T = max(1, int(round(tokens)))
+        f_in = 2 * m.ffn if m.gated else m.ffn
+        return (c.gemm(T, f_in, m.hidden, dtype=s.dtype).time_us + c.memory_op(T * m.ffn * 2 * 3).time_us
+                + c.gemm(T, m.hidden, m.ffn, dtype=s.dtype).time_us)
+
+    def logits_us(self, tokens: float) -> float:
+        T = max(1, int(round(tokens)))
+        return self.c.gemm(T, self.m.vocab, self.m.hidden, dtype="bf16").time_us
+
+
+def _overlap(compute: float, comm: float, mode: str) -> float:
+    """One layer of two micro-batches (each `compute` / `comm` of a half batch) or one whole batch."""
+    if mode == "dual-batch":
+        return max(2 * compute, 2 * comm)
+    return compute + comm
+
+
+def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> ServingEstimate:
+    """Forward time and throughput. `moe_layer_parts(scale)` -> per MoE layer arrays (experts_us,
+    dispatch_us, combine_us, shared_us) for `scale` x the routed tokens (0.5: one of two micro-batches)."""
+    at = AttentionTimer(model, hardware, spec)
+    dual = spec.overlap == "dual-batch"
+    scale = 0.5 if dual else 1.0
+    T = spec.tokens * scale                                  # tokens of one micro-batch per GPU
+    experts, dispatch, combine, shared = (np.asarray(x, float) for x in moe_layer_parts(scale))
+    moe_ids = [i for i in range(model.layers) if model.is_moe_layer(i)]
+    parts = {"attention": 0.0, "dense_ffn": 0.0, "shared_experts": 0.0, "routed_experts": 0.0,
+             "dispatch": 0.0, "combine": 0.0, "attention_tp_allreduce": 0.0}
+    total = 0.0
+    exposed_first = 0.0
+    k = 0
+    ar = at.tp_allreduce_us(T)
+    for i in range(model.layers):
+        attn = at.attention_us(T, i)
+        if model.is_moe_layer(i):
+            comp = attn + shared[k] + experts[k]
+            comm = dispatch[k] + combine[k] + ar
+            parts["shared_experts"] += shared[k]
+            parts["routed_experts"] += experts[k]
+            parts["dispatch"] += dispatch[k]
+            parts["combine"] += combine[k]
+            k += 1
+        else:
+            ffn = at.dense_ffn_us(T)
+            comp, comm = attn + ffn, ar
+            parts["dense_ffn"] += ffn
+        parts["attention"] += attn
+        parts["attention_tp_allreduce"] += ar
+        total += _overlap(comp, comm, spec.overlap)
+        if dual and not exposed_first and comm > 0:
+            exposed_first = min(comp, comm)                 # pipeline fill: the first half's exposed part
+    if dual:  # parts per forward: both micro-batches
+        parts = {k: 2 * v for k, v in parts.items()}
+    parts["overlap_saved"] = -(sum(parts.values()) - total)     # what overlapping hid (<= 0 adds nothing)
+    parts["pipeline_fill"] = exposed_first
+    total += exposed_first
+    d = draft_tokens(model, spec)
+    seqs = spec.tokens / (1 + d) if spec.phase == "decode" else max(1.0, spec.tokens / spec.context)
+    # logits: every verified token in decode, one per prompt in prefill
+    logit_tokens = spec.tokens if spec.phase == "decode" else seqs
+    parts["logits"] = at.logits_us(logit_tokens)
+    total += parts["logits"]
+    if d:
+        last = moe_ids[-1] if moe_ids else model.layers - 1
+        # one MTP module on the sequences: its layer's MoE parts scaled from the micro-batch's tokens
+        moe_part = (float(np.mean(shared + experts + dispatch + combine)) * seqs / T if moe_ids
+                    else at.dense_ffn_us(seqs))
+        per_module = (at.attention_us(seqs, last) + moe_part + at.logits_us(seqs)
+                      + at.c.gemm(max(1, int(seqs)), model.hidden, 2 * model.hidden, dtype=spec.dtype).time_us)
+        parts["mtp"] = d * per_module
+        total += d * per_module
+    if spec.phase == "decode":
+        a = spec.mtp_acceptance
+        per_seq = 1.0 + sum(a ** j for j in range(1, d + 1))
+        tps = seqs * per_seq / (total / 1e6)
+        tpot = total / 1e3 / per_seq
+    else:
+        per_seq = 0.0
+        tps = spec.tokens / (total / 1e6)
+        tpot = total / 1e3
+    return ServingEstimate(total, tps, tpot, parts, seqs, per_seq)
