@@ -38,6 +38,21 @@ def require_recorded_durations(graphs: Sequence[ExecutionGraph], mode: str) -> N
                                        "(--kineto) or predict them with --timing model --hardware NAME")
 
 
+def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[ExecutionGraph], list]:
+    """Model mode on Execution Traces without Kineto: each rank's kernels and host times are inferred
+    from its ops (replay/et_kernels.py); returns the graphs to replay and one report per inferred rank."""
+    from replay.et_kernels import infer_gpu_work, needs_inference
+
+    out: list[ExecutionGraph] = []
+    reports: list = []
+    for g in graphs:
+        if needs_inference(g):
+            g, rep = infer_gpu_work(g)
+            reports.append((g.rank, rep))
+        out.append(g)
+    return out, reports
+
+
 def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
                source_hardware: str | None = None, steps: int | None = None, progress=None,
                align: str = "recorded") -> ReplayResult:
@@ -45,8 +60,12 @@ def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: 
     if align not in ALIGN_MODES:
         raise TraceInputError(None, f"unknown alignment '{align}' (choose from {', '.join(ALIGN_MODES)})")
     require_recorded_durations(graphs, mode)
+    inferred: list = []
+    if mode == "model":
+        graphs, inferred = infer_missing_kernels(graphs)
     timing = make_timing(mode, hardware, source_hardware, graphs)
     result = replay(graphs, timing, progress=progress, align=align)
+    result.inference = inferred
     if steps is not None:
         keep_names: list[str] = []
         for s in result.steps:
