@@ -351,10 +351,6 @@ def needs_inference(graph: ExecutionGraph) -> bool:
         np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any()
 
 
-def _is_op(graph: ExecutionGraph, i: int) -> bool:
-    return int(graph.kind[i]) == OpKind.CPU_OP
-
-
 def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple[ExecutionGraph, InferenceReport]:
     """A copy of ET-only `graph` with inferred kernels (see the module docstring) and a host timeline."""
     n = len(graph)
@@ -376,10 +372,10 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
     b.metadata["durations_known"] = False
     b.metadata["kernels_inferred"] = True
     stream = b.resource(ResourceKind.GPU_STREAM, device, COMPUTE_STREAM, f"gpu{device}/stream{COMPUTE_STREAM} (inferred)")
-    new_res = []
+    new_res = [b.resource(r.kind, r.device, r.index, r.name) for r in graph.resources]
     comm_streams: dict[int, int] = {}
-    for ri, r in enumerate(graph.resources):
-        new_res.append(b.resource(r.kind, r.device, r.index, r.name))
+    issued_by = _issued(graph)
+    issued = {t for ts in issued_by.values() for t in ts}
 
     ids = iter(range(int(graph.node_id.max(initial=0)) + 1, 1 << 62))
 
@@ -393,7 +389,6 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
     node_of = [-1] * n
     kernels_of: dict[int, list[int]] = {}
     last_kernel = -1                     # latest kernel on the compute stream (new index)
-    step_ranges: list[tuple[int, int]] = []
 
     stacks: dict[int, list[int]] = {}   # per thread: ancestors not yet closed, innermost last
     prev_thread = -1
@@ -420,12 +415,29 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
         p = parent[i]
         if p >= 0 and (below[i] or specs_of[i]):
             below[p] = True
-    order = list(range(n))
-    pending_sync: list[tuple[int, int]] = []   # (new CPU node, kernel it waits for)
-    for i in order:
+    def place_transfer(t: int, issuer: int) -> None:
+        """A collective / send / recv on a GPU communication stream of its process group, after the
+        compute stream's work issued before it (NCCL waits for it)."""
+        r = graph.resources[res_of[t]]
+        if r.kind != ResourceKind.GPU_STREAM:
+            report.collectives_moved += 1
+        if r.index not in comm_streams:
+            index = r.index if r.index >= COMM_STREAM_BASE else COMM_STREAM_BASE + len(comm_streams)
+            comm_streams[r.index] = b.resource(ResourceKind.GPU_STREAM, device, index, f"gpu{device}/comm {r.name}")
+        tn = b.add_node(graph.name[t], int(graph.node_type[t]), kinds[t], comm_streams[r.index], clock, 0.0, -1,
+                        int(graph.node_id[t]), dict(graph.attrs.get(t) or {}))
+        node_of[t] = tn
+        if issuer >= 0:
+            b.add_dep(issuer, tn, EdgeKind.COLLECTIVE)
+        if last_kernel >= 0:
+            b.add_dep(last_kernel, tn, EdgeKind.CROSS_STREAM)
+
+    for i in range(n):
         k = kinds[i]
         if res_of[i] in gpu_res or k in (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV):
-            continue   # transfers are placed below, after their issuer
+            if i not in issued:
+                place_transfer(i, -1)   # no issuer recorded: it runs where the ET has it
+            continue   # the others follow their issuer
         p = parent[i]
         th = res_of[i]
         if th != prev_thread and prev_thread >= 0:
@@ -461,22 +473,8 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
                 sn_ = b.add_node("cudaStreamSynchronize", NodeType.COMP_NODE, int(OpKind.SYNC), new_res[th], clock,
                                  0.0, ni, next_id())
                 b.add_dep(last_kernel, sn_, EdgeKind.SYNC)
-        # transfers issued by this node follow it (its COLLECTIVE successors)
-        for t in _transfers_of(graph, i):
-            a = dict(graph.attrs.get(t) or {})
-            r = graph.resources[res_of[t]]
-            if r.kind != ResourceKind.GPU_STREAM:
-                report.collectives_moved += 1
-            pg = r.index
-            if pg not in comm_streams:
-                comm_streams[pg] = b.resource(ResourceKind.GPU_STREAM, device, pg if pg >= COMM_STREAM_BASE else
-                                              COMM_STREAM_BASE + len(comm_streams), f"gpu{device}/comm {r.name}")
-            tn = b.add_node(graph.name[t], int(graph.node_type[t]), kinds[t], comm_streams[pg], clock, 0.0, -1,
-                            int(graph.node_id[t]), a)
-            node_of[t] = tn
-            b.add_dep(ni, tn, EdgeKind.COLLECTIVE)
-            if last_kernel >= 0:   # NCCL waits for the compute stream's work issued before it
-                b.add_dep(last_kernel, tn, EdgeKind.CROSS_STREAM)
+        for t in issued_by.get(i, []):   # the collectives this node issues follow it
+            place_transfer(t, ni)
     for th in list(stacks):
         close_until(th, -2)
 
@@ -488,8 +486,7 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
             src = int(graph.dep_src[j])
             if node_of[src] >= 0 and int(graph.dep_kind[j]) != EdgeKind.COLLECTIVE:
                 b.add_dep(node_of[src], node_of[dst], int(graph.dep_kind[j]))
-    # a wait on a collective also holds back the compute stream (the next kernel after the wait)
-    # -- approximated by the CPU-side SYNC edge already in the graph.
+    # a wait on a collective holds the host (its SYNC edge above), so later kernels follow the collective
 
     durations = b.durations
     starts = b.starts
@@ -542,24 +539,11 @@ def _kernels_for(graph: ExecutionGraph, i: int, report: InferenceReport, gpu_dev
     return specs
 
 
-def _transfers_of(graph: ExecutionGraph, i: int) -> list[int]:
-    """Communication nodes issued by node `i` (COLLECTIVE edges from it)."""
-    return _issued(graph).get(i, [])
-
-
-_ISSUED_CACHE: dict[int, dict[int, list[int]]] = {}
-
-
 def _issued(graph: ExecutionGraph) -> dict[int, list[int]]:
-    key = id(graph)
-    got = _ISSUED_CACHE.get(key)
-    if got is None:
-        got = {}
-        counts = np.diff(graph.dep_ptr)
-        dst = np.repeat(np.arange(len(graph)), counts)
-        m = graph.dep_kind == EdgeKind.COLLECTIVE
-        for s, d in zip(graph.dep_src[m].tolist(), dst[m].tolist()):
-            got.setdefault(int(s), []).append(int(d))
-        _ISSUED_CACHE.clear()
-        _ISSUED_CACHE[key] = got
+    """{issuer: [communication nodes it issues]} from the COLLECTIVE edges."""
+    got: dict[int, list[int]] = {}
+    dst = np.repeat(np.arange(len(graph)), np.diff(graph.dep_ptr))
+    m = graph.dep_kind == EdgeKind.COLLECTIVE
+    for s, d in zip(graph.dep_src[m].tolist(), dst[m].tolist()):
+        got.setdefault(int(s), []).append(int(d))
     return got
