@@ -20,7 +20,7 @@ def main(args) -> int:
         from replay.hardware.config import user_preset_dir
         rc = _presets(args)
         if not args.json:
-            print(f"user presets (lumos-sim calibrate ... --install NAME): {user_preset_dir()}")
+            print(f"user presets (calibrate --install NAME): {user_preset_dir()}")
         return rc
     from estimators.model_config import ZOO_DIR, load_model_file, zoo_names
     rows = []
