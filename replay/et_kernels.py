@@ -182,7 +182,9 @@ def _count(shape: Any) -> int:
 
 
 def _mta_groups(numels: list[int], depth: int) -> list[int]:
-    """Elements per kernel launch of multi_tensor_apply over tensors of `numels` (per list)."""
+    """Elements per kernel launch of multi_tensor_apply over tensors of `numels` (per list): a launch
+    closes when it holds _MAX_BLOCKS chunks, or the tensor limit is reached at a tensor's last chunk
+    (a tensor split across launches continues in the next one)."""
     max_tensors = _MAX_TENSORS.get(min(max(depth, 1), 5), 30)
     groups: list[int] = []
     tensors = blocks = elems = 0
@@ -191,14 +193,17 @@ def _mta_groups(numels: list[int], depth: int) -> list[int]:
             continue
         chunks = math.ceil(n / _CHUNK)
         tensors += 1
-        for c in range(chunks):
-            blocks += 1
-            elems += min(_CHUNK, n - c * _CHUNK)
-            if blocks == _MAX_BLOCKS or (c == chunks - 1 and tensors == max_tensors):
+        c = 0
+        while c < chunks:
+            take = min(chunks - c, _MAX_BLOCKS - blocks)
+            elems += min(take * _CHUNK, n - c * _CHUNK)
+            blocks += take
+            c += take
+            done = c == chunks
+            if blocks == _MAX_BLOCKS or (done and tensors == max_tensors):
                 groups.append(elems)
                 blocks = elems = 0
-                tensors = 0 if c == chunks - 1 else 1
-        # a tensor split across launches continues in the next one
+                tensors = 0 if done else 1
     if elems:
         groups.append(elems)
     return groups
