@@ -1,6 +1,6 @@
-"""Held-out H100 check: model-mode step error of the base h100-sxm preset and of the preset calibrated on
-tests/data/h100 (tests/data/h100/h100-sxm-calibrated.toml), on two training steps of other models that no
-fit has seen (tests/data/h100/heldout, see its README).
+"""Held-out H100 check: model-mode step error of the uncalibrated roofline (h100-sxm-roofline) and of the
+default h100-sxm preset (calibrated on tests/data/h100, not on heldout/), on two training steps of other
+models that no fit has seen (tests/data/h100/heldout, see its README).
 
     python benchmarks/h100_heldout.py
 """
@@ -16,7 +16,7 @@ from chakra_schema.inputs import load_graphs  # noqa: E402
 from lumos_sim.replay_run import run_replay  # noqa: E402
 
 H100 = ROOT / "tests" / "data" / "h100"
-PRESETS = {"h100-sxm (base)": "h100-sxm", "calibrated on tests/data/h100": str(H100 / "h100-sxm-calibrated.toml")}
+PRESETS = {"h100-sxm-roofline (uncalibrated)": "h100-sxm-roofline", "h100-sxm (default, calibrated)": "h100-sxm"}
 
 
 def main() -> int:

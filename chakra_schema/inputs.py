@@ -99,11 +99,12 @@ def load_graphs(inputs: Sequence[str], et_pattern: str | None = None, kineto_pat
             raise TraceInputError(" ".join(raw["kineto"] + raw["et"]),
                                   "give one Kineto pattern and/or one Execution Trace pattern, using {rank} "
                                   "for several ranks (e.g. 'device.{rank}.json.gz')")
-        from chakra_schema.pytorch.converter import convert_rank, discover_inputs
+        from chakra_schema.pytorch.converter import iter_converted
 
-        found = discover_inputs(raw["et"][0] if raw["et"] else None, raw["kineto"][0] if raw["kineto"] else None)
-        for rank, rank_inputs in sorted(found.items()):
-            graphs.append(convert_rank(rank_inputs, progress=progress))
+        # the same discovery and per-rank conversion as `convert` (ranks from {rank} positions included)
+        for _, _, graph in iter_converted(raw["et"][0] if raw["et"] else None,
+                                          raw["kineto"][0] if raw["kineto"] else None, progress):
+            graphs.append(graph)
     if not graphs:
         raise TraceInputError(None, "no input graphs")
     ranks = [g.rank for g in graphs]

@@ -26,14 +26,46 @@ def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str
             get_hardware(name)
 
 
+def require_recorded_durations(graphs: Sequence[ExecutionGraph], mode: str) -> None:
+    """Trace timing replays recorded durations: an Execution Trace alone has none (every step would be
+    0 ms), so it is an input error, not a result."""
+    if mode != "trace":
+        return
+    for g in graphs:
+        if (g.metadata or {}).get("durations_known") is False:
+            src = (g.metadata or {}).get("source_path")
+            raise TraceInputError(src, "this Execution Trace records no durations: add its Kineto trace "
+                                       "(--kineto) or predict them with --timing model --hardware NAME")
+
+
+def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[ExecutionGraph], list]:
+    """Model mode on Execution Traces without Kineto: each rank's kernels and host times are inferred
+    from its ops (replay/et_kernels.py); returns the graphs to replay and one report per inferred rank."""
+    from replay.et_kernels import infer_gpu_work, needs_inference
+
+    out: list[ExecutionGraph] = []
+    reports: list = []
+    for g in graphs:
+        if needs_inference(g):
+            g, rep = infer_gpu_work(g)
+            reports.append((g.rank, rep))
+        out.append(g)
+    return out, reports
+
+
 def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
                source_hardware: str | None = None, steps: int | None = None, progress=None,
                align: str = "recorded") -> ReplayResult:
     check_replay_arguments(mode, hardware, source_hardware, steps)
     if align not in ALIGN_MODES:
         raise TraceInputError(None, f"unknown alignment '{align}' (choose from {', '.join(ALIGN_MODES)})")
+    require_recorded_durations(graphs, mode)
+    inferred: list = []
+    if mode == "model":
+        graphs, inferred = infer_missing_kernels(graphs)
     timing = make_timing(mode, hardware, source_hardware, graphs)
     result = replay(graphs, timing, progress=progress, align=align)
+    result.inference = inferred
     if steps is not None:
         keep_names: list[str] = []
         for s in result.steps:

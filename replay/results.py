@@ -115,6 +115,7 @@ class ReplayResult:
     timing: str
     num_nodes: int
     run: SimulatedRun | None = None
+    inference: list = field(default_factory=list)   # (rank, et_kernels.InferenceReport) per ET-only rank
 
     @property
     def job_steps(self) -> list[JobStep]:
@@ -164,6 +165,8 @@ class ReplayResult:
         return {
             "timing": self.timing,
             "num_nodes": self.num_nodes,
+            **({"inferred_from_et": [{"rank": r, **rep.to_json()} for r, rep in self.inference]}
+               if self.inference else {}),
             "step_time_us": self.step_time_us,
             "job_step_time_us": self.job_step_time_us,
             "measured_job_step_time_us": self.measured_job_step_time_us,

@@ -306,8 +306,8 @@ def test_hardware_values_set_in_code_are_range_checked(section, field, value):
 
 def test_negative_protocol_bandwidth_in_a_file_names_the_file_and_field(tmp_path, capsys):
     f = tmp_path / "proto.toml"
-    base = (ROOT / "replay" / "hardware" / "presets" / "h100-sxm.toml").read_text()
-    f.write_text(base.replace("bw_fraction = ", "bw_fraction = -", 1).replace('name = "h100-sxm"', 'name = "p"', 1))
+    base = (ROOT / "replay" / "hardware" / "presets" / "h100-sxm-roofline.toml").read_text()
+    f.write_text(base.replace("bw_fraction = ", "bw_fraction = -", 1).replace('name = "h100-sxm-roofline"', 'name = "p"', 1))
     line = one_line_error(capsys, cli("bench", "collective", "--hardware", f), str(f), "bw_fraction")
     assert "> 0" in line or "(0, 1]" in line
 

@@ -11,7 +11,7 @@ from replay.hardware import ComputeModel, get_hardware, kernel_class, peak_ratio
 
 @pytest.fixture(scope="module")
 def h100():
-    return ComputeModel("h100-sxm")
+    return ComputeModel("h100-sxm-roofline")
 
 
 def test_h100_bf16_8192_cube_between_600_and_800_tflops(h100):
@@ -34,7 +34,7 @@ def test_m16_gemms_are_memory_bound(h100, n, k):
     assert e.memory_us > e.compute_us
     # the memory term is the operand bytes over achievable HBM bandwidth
     min_bytes = 2 * (16 * k + k * n + 16 * n)
-    hw = get_hardware("h100-sxm")
+    hw = get_hardware("h100-sxm-roofline")
     assert e.memory_us == pytest.approx(e.bytes / (hw.gpu.hbm_bw_gbs * hw.compute.hbm_efficiency * 1e3))
     assert e.bytes >= min_bytes
 
@@ -60,7 +60,7 @@ def test_dtype_peaks_order(h100):
 
 def test_generations_order_for_the_same_gemm():
     times = [ComputeModel(n).gemm(8192, 8192, 8192, dtype="fp16").time_us
-             for n in ("v100-sxm2", "a100-sxm-40gb", "h100-sxm", "b200")]
+             for n in ("v100-sxm2", "a100-sxm-40gb", "h100-sxm-roofline", "b200")]
     assert times == sorted(times, reverse=True)
 
 
@@ -71,7 +71,7 @@ def test_attention_fwd_bwd_and_causal(h100):
     assert f.flops == pytest.approx(4 * 4 * 32 * 4096 * 4096 * 128)
     assert c.time_us < f.time_us and b.time_us > c.time_us * 2
     assert f.bound == "compute"
-    hw = get_hardware("h100-sxm")
+    hw = get_hardware("h100-sxm-roofline")
     assert f.tflops <= hw.gpu.peak_tflops["bf16"] * hw.compute.attention_fwd_efficiency + 1e-6
 
 
@@ -81,7 +81,7 @@ def test_op_time_from_generated_node_attrs(h100):
     a = {"op": "attention", "batch": 2, "heads": 16, "kv_heads": 4, "seq_q": 2048, "seq_kv": 2048,
          "head_dim": 128, "causal": True, "backward": False, "dtype": "bf16"}
     assert h100.op_time_us(a) == pytest.approx(h100.attention(2, 16, 2048, 2048, 128, True, False, "bf16", 4).time_us)
-    hw = get_hardware("h100-sxm")
+    hw = get_hardware("h100-sxm-roofline")
     big = {"op": "elementwise", "bytes": 3e9, "dtype": "bf16"}
     assert h100.op_time_us(big) == pytest.approx(3e9 / (hw.gpu.hbm_bw_gbs * hw.compute.hbm_efficiency * 1e3))
     tiny = {"op": "norm", "bytes": 100.0}
@@ -143,7 +143,7 @@ def test_kernel_classes_cover_real_trace_kernels(shared_traces):
 
 
 def test_peak_ratio_fallback():
-    a100, h100 = get_hardware("a100-sxm-40gb"), get_hardware("h100-sxm")
+    a100, h100 = get_hardware("a100-sxm-40gb"), get_hardware("h100-sxm-roofline")
     assert peak_ratio(a100, h100, "gemm", "bf16") == pytest.approx(312 / 989.4)
     mem = (1555 * a100.compute.hbm_efficiency) / (3350 * h100.compute.hbm_efficiency)
     assert peak_ratio(a100, h100, "elementwise") == pytest.approx(mem)
@@ -203,7 +203,7 @@ def test_shapes_of_conv_attention_and_memory_ops(h100):
 def test_pageable_copies_are_slower_than_pinned(h100):
     pinned = h100.memcpy(1e9, "htod")
     pageable = h100.memcpy(1e9, "htod", pageable=True)
-    hw = get_hardware("h100-sxm")
+    hw = get_hardware("h100-sxm-roofline")
     assert pageable.time_us == pytest.approx(1e9 / (hw.gpu.pcie_bw_gbs * hw.compute.pageable_copy_efficiency * 1e3))
     assert pageable.time_us > 2 * pinned.time_us
 

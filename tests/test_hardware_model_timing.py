@@ -39,15 +39,15 @@ def _graph(device_name: str | None = "NVIDIA A100-SXM4-40GB"):
 
 def test_model_timing_retimes_gpu_work_and_keeps_host_time():
     g, ix = _graph()
-    mt = ModelTiming("h100-sxm")
+    mt = ModelTiming("h100-sxm-roofline")
     d = mt.node_durations(g)
-    h100 = ComputeModel("h100-sxm")
+    h100 = ComputeModel("h100-sxm-roofline")
     assert d[ix["op"]] == 30 and d[ix["launch"]] == 5          # CPU op and launch call keep theirs
     assert d[ix["k"]] == pytest.approx(h100.gemm(4096, 4096, 4096, dtype="bf16").time_us)
     # no host shapes for the add kernel: recorded x memory-bandwidth ratio of A100 -> H100
     a100 = get_hardware("a100-sxm-40gb")
-    assert d[ix["add"]] == pytest.approx(50.0 * peak_ratio(a100, get_hardware("h100-sxm"), "elementwise"))
-    net = NetworkModel("h100-sxm")
+    assert d[ix["add"]] == pytest.approx(50.0 * peak_ratio(a100, get_hardware("h100-sxm-roofline"), "elementwise"))
+    net = NetworkModel("h100-sxm-roofline")
     assert d[ix["coll"]] == pytest.approx(net.collective_us(CommType.ALL_REDUCE, 1 << 30, range(8)))
     assert d[ix["send"]] == pytest.approx(net.p2p_us(1 << 20, 0, 8))
     assert d[ix["gen"]] == pytest.approx(h100.gemm(2048, 2048, 2048).time_us)
@@ -55,31 +55,31 @@ def test_model_timing_retimes_gpu_work_and_keeps_host_time():
 
 def test_model_timing_collective_uses_group_ranks():
     g, ix = _graph()
-    mt = ModelTiming("h100-sxm")
-    net = NetworkModel("h100-sxm")
+    mt = ModelTiming("h100-sxm-roofline")
+    net = NetworkModel("h100-sxm-roofline")
     t = mt.collective_us(g, ix["coll"], list(range(16)), [9000.0, 8000.0])
     assert t == pytest.approx(net.collective_us(CommType.ALL_REDUCE, 1 << 30, range(16)))
 
 
 def test_model_timing_launch_latency_from_preset():
     g, ix = _graph()
-    lat = ModelTiming("h100-sxm").launch_latency_us(g)
-    after = get_hardware("h100-sxm").gpu.kernel_start_after_call_us
+    lat = ModelTiming("h100-sxm-roofline").launch_latency_us(g)
+    after = get_hardware("h100-sxm-roofline").gpu.kernel_start_after_call_us
     assert lat[ix["k"]] == pytest.approx(after - 5.0)  # the 5 us call already elapsed
     assert lat[ix["add"]] == 0 and lat[ix["op"]] == 0
 
 
 def test_translated_timing_scales_by_model_ratio():
     g, ix = _graph()
-    tt = TranslatedTiming("a100-sxm-40gb", "h100-sxm")
+    tt = TranslatedTiming("a100-sxm-40gb", "h100-sxm-roofline")
     d = tt.node_durations(g)
     a = ComputeModel("a100-sxm-40gb").gemm(4096, 4096, 4096).time_us
-    h = ComputeModel("h100-sxm").gemm(4096, 4096, 4096).time_us
+    h = ComputeModel("h100-sxm-roofline").gemm(4096, 4096, 4096).time_us
     assert d[ix["k"]] == pytest.approx(600.0 * h / a)
-    assert d[ix["add"]] == pytest.approx(50.0 * peak_ratio(get_hardware("a100-sxm-40gb"), get_hardware("h100-sxm"),
+    assert d[ix["add"]] == pytest.approx(50.0 * peak_ratio(get_hardware("a100-sxm-40gb"), get_hardware("h100-sxm-roofline"),
                                                             "elementwise"))
     assert d[ix["op"]] == 30 and d[ix["launch"]] == 5
-    assert d[ix["coll"]] == pytest.approx(NetworkModel("h100-sxm").collective_us(CommType.ALL_REDUCE, 1 << 30, range(8)))
+    assert d[ix["coll"]] == pytest.approx(NetworkModel("h100-sxm-roofline").collective_us(CommType.ALL_REDUCE, 1 << 30, range(8)))
     # translating to the same GPU keeps recorded compute durations
     same = TranslatedTiming("a100-sxm-40gb", "a100-sxm-40gb").node_durations(g)
     assert same[ix["k"]] == pytest.approx(600.0) and same[ix["add"]] == pytest.approx(50.0)
@@ -88,10 +88,10 @@ def test_translated_timing_scales_by_model_ratio():
 def test_translated_timing_guesses_source_from_metadata_or_refuses():
     g, _ = _graph("NVIDIA A100-SXM4-40GB")
     assert source_hardware(g).name == "a100-sxm-40gb"
-    TranslatedTiming(None, "h100-sxm").node_durations(g)
+    TranslatedTiming(None, "h100-sxm-roofline").node_durations(g)
     g2, _ = _graph(None)
     with pytest.raises(TraceInputError, match="cannot tell which GPU"):
-        TranslatedTiming(None, "h100-sxm").node_durations(g2)
+        TranslatedTiming(None, "h100-sxm-roofline").node_durations(g2)
 
 
 def test_node_classes_and_kernel_class():
@@ -120,7 +120,7 @@ def test_model_timing_on_real_a100_trace(shared_traces):
     rec, mod = g.duration_us[gemm].sum(), d[gemm].sum()
     assert 0.5 < mod / rec < 2.0
     # moved to H100 the GPU work gets shorter, host work does not change
-    t = TranslatedTiming("a100-sxm-40gb", "h100-sxm").node_durations(g)
+    t = TranslatedTiming("a100-sxm-40gb", "h100-sxm-roofline").node_durations(g)
     gpu = g.is_gpu() & ~np.isin(g.kind, [int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV)])
     assert t[gpu].sum() < 0.8 * g.duration_us[gpu].sum()
     assert np.array_equal(t[cpu], g.duration_us[cpu])

@@ -163,7 +163,7 @@ def test_cli_search_reports_candidates_and_speed():
 
 
 def test_top_k_skips_plans_whose_estimate_and_memory_repeat_a_better_one():
-    r = rank_plans(load_model("llama3-8b"), "h100-sxm", 64, 8192, 512)
+    r = rank_plans(load_model("llama3-8b"), "h100-sxm-roofline", 64, 8192, 512)
     top = r.top(10)
     assert top[0] == r.order[0] and len(top) == 10
     keys = {(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in top}

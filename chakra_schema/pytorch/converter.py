@@ -226,6 +226,15 @@ def _validate(graph: ExecutionGraph, inputs: RankInputs) -> None:
                               f"converted graph is invalid: {problems[0]}")
 
 
+def iter_converted(et_pattern: str | None, kineto_pattern: str | None, progress: ProgressFn | None = None):
+    """(rank, RankInputs, validated graph) for every rank the patterns name, in rank order: the one code
+    path of `convert` and of the `replay` / `check` inputs, so both number ranks the same way."""
+    for r, inp in sorted(discover_inputs(et_pattern, kineto_pattern).items()):
+        graph = convert_rank(inp, progress, rank=r)
+        _validate(graph, inp)
+        yield r, inp, graph
+
+
 def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str | os.PathLike,
             progress: ProgressFn | None = None) -> list[dict[str, Any]]:
     """Convert every rank and write `OUT_PREFIX.<rank>.et`; returns one summary dict per rank."""
@@ -233,7 +242,6 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
 
     out_prefix = str(out_prefix)
     out_dir = os.path.dirname(out_prefix) or "."
-    inputs = discover_inputs(et_pattern, kineto_pattern)
     try:
         os.makedirs(out_dir, exist_ok=True)  # like `-o out/job` in any tool: make `out/` when needed
     except OSError as e:
@@ -241,10 +249,8 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
     summaries: list[dict[str, Any]] = []
     written: list[tuple[str, str]] = []   # (temporary, final)
     try:
-        for r, inp in inputs.items():
-            t0 = time.perf_counter()
-            graph = convert_rank(inp, progress, rank=r)
-            _validate(graph, inp)
+        t0 = time.perf_counter()
+        for r, inp, graph in iter_converted(et_pattern, kineto_pattern, progress):
             final = f"{out_prefix}.{r}.et"
             tmp = f"{final}.partial-{os.getpid()}"
             write_graph(graph, tmp)
@@ -257,6 +263,7 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
                 s["link"] = graph.metadata["link"]
             summaries.append(s)
             del graph
+            t0 = time.perf_counter()
         for tmp, final in written:
             os.replace(tmp, final)
         written = []
@@ -269,4 +276,4 @@ def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str 
     return summaries
 
 
-__all__ = ["RankInputs", "discover_inputs", "convert_rank", "convert", "summarize"]
+__all__ = ["RankInputs", "discover_inputs", "convert_rank", "convert", "iter_converted", "summarize"]

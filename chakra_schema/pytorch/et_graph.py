@@ -167,6 +167,32 @@ def comm_attrs(et: ExecutionTrace, rpc: int, fallback_name: str = "") -> dict[st
     return a
 
 
+def _kernel_hints(et: ExecutionTrace, i: int) -> dict[str, Any]:
+    """What model mode needs to infer an op's GPU kernels from the ET alone (replay/et_kernels.py) that the
+    shapes do not say: the device of its tensors, whether its outputs only alias its inputs (a view
+    launches nothing), and its scalar arguments (is_causal, dims)."""
+    ins = _tensors(et.in_values[i], et.in_types[i])
+    outs = _tensors(et.out_values[i], et.out_types[i])
+    a: dict[str, Any] = {}
+    devices = {str(t[5]).split(":", 1)[0] for t in ins + outs if t[5]}
+    if devices:
+        a["tensor_devices"] = sorted(devices)
+        if len(devices) > 1:  # a copy between devices: which side is which (copy_(self=dst, src))
+            a["input_devices"] = [str(t[5]).split(":", 1)[0] for t in ins]
+            a["output_devices"] = [str(t[5]).split(":", 1)[0] for t in outs]
+    in_storage = {t[1] for t in ins}
+    if outs and all(t[1] in in_storage for t in outs):
+        a["outputs_alias_inputs"] = True
+    values = et.in_values[i]
+    types = et.in_types[i]
+    if isinstance(values, list) and isinstance(types, list):
+        scalars = [v if isinstance(ty, str) and ty in ("Bool", "Int", "Double") else None
+                   for v, ty in zip(values, types)]
+        if any(v is not None for v in scalars):
+            a["scalar_inputs"] = scalars
+    return a
+
+
 def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> ExecutionGraph:
     """Convert an Execution Trace into an ExecutionGraph (see the module docstring)."""
     r = rank if rank is not None else (et.rank if et.rank is not None else 0)
@@ -306,6 +332,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
         if et.seq_id[i] >= 0:
             attrs["seq_id"] = int(et.seq_id[i])
         attrs.update(op_attrs(et, i))
+        attrs.update(_kernel_hints(et, i))
         extra = et.extra.get(i)
         start = dur = 0.0
         if extra and "dur" in extra:

@@ -20,7 +20,11 @@ def register(sub) -> None:
                    help="traces of one GPU type: Kineto files, .et files / prefixes, or directories holding "
                         "NAME.<rank>.json.gz Kineto + Execution Trace pairs")
     p.add_argument("--hardware", required=True, metavar="BASE", help="preset the traces' GPU is (name or TOML)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.toml", help="calibrated preset to write")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", metavar="OUT.toml", help="calibrated preset to write")
+    out.add_argument("--install", metavar="NAME",
+                     help="install the calibrated preset as NAME in the user preset folder ($LUMOS_SIM_HOME/hardware, "
+                          "else ~/.config/lumos-sim/hardware): `--hardware NAME` and `lumos-sim list hardware` find it")
     p.add_argument("--name", help="preset name (default: the output file's stem)")
     p.add_argument("--json", action="store_true", help="print the fit and cross-validation as JSON")
     p.set_defaults(func=main)
@@ -64,6 +68,8 @@ def main(args) -> int:
     from replay.hardware.calibration import calibrate_traces, write_preset
     from replay.hardware.config import get_hardware
 
+    if args.install:
+        args.output, args.name = install_path(args.install), args.install
     if not str(args.output).endswith(".toml"):
         raise TraceInputError(args.output, "the calibrated preset must be a .toml file")
     from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
@@ -90,6 +96,19 @@ def main(args) -> int:
     print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
           f"{len(samples.trace_names)} trace(s), extends {hw.name}")
     return 0
+
+
+def install_path(name: str):
+    """Where `--install NAME` writes: the user preset folder; a built-in name or a path is refused."""
+    import re
+
+    from replay.hardware.config import is_builtin_preset, user_preset_dir
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or name.endswith(".toml"):
+        raise TraceInputError(name, "--install takes a preset name (letters, digits, '.', '_', '-'), not a path")
+    if is_builtin_preset(name.lower()):
+        raise TraceInputError(name, "is a built-in preset name: install the calibration under another name")
+    return user_preset_dir() / f"{name}.toml"
 
 
 def check_same_gpu(graphs, hw) -> None:

@@ -17,7 +17,11 @@ def register(sub) -> None:
 def main(args) -> int:
     if args.what == "hardware":
         from lumos_sim.commands.bench import _presets
-        return _presets(args)
+        from replay.hardware.config import user_preset_dir
+        rc = _presets(args)
+        if not args.json:
+            print(f"user presets (calibrate --install NAME): {user_preset_dir()}")
+        return rc
     from estimators.model_config import ZOO_DIR, load_model_file, zoo_names
     rows = []
     for name in zoo_names():

@@ -54,6 +54,9 @@ def main(args) -> int:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     else:
         print_result(result)
+        for rank, rep in result.inference:   # model mode from an ET alone: say what was inferred
+            for line in rep.lines():
+                print(f"rank {rank}: {line}")
     if args.timeline:  # after the result: a failed write must not lose it
         from replay.timeline import write_timeline
         sys.stdout.flush()

@@ -84,6 +84,10 @@ def preset_toml(result: CalibrationResult, name: str, tool: str) -> str:
     """The calibrated preset: `extends` the base, one [kernel_models."key"] table per fitted model."""
     base = result.base
     base_name = Path(base.path).stem if base.path else base.name
+    if base.kernel_models and base.calibration is not None and base.calibration.base:
+        # calibrating on top of a calibrated preset (h100-sxm): extend its roofline, so that the new fit
+        # replaces the old one instead of merging with its per-family models
+        base_name = base.calibration.base
     lines = [f"# Written by {tool}: kernel models fitted on {len(result.samples)} kernels of "
              f"{len(result.samples.trace_names)} trace(s). Re-run `lumos-sim calibrate` to refresh.",
              f"name = {_toml_value(name)}", f"extends = {_toml_value(base_name)}",

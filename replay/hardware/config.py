@@ -203,6 +203,8 @@ class CalibrationInfo:
     traces: tuple[str, ...] = ()            # trace file names fitted on
     kernels: int = 0                        # GPU kernels used by the fits
     tool: str = ""                          # what wrote it (lumos-sim version, date)
+    software: str = ""                      # what the traces ran (torch, CUDA, driver versions)
+    collected: str = ""                     # when / where the traces were collected
 
 
 @dataclass(frozen=True)
@@ -412,8 +414,29 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareConfig:
 
 
 # ------------------------------------------------------------------------------------------ registry
+def user_preset_dir() -> Path:
+    """Where `lumos-sim calibrate --install NAME` puts presets and where `--hardware NAME` also looks:
+    $LUMOS_SIM_HOME/hardware when LUMOS_SIM_HOME is set, else $XDG_CONFIG_HOME/lumos-sim/hardware
+    (~/.config/lumos-sim/hardware)."""
+    home = os.environ.get("LUMOS_SIM_HOME")
+    if home:
+        return Path(home).expanduser() / "hardware"
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config) / "lumos-sim" / "hardware"
+
+
 def _preset_files() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PRESET_DIR.glob("*.toml"))}
+    """Built-in presets, then the user's installed ones (a built-in name is never shadowed)."""
+    out = {p.stem: p for p in sorted(PRESET_DIR.glob("*.toml"))}
+    user = user_preset_dir()
+    if user.is_dir():
+        for p in sorted(user.glob("*.toml")):
+            out.setdefault(p.stem, p)
+    return out
+
+
+def is_builtin_preset(name: str) -> bool:
+    return (PRESET_DIR / f"{name}.toml").is_file()
 
 
 _ALIAS_CACHE: dict[str, str] | None = None

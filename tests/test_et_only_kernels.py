@@ -1,0 +1,146 @@
+"""Issue 27 items 1-3: model mode from an Execution Trace alone. The op -> kernel rules are pinned to
+figures from independent sources: the GEMM / attention dimensions of the shapes, PyTorch's
+multi_tensor_apply launch limits (aten/src/ATen/native/cuda/MultiTensorApply.cuh: 65536 elements per
+block, 320 blocks and 110 / 64 / 48 / 36 / 30 tensors per launch for 1..5 lists), and the kernels Kineto
+recorded for each op of the H100 traces (tests/data/h100)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from chakra_schema.graph import OpKind
+from chakra_schema.inputs import load_graphs
+from lumos_sim.replay_run import run_replay
+from replay.et_kernels import infer_gpu_work, op_kernels
+from replay.hardware.compute import launching_op
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = ROOT / "tests" / "data" / "h100"
+BF16 = "Tensor(c10::BFloat16)"
+
+
+def test_mm_becomes_one_gemm_with_the_shapes_dimensions():
+    ks = op_kernels("aten::mm", {"input_shapes": [[8192, 4096], [4096, 11008]], "input_types": [BF16, BF16],
+                                 "output_shapes": [[8192, 11008]], "output_types": [BF16]})
+    assert len(ks) == 1
+    a = ks[0].attrs
+    assert (a["op"], a["m"], a["n"], a["k"], a["batch"], a["dtype"]) == ("gemm", 8192, 11008, 4096, 1, "bf16")
+
+
+def test_bmm_and_addmm_take_batch_and_bias_from_their_arguments():
+    bmm = op_kernels("aten::bmm", {"input_shapes": [[12, 128, 64], [12, 64, 256]], "input_types": [BF16, BF16]})[0]
+    assert (bmm.attrs["m"], bmm.attrs["n"], bmm.attrs["k"], bmm.attrs["batch"]) == (128, 256, 64, 12)
+    addmm = op_kernels("aten::addmm", {"input_shapes": [[1024], [512, 768], [768, 1024]],
+                                       "input_types": [BF16, BF16, BF16]})[0]
+    assert (addmm.attrs["m"], addmm.attrs["n"], addmm.attrs["k"]) == (512, 1024, 768)
+
+
+def test_views_and_allocations_launch_nothing():
+    assert op_kernels("aten::view", {"input_shapes": [[4, 8]], "input_types": [BF16], "output_shapes": [[32]],
+                                     "output_types": [BF16], "outputs_alias_inputs": True}) == []
+    assert op_kernels("aten::empty", {"input_shapes": [[4, 8]], "input_types": ["GenericList[Int]"]}) == []
+    assert op_kernels("AddBackward0", {"input_shapes": [[4, 8]], "input_types": [BF16]}) == []
+
+
+def test_elementwise_op_streams_its_inputs_and_outputs():
+    k = op_kernels("aten::mul", {"input_shapes": [[1024, 1024], [1024, 1024]], "input_types": [BF16, BF16],
+                                 "output_shapes": [[1024, 1024]], "output_types": [BF16]})
+    assert len(k) == 1 and k[0].attrs["op"] == "elementwise"
+    assert k[0].attrs["bytes"] == 3 * 1024 * 1024 * 2
+
+
+def test_grouped_query_attention_backward_has_its_helper_passes():
+    q, kv = [4, 32, 2048, 128], [4, 8, 2048, 128]
+    fwd = op_kernels("aten::_scaled_dot_product_flash_attention", {"input_shapes": [q, kv, kv],
+                                                                   "input_types": [BF16] * 3})
+    assert len(fwd) == 1
+    a = fwd[0].attrs
+    assert (a["batch"], a["heads"], a["seq_q"], a["seq_kv"], a["head_dim"], a["kv_heads"]) == (4, 32, 2048, 2048, 128, 8)
+    bwd = op_kernels("aten::_cudnn_attention_backward", {"input_shapes": [q, q, kv, kv, q],
+                                                          "input_types": [BF16] * 5})
+    # main kernel, rowsum(dO*O), dQ conversion, and a head reduction for each of dK and dV (GQA)
+    assert len(bwd) == 5 and bwd[0].attrs["backward"] is True
+
+
+def _foreach(n_tensors: int, numel: int, lists: int = 1):
+    shapes = [[[numel]] * n_tensors for _ in range(lists)]
+    types = ["GenericList[" + ",".join(["Tensor(float)"] * n_tensors) + "]"] * lists
+    return op_kernels("aten::_foreach_mul_", {"input_shapes": shapes, "input_types": types,
+                                              "op_schema": "aten::_foreach_mul_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()"})
+
+
+def test_foreach_launches_follow_multi_tensor_apply_limits():
+    # 3 tensors of 4 chunks each: 12 blocks, one launch
+    assert len(_foreach(3, 4 * 65536)) == 1
+    # 111 small tensors with one list: at most 110 tensors per launch -> 2 launches
+    assert len(_foreach(111, 1000)) == 2
+    # one tensor of 320 * 65536 + 1 elements: 321 blocks, at most 320 per launch -> 2 launches
+    assert len(_foreach(1, 320 * 65536 + 1)) == 2
+    # 37 tensors walked through 4 lists: at most 36 tensors per launch -> 2 launches
+    assert len(_foreach(37, 1000, lists=4)) == 2
+    # bytes: every element read once and written back (in-place), 4 bytes each
+    ks = _foreach(3, 4 * 65536)
+    assert sum(k.attrs["bytes"] for k in ks) == pytest.approx(3 * 4 * 65536 * 4 * 2)
+
+
+def _kineto_kernels_per_op(folder: Path) -> tuple[Counter, int]:
+    g = load_graphs([], et_pattern=str(folder / "host.0.json.gz"), kineto_pattern=str(folder / "device.0.json.gz"))[0]
+    counts: Counter = Counter()
+    for i in range(len(g)):
+        if int(g.kind[i]) == OpKind.KERNEL and g.is_gpu()[i]:   # memsets apart: not inferred
+            h = launching_op(g, i)
+            counts[g.name[h] if h >= 0 else "?"] += 1
+    return counts, len(g.steps)
+
+
+@pytest.mark.parametrize("folder", ["llama_b4_s2048", "heldout/llama_d4096_l8_b4_s2048"])
+def test_inferred_kernels_per_op_match_what_kineto_recorded(folder):
+    """From the ET alone, the kernels of the ops that hold ~95% of the GPU time are those Kineto saw."""
+    kineto, steps = _kineto_kernels_per_op(H100 / folder)
+    et = load_graphs([], et_pattern=str(H100 / folder / "host.0.json.gz"))[0]
+    g, report = infer_gpu_work(et)
+    idx = g.index_of_id()
+    inferred: Counter = Counter()
+    for i in range(len(g)):
+        a = g.attrs.get(i) or {}
+        if a.get("inferred"):
+            inferred[g.name[idx[a["launched_by"]]]] += 1
+    et_steps = len(et.steps)
+    for op in ("aten::_fused_rms_norm", "aten::_fused_rms_norm_backward", "aten::_cudnn_attention_forward",
+               "aten::_cudnn_attention_backward", "aten::silu", "aten::silu_backward", "aten::_log_softmax",
+               "aten::_fused_adamw_", "aten::_foreach_mul_", "aten::_foreach_addcdiv_", "aten::_foreach_sqrt"):
+        if kineto[op] or inferred[op]:
+            assert inferred[op] / et_steps == pytest.approx(kineto[op] / steps, abs=0.5), op
+    # one GEMM kernel per aten::mm (Kineto: the GEMM kernels of aten::mm, split-K reductions aside)
+    mm_ops = sum(1 for i in range(len(et)) if et.name[i] == "aten::mm")
+    assert inferred["aten::mm"] == mm_ops
+    assert not report.uninferred
+
+
+def test_et_only_model_mode_predicts_a_held_out_step_within_15_percent():
+    folder = H100 / "heldout" / "llama_d2048_l16_b2_s8192"
+    graphs = load_graphs([], et_pattern=str(folder / "host.0.json.gz"))
+    result = run_replay(graphs, "model", "h100-sxm")
+    measured = [253.420, 280.217, 254.169]    # the Kineto trace's ProfilerStep spans (ms), withheld here
+    assert len(result.steps) == 3 and result.inference
+    for s, m in zip(result.steps, measured):
+        assert abs(s.predicted_us / 1e3 - m) / m <= 0.15
+
+
+def test_cpu_gloo_trace_predicts_a_gpu_step_and_says_what_it_inferred():
+    pattern = str(ROOT / "tests" / "data" / "cpu_ddp" / "host.{rank}.json.gz")
+    result = run_replay(load_graphs([], et_pattern=pattern), "model", "h100-sxm")
+    assert [r for r, _ in result.inference] == [0, 1]
+    rep = result.inference[0][1]
+    assert rep.cpu_trace and rep.collectives_moved > 0 and rep.kernels > 0
+    assert rep.kernels_by_class["gemm"] > 0 and rep.kernels_by_class["attention"] > 0
+    text = "\n".join(rep.lines())
+    assert "ran on the CPU" in text and "NCCL" in text
+    assert all(s.predicted_us > 0 for s in result.steps)
+    # on the GPU the step is shorter than on the CPU it was recorded on
+    cpu = run_replay(load_graphs([], et_pattern=pattern,
+                                 kineto_pattern=str(ROOT / "tests" / "data" / "cpu_ddp" / "device.{rank}.json.gz")))
+    assert result.step_time_us < cpu.step_time_us
