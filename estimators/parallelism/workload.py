@@ -664,14 +664,21 @@ def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tu
 
 
 def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int = 8,
-                     moe_loads: MoELoads | None = None, straggler: bool = False) -> ExecutionGraph:
+                     moe_loads: MoELoads | None = None, straggler: bool = False,
+                     schedule: Sequence[tuple[bool, int, int]] | None = None) -> ExecutionGraph:
+    """One rank's step. `schedule`: this stage's passes [(is_forward, micro-batch, local chunk)] instead of
+    the pipeline schedule (the composed estimate, estimators.parallelism.compose, replays a few passes
+    per distinct stage). metadata["passes"] lists, per pass in order, [is_forward, micro-batch, local
+    chunk, index of the pass's first node, index of its output node]: the nodes a pass created are
+    those from its first node up to the next pass's first node (the last pass's: up to
+    metadata["tail"], the first node of the step's tail)."""
     rb = _RankBuilder(model, plan, rank, gpus_per_node, moe_loads, straggler)
     p = plan
     stage = rb.stage
     chunks = stage_layers(model, plan)
     n_chunks = p.pp * p.vp
     local = [stage + c * p.pp for c in range(p.vp)]         # global chunk id of each local chunk
-    sched = pipeline_schedule(p.pp, stage, p.micro_batches, p.vp)
+    sched = list(schedule) if schedule is not None else pipeline_schedule(p.pp, stage, p.micro_batches, p.vp)
     last_bwd: dict[int, int] = {}
     for pos, (fwd, mb, c) in enumerate(sched):
         if not fwd:
@@ -808,7 +815,9 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
         blockers = batch
 
     step_end = -1
+    passes: list[list[int]] = []
     for k, (fwd, mb, c) in enumerate(sched):
+        passes.append([int(fwd), mb, c, len(rb.g), -1])
         gch = local[c]
         layers = chunks[gch]
         pre = f"mb{mb}."
@@ -861,8 +870,10 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             else:
                 send_spec = (pre + f"send_grad_c{gch}", PP_SEND_B, peer(gch - 1), _tag(False, mb, gch))
         step_end = entry[0]
+        passes[-1][4] = step_end
         finish_pass(k, send_spec, step_end)
 
+    tail_first = len(rb.g)   # the step's tail (deferred reductions, optimizer, parameter gathers) starts here
     # optimizer step over this rank's (sharded) parameters, after every gradient reduction
     params = 0.0
     expert_params = 0.0
@@ -894,7 +905,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             rb.node("expert_param_allgather", DP_AG, coll(CommType.ALL_GATHER, expert_params * 2, rb.edp_g, pg_edp), [opt])
     rb.g.metadata.update({"generator": "estimators.parallelism.workload", "model": model.name, "stage": stage,
                           "pp": p.pp, "tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
-                          "micro_batches": p.micro_batches})
+                          "micro_batches": p.micro_batches, "passes": passes,
+                          "tail": tail_first})
     return rb.g.build(dedupe_edges=False)
 
 

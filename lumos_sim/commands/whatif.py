@@ -26,8 +26,12 @@ def register(sub) -> None:
 
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
     add_plan_arguments(par)
-    par.add_argument("--full-simulation", action="store_true",
-                     help="simulate every rank instead of one per pipeline stage (slow; for checking)")
+    par.add_argument("--simulation", choices=("fast", "symmetric", "all"), default="fast",
+                     help="fast (default): replay a few passes per distinct pipeline stage and simulate the "
+                          "pipeline schedule; symmetric: replay the whole step, one rank per stage; all: every "
+                          "rank (slow; for checking)")
+    par.add_argument("--full-simulation", action="store_const", const="all", dest="simulation",
+                     help="the same as --simulation all")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
     par.add_argument("--top-k", "--max-plans", type=int, default=10, dest="top_k", metavar="K",
                      help="with --search: simulate the K plans the analytic estimate ranks best (default 10)")
@@ -116,7 +120,7 @@ def scenario_from_args(args):
     hw = get_hardware(args.hardware)
     plan = _plan_from_args(args, model)
     s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan,
-                 simulation="all" if args.full_simulation else "symmetric")
+                 simulation=args.simulation)
     s = s.override_strings(args.overrides)
     if args.overrides:
         from estimators.parallelism.plan import validate_plan
