@@ -1,9 +1,10 @@
 """How long one parallelism estimate takes as the pipeline deepens (`estimators.parallelism.evaluate.predict`).
 Target: <= 0.5 s per estimate at any depth up to PP128, with and without interleaving (virtual stages).
 
-Cases: Llama 3 405B (126 layers: the first and last stage hold one layer less) on TP8 x PP x DP with 2,048
-sequences of 8,192 tokens per step; the interleaved cases use the same layer shape with 256 layers so that
-PP128 x VP2 has one layer per model chunk. Each case prints the wall time of one estimate (the model,
+Cases: Llama 3 405B (126 layers: the first and last stage hold one layer less) on TP8 x PP x DP (DP = 1024 / PP)
+with 2,048 sequences of 8,192 tokens per step (2 x PP micro-batches); the interleaved cases, and PP128 (126 layers
+do not split over 128 stages), use the same layer shape with 256 layers, so that PP128 x VP2 has one layer per
+model chunk. Each case prints the wall time of one estimate (the model,
 hardware and plan objects already built) per simulation mode, and the step time each mode predicts.
 
     PYTHONPATH=. python benchmarks/bench_estimate_depth.py [--modes fast,symmetric] [--depths 16,64,128]
@@ -16,7 +17,8 @@ import time
 
 from estimators.model_config import load_model
 from estimators.parallelism.evaluate import predict
-from estimators.parallelism.plan import ParallelPlan
+from chakra_schema.errors import TraceInputError
+from estimators.parallelism.plan import ParallelPlan, validate_plan
 
 
 def cases(depths: list[int]):
@@ -25,7 +27,11 @@ def cases(depths: list[int]):
     for pp in depths:
         dp = max(1, 1024 // pp)
         plan = ParallelPlan(tp=8, pp=pp, dp=dp, seq_len=8192, global_batch=2048)
-        yield f"PP{pp}", base, plan
+        try:   # 126 layers do not split over 128 stages: the 256-layer model there
+            validate_plan(base, plan)
+            yield f"PP{pp}", base, plan
+        except TraceInputError:
+            yield f"PP{pp}", deep, plan
         yield f"PP{pp} VP2", deep, plan.with_(vp=2)
 
 

@@ -257,7 +257,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     # The same passes with each send done before the next pass starts (blocking point-to-point): their
     # bodies without a neighbour's send sharing their links, for passes that waited for their input.
     iso = body
-    if send_bytes.any():
+    if np.any(send_stretch > 1.0 + 1e-9):   # a send shared links with the passes' traffic
         gi = build_rank_graph(model, plan.with_(overlap_p2p=False), plan.rank(stage), gpus_per_node,
                               schedule=sched)
         ri = simulate([gi], _PipelineDataReady(timing), align="start")
