@@ -81,18 +81,20 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
+    # plan flags default to None so that `--search` can tell the ones given (its constraints) from the
+    # defaults (PLAN_DEFAULTS, filled in by _plan_from_args)
+    parser.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (GPUs sharing each layer, in a node; default 1)")
+    parser.add_argument("--pp", type=int, default=None, help="pipeline-parallel stages (default 1)")
+    parser.add_argument("--cp", type=int, default=None, help="context-parallel degree (sequence split across GPUs; default 1)")
     parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
-    parser.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    parser.add_argument("--ep", type=int, default=None, help="expert-parallel degree (MoE models; divides dp; default 1)")
+    parser.add_argument("--vp", type=int, default=None, help="virtual pipeline stages per rank (interleaved 1F1B; default 1)")
     parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
     parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    parser.add_argument("--recompute", default="none", help="none | selective | full")
-    parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
+    parser.add_argument("--recompute", default=None, help="none (default) | selective | full")
+    parser.add_argument("--zero", type=int, default=None, help="0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
     parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
 
@@ -128,11 +130,17 @@ def scenario_from_args(args):
     return s
 
 
+PLAN_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "vp": 1, "micro_batch": 1, "recompute": "none", "zero": 1}
+
+
 def _plan_from_args(args, model):
     from estimators.parallelism.plan import ParallelPlan, validate_plan
 
     if args.gpus < 1:
         raise TraceInputError(None, "--gpus must be >= 1")
+    for key, default in PLAN_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, default)
     dp = args.dp
     if dp is None:
         denom = args.tp * args.pp * args.cp
@@ -181,11 +189,18 @@ def _main_search(args) -> int:
     base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
     if args.top_k < 1:
         raise TraceInputError(None, "--top-k must be >= 1")
-    ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision,
-                        SearchSpace(attention=base.plan.attention))
+    # plan flags given on the command line constrain the search
+    fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
+    if args.no_sequence_parallel:
+        fixed["sequence_parallel"] = False
+    space = SearchSpace.constrained(SearchSpace(attention=base.plan.attention), **fixed)
+    ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision, space)
+    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if v is not None and k != "sequence_parallel")
+    given += " --no-sequence-parallel" if args.no_sequence_parallel else ""
     if not ranked.candidates:
         raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs for {model.name} with global batch "
-                                    f"{args.global_batch} and sequence length {args.seq_len}")
+                                    f"{args.global_batch} and sequence length {args.seq_len}"
+                                    + (f" under {given}" if given else ""))
     if not ranked.fitting:
         raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name} "
                                     f"({ranked.candidates:,} plans tried)")
