@@ -5,7 +5,9 @@ Counting rules (per layer, no biases unless `bias = true`):
 - attention, GQA/MHA: q = h*H*d, k = v = h*K*d, o = H*d*h  (H query heads, K kv heads, d head dim)
 - attention, MLA (DeepSeek V2/V3): q_a = h*q_lora, q_b = q_lora*H*(nope+rope), kv_a = h*(kv_lora+rope),
   kv_b = kv_lora*H*(nope+v), o = H*v*h, plus the two latent norms
-- FFN: gelu = 2*h*f, swiglu = 3*h*f; MoE layer = router h*E + E routed + S shared experts
+- FFN: gelu / squared_relu = 2*h*f, swiglu = 3*h*f; MoE layer = router h*E + E routed + S shared experts
+  (shared expert width `moe.shared_ffn`); attention sinks add H per layer; MTP modules are counted apart
+  (`mtp_params`), as the published totals leave them out
 - embeddings: vocab*h, doubled when the output projection is untied; learned positions add seq*h.
 Training FLOPs follow the usual 2 FLOPs per multiply-add: forward = 2 * active matmul params * tokens
 plus attention scores/values 4 * tokens * seq_kv * H * d (full square, as Narayanan et al. 2021 count it).
@@ -27,28 +29,62 @@ else:  # pragma: no cover
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
+# FFN activations: gated ones (SwiGLU: gate, up, down) have 3 weight matrices, the others 2 (GELU: GPT-3;
+# squared ReLU, relu(x)^2: Nemotron-4, So et al. 2021 "Primer").
+ACTIVATIONS = ("swiglu", "gelu", "squared_relu")
+GATED_ACTIVATIONS = ("swiglu",)
+ROUTER_SCORING = ("softmax", "sigmoid")
+
 
 @dataclass(frozen=True)
 class MoEConfig:
     num_experts: int                  # routed experts
     top_k: int                        # routed experts per token
-    expert_ffn: int                   # hidden size of one expert's FFN
-    shared_experts: int = 0           # always-active experts of the same size
+    expert_ffn: int                   # hidden size of one routed expert's FFN (HF moe_intermediate_size)
+    shared_experts: int = 0           # always-active experts (HF n_shared_experts)
     layer_freq: int = 1               # MoE every `layer_freq` layers (Maverick: 2)
-    first_dense_layers: int = 0       # leading dense layers (DeepSeek V3: 3)
+    first_dense_layers: int = 0       # leading dense layers, FFN width `ModelConfig.ffn` (DeepSeek V3: 3)
     # With layer_freq 2, which layers are MoE: layer i (0-based, after the dense prefix) is MoE when
     # i % layer_freq == layer_offset.  Maverick interleaves dense and MoE layers starting with dense.
     layer_offset: int = 0
+    # Width of one shared expert when it differs from `expert_ffn` (Qwen2-MoE shared_expert_intermediate_size);
+    # 0: same as `expert_ffn` (DeepSeek V3, Kimi K2, Llama 4).  `shared_ffn` gives the effective width.
+    shared_expert_ffn: int = 0
+    # Node-limited (group-limited) routing: experts are split into `groups` equal groups and a token's
+    # top-k experts come from at most `groups_per_token` of them (HF n_group / topk_group; DeepSeek V3:
+    # 8 groups, 4 per token, so with EP over 8 nodes a token reaches at most 4 nodes).  1 / 1: unrestricted.
+    groups: int = 1
+    groups_per_token: int = 1
+    router: str = "softmax"           # router scoring: "softmax" (Mixtral, Qwen3) | "sigmoid" (DeepSeek V3)
 
     def __post_init__(self) -> None:
-        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq"):
+        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq", "groups", "groups_per_token"):
             check_number(f"'moe.{key}'", getattr(self, key), 1, integer=True)
-        for key in ("shared_experts", "first_dense_layers", "layer_offset"):
+        for key in ("shared_experts", "first_dense_layers", "layer_offset", "shared_expert_ffn"):
             check_number(f"'moe.{key}'", getattr(self, key), 0, integer=True)
         if self.top_k > self.num_experts:
             raise TraceInputError(None, "'moe.top_k' must be between 1 and 'moe.num_experts'")
         if self.layer_offset >= self.layer_freq:
             raise TraceInputError(None, "'moe.layer_freq' must be >= 1 and 'moe.layer_offset' < it")
+        if self.num_experts % self.groups:
+            raise TraceInputError(None, f"'moe.num_experts' ({self.num_experts}) must be a multiple of "
+                                        f"'moe.groups' ({self.groups})")
+        if self.groups_per_token > self.groups:
+            raise TraceInputError(None, "'moe.groups_per_token' must be between 1 and 'moe.groups'")
+        if self.top_k > self.groups_per_token * self.experts_per_group:
+            raise TraceInputError(None, f"'moe.top_k' ({self.top_k}) exceeds the experts of "
+                                        f"'moe.groups_per_token' groups ({self.groups_per_token * self.experts_per_group})")
+        if self.router not in ROUTER_SCORING:
+            raise TraceInputError(None, f"'moe.router' must be one of {', '.join(ROUTER_SCORING)}, got {self.router!r}")
+
+    @property
+    def shared_ffn(self) -> int:
+        """FFN width of one shared expert."""
+        return self.shared_expert_ffn or self.expert_ffn
+
+    @property
+    def experts_per_group(self) -> int:
+        return self.num_experts // self.groups
 
 
 @dataclass(frozen=True)
@@ -74,7 +110,7 @@ class ModelConfig:
     vocab: int
     kv_heads: int = 0                  # 0 -> same as heads (MHA)
     head_dim: int = 0                  # 0 -> hidden // heads
-    activation: str = "swiglu"         # "swiglu" | "gelu"
+    activation: str = "swiglu"         # "swiglu" | "gelu" | "squared_relu" (ACTIVATIONS)
     norm: str = "rmsnorm"              # "rmsnorm" | "layernorm"
     tied_embeddings: bool = False
     position: str = "rope"             # "rope" | "learned"
@@ -84,6 +120,19 @@ class ModelConfig:
     source: str = ""                   # where the architecture facts come from
     published_params_b: float = 0.0    # published total parameters (billions), for checks
     published_active_params_b: float = 0.0
+    # Multi-token prediction (DeepSeek V3: 1): extra modules after the last layer, each one transformer
+    # layer of the last layer's kind + a 2h -> h projection + 2 norms, sharing the embedding and the output
+    # head.  Trained (their forward / backward count in the step) but not part of the published totals.
+    mtp_layers: int = 0
+    # Sliding-window attention: a windowed layer attends to at most `sliding_window` previous tokens
+    # (0: every layer attends to the whole sequence).  `window_pattern` says which layers, cycled over the
+    # layers: "S" windowed, "F" full ("SF": GPT-OSS alternates windowed / full starting windowed; "SSSSSF":
+    # Gemma 3); a string as long as `layers` lists every layer; empty: every layer windowed (Mistral 7B).
+    sliding_window: int = 0
+    window_pattern: str = ""
+    # Attention sinks (GPT-OSS): one learned logit per head added to the softmax denominator; `heads`
+    # parameters per layer, no matmul.
+    attention_sinks: bool = False
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
 
@@ -108,9 +157,37 @@ class ModelConfig:
         return self.n_kv * self.d_head
 
     @property
+    def gated(self) -> bool:
+        """Gated FFN (SwiGLU): the first projection is 2 x ffn wide (gate and up)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
     def ffn_mats(self) -> int:
-        """Weight matrices per FFN: 3 for SwiGLU (gate, up, down), 2 for GELU."""
-        return 3 if self.activation == "swiglu" else 2
+        """Weight matrices per FFN: 3 for SwiGLU (gate, up, down), 2 for GELU and squared ReLU."""
+        return 3 if self.gated else 2
+
+    def is_window_layer(self, i: int) -> bool:
+        """Layer `i` (0-based) uses sliding-window attention."""
+        if self.sliding_window <= 0:
+            return False
+        pat = self.window_pattern or "S"
+        return pat[i % len(pat)] == "S"
+
+    @property
+    def window_layers(self) -> int:
+        return sum(self.is_window_layer(i) for i in range(self.layers))
+
+    def attention_span(self, i: int, seq: int) -> int:
+        """Keys a query of layer `i` can attend to at most: the window, or the whole sequence."""
+        return min(seq, self.sliding_window) if self.is_window_layer(i) else seq
+
+    def mean_causal_context(self, i: int, seq: int) -> float:
+        """Mean number of keys per query of layer `i` under the causal mask for a `seq`-token sequence:
+        (seq + 1) / 2 with full attention; with a window W < seq, (W (W + 1) / 2 + (seq - W) W) / seq."""
+        w = self.attention_span(i, seq)
+        if w >= seq:
+            return (seq + 1) / 2.0
+        return (w * (w + 1) / 2.0 + (seq - w) * w) / seq
 
     def is_moe_layer(self, i: int) -> bool:
         m = self.moe
@@ -142,6 +219,8 @@ class ModelConfig:
         p = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.bias:
             p += self.q_dim + 2 * self.kv_dim + h
+        if self.attention_sinks:
+            p += self.heads
         return p
 
     def ffn_params(self, f: int) -> int:
@@ -162,10 +241,20 @@ class ModelConfig:
             return base + f, base + f
         m = self.moe
         e = self.ffn_params(m.expert_ffn)
+        shared = m.shared_experts * self.ffn_params(m.shared_ffn)
         router = self.hidden * m.num_experts
-        total = base + router + (m.num_experts + m.shared_experts) * e
-        active = base + router + (m.top_k + m.shared_experts) * e
+        total = base + router + m.num_experts * e + shared
+        active = base + router + m.top_k * e + shared
         return total, active
+
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction modules (not in `param_count`): per module one layer of
+        the last layer's kind, the 2h -> h projection and its two input norms (the embedding and output
+        head are shared with the main model)."""
+        if not self.mtp_layers:
+            return 0
+        per = self.layer_params(self.layers - 1)[0] + 2 * self.hidden * self.hidden + 2 * self.hidden
+        return self.mtp_layers * per
 
     def embedding_params(self) -> int:
         p = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
@@ -176,8 +265,13 @@ class ModelConfig:
     def param_count(self) -> int:
         return self.embedding_params() + sum(self.layer_params(i)[0] for i in range(self.layers))
 
-    def active_param_count(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i)[1] for i in range(self.layers))
+    def active_param_count(self, input_embedding: bool = True) -> int:
+        """Parameters a token uses (MoE: top-k + shared experts).  `input_embedding=False` leaves out the
+        input embedding table (a lookup, no matmul), as the GPT-OSS model card counts "active" parameters."""
+        p = self.embedding_params() + sum(self.layer_params(i)[1] for i in range(self.layers))
+        if not input_embedding and not self.tied_embeddings:
+            p -= self.vocab * self.hidden
+        return p
 
     # ------------------------------------------------------------ FLOPs
     def matmul_params_active(self) -> int:
@@ -223,8 +317,12 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
             missing = [f.name for f in fields(cls) if f.name not in value and f.default is MISSING]
             if missing:
                 raise TraceInputError(path, f"missing key '{key}.{missing[0]}'")
+            sub_types = {f.name: str(f.type) for f in fields(cls)}
             for k, v in value.items():
-                if not isinstance(v, int) or isinstance(v, bool):
+                if sub_types[k] == "str":
+                    if not isinstance(v, str):
+                        raise TraceInputError(path, f"'{key}.{k}' must be a string, got {v!r}")
+                elif not isinstance(v, int) or isinstance(v, bool):
                     raise TraceInputError(path, f"'{key}.{k}' must be an integer, got {v!r}")
             try:
                 kwargs[key] = cls(**value)
@@ -262,8 +360,14 @@ def _validate(cfg: ModelConfig) -> None:
         check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
     for key in ("published_params_b", "published_active_params_b"):
         check_number(f"'{key}'", getattr(cfg, key), 0)
-    if cfg.activation not in ("swiglu", "gelu"):
-        bad(f"'activation' must be 'swiglu' or 'gelu', got {cfg.activation!r}")
+    if cfg.activation not in ACTIVATIONS:
+        bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
+    for key in ("mtp_layers", "sliding_window"):
+        check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
+    if not isinstance(cfg.window_pattern, str) or set(cfg.window_pattern) - {"S", "F"}:
+        bad(f"'window_pattern' must be a string of 'S' (windowed) and 'F' (full) layers, got {cfg.window_pattern!r}")
+    if cfg.window_pattern and cfg.sliding_window <= 0:
+        bad("'window_pattern' needs 'sliding_window' (the window in tokens) > 0")
     if cfg.norm not in ("rmsnorm", "layernorm"):
         bad(f"'norm' must be 'rmsnorm' or 'layernorm', got {cfg.norm!r}")
     if cfg.position not in ("rope", "learned"):

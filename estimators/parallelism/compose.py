@@ -63,6 +63,16 @@ _FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM
 
 
 # ------------------------------------------------------------------------------------------ sampling
+def layer_signature(model: ModelConfig, plan: ParallelPlan, layer: int, position: int) -> tuple:
+    """What tells one layer's passes from another's: the parts of the generator's layer-template key
+    (`workload._RankBuilder.layer_template`) that depend on the layer: MoE or dense, sliding-window
+    attention or not, fully recomputed or not (`recompute_layers`: the first N layers of each chunk)."""
+    window = bool(getattr(model, "is_window_layer", lambda i: False)(layer))
+    n = getattr(plan, "recompute_layers", 0)
+    recompute = plan.recompute == "full" and (not n or position < n)
+    return bool(model.is_moe_layer(layer)), window, recompute
+
+
 def stage_signature(model: ModelConfig, plan: ParallelPlan, stage: int, chunks: list[list[int]],
                     gpus_per_node: int) -> tuple:
     """What a stage computes: per local chunk, its layers' kinds (the generator builds one template per
@@ -73,7 +83,8 @@ def stage_signature(model: ModelConfig, plan: ParallelPlan, stage: int, chunks: 
     sig = []
     for c in range(plan.vp):
         g = stage + c * plan.pp
-        sig.append((tuple(bool(model.is_moe_layer(layer)) for layer in chunks[g]), g == 0, g == n - 1))
+        sig.append((tuple(layer_signature(model, plan, layer, j) for j, layer in enumerate(chunks[g])),
+                    g == 0, g == n - 1))
     node = plan.rank(stage) // gpus_per_node
     local = tuple(plan.rank(peer) // gpus_per_node == node
                   for peer in ((stage + 1) % plan.pp, (stage - 1) % plan.pp)) if plan.pp > 1 else ()

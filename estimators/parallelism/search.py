@@ -45,7 +45,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
 from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, stage_layers
+from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, stage_layers
 
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
@@ -358,7 +358,8 @@ class StageTable:
     shardable: np.ndarray     # parameters split by TP (dense layers; attention / router / norms of MoE layers)
     shared: np.ndarray        # shared-expert parameters (not tensor-parallel)
     experts: np.ndarray       # routed-expert parameters (split by EP)
-    biggest: np.ndarray       # largest layer's total parameters (ZeRO-3 working buffer, before /tp)
+    biggest: np.ndarray       # largest dense layer's parameters (ZeRO-3 working buffer, before /tp)
+    moe_big: np.ndarray       # [pp, 3] (sharded, shared, routed) of the largest MoE layer (ZeRO-3 buffer)
     dense_layers: np.ndarray
     moe_layers: np.ndarray
 
@@ -366,11 +367,18 @@ class StageTable:
 def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     chunks = stage_layers(model, ParallelPlan(pp=pp, vp=vp))
     out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest", "dense_layers", "moe_layers")}
+    out["moe_big"] = np.zeros((pp, 3))
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
+        if s == pp - 1:   # MTP modules (one more last layer each) sit on the last stage, as estimate_memory has them
+            layers = layers + [model.layers - 1] * mtp_layers(model)
         for i in layers:
             sharded, shared, experts = _layer_split(model, i)
-            out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
+            if experts:
+                if sum((sharded, shared, experts)) > out["moe_big"][s].sum():
+                    out["moe_big"][s] = (sharded, shared, experts)
+            else:
+                out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
             out["shardable"][s] += sharded
             out["shared"][s] += shared
             out["experts"][s] += experts
@@ -418,19 +426,22 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
     for (pp, vp), idx in _groups(cols["pp"], cols["vp"]):
         st = tables.setdefault((pp, vp), stage_table(model, pp, vp))
         t, ep = tp[idx], cols["ep"][idx]
+        # expert parameters shard their ZeRO states over the expert-data-parallel ranks (tp*cp*dp/ep)
+        esh = np.maximum(cols["tp"][idx] * cols["cp"][idx] * cols["dp"][idx] // ep, 1)
         for s in range(pp):
-            params = st.shardable[s] / t + st.shared[s] + st.experts[s] / ep
+            dense = st.shardable[s] / t + st.shared[s]
+            expert = st.experts[s] / ep
             if s == 0:
-                params = params + emb[idx] + pos
+                dense = dense + emb[idx] + pos
             if s == pp - 1 and (not model.tied_embeddings or pp > 1):
-                params = params + emb[idx]
+                dense = dense + emb[idx]
             sh, zz = shard[idx], z[idx]
-            w = params * WEIGHT_BYTES
-            g = params * GRAD_BYTES
-            o = params * OPTIM_BYTES
-            o = np.where(zz >= 1, o / sh, o)
-            g = np.where(zz >= 2, g / sh, g)
-            w = np.where(zz >= 3, w / sh + 2 * st.biggest[s] / t * WEIGHT_BYTES, w)
+            w = (dense + expert) * WEIGHT_BYTES
+            g = np.where(zz >= 2, dense / sh + expert / esh, dense + expert) * GRAD_BYTES
+            o = np.where(zz >= 1, dense / sh + expert / esh, dense + expert) * OPTIM_BYTES
+            mb_sh, mb_shared, mb_routed = st.moe_big[s]
+            biggest = np.maximum(st.biggest[s] / t, mb_sh / t + mb_shared + mb_routed / ep)
+            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
             act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
             if s == 0:
@@ -501,7 +512,8 @@ def _layer_split(model: ModelConfig, i: int) -> tuple[float, float, float]:
         return float(total), 0.0, 0.0
     mo = model.moe
     e = model.ffn_params(mo.expert_ffn)
-    routed, shared = mo.num_experts * e, mo.shared_experts * e
+    routed = mo.num_experts * e
+    shared = mo.shared_experts * model.ffn_params(getattr(mo, "shared_ffn", mo.expert_ffn))
     return float(total - routed - shared), float(shared), float(routed)
 
 

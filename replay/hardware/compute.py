@@ -183,17 +183,21 @@ class ComputeModel:
 
     def attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
                   causal: bool = False, backward: bool = False, dtype: str = "bf16",
-                  kv_heads: int | None = None) -> OpEstimate:
+                  kv_heads: int | None = None, window: int = 0) -> OpEstimate:
+        """Flash attention; `window` > 0: sliding-window (causal) attention over at most that many keys."""
         return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
-                               bool(backward), dtype, int(kv_heads or heads))
+                               bool(backward), dtype, int(kv_heads or heads), int(window))
 
     @lru_cache(maxsize=16384)
     def _attention(self, b: int, h: int, sq: int, skv: int, d: int, causal: bool, backward: bool,
-                   dtype: str, kvh: int) -> OpEstimate:
+                   dtype: str, kvh: int, window: int = 0) -> OpEstimate:
         c = self.hw.compute
         e = DTYPE_BYTES.get(dtype, 2)
         pairs = float(sq) * skv
-        if causal:
+        if causal and 0 < window < skv and sq == skv:
+            # each query sees at most `window` keys: W(W+1)/2 pairs for the first W queries, W for the rest
+            pairs = window * (window + 1) / 2.0 + (sq - window) * float(window)
+        elif causal:
             # queries see only earlier keys: about half the score matrix when seq_q == seq_kv
             pairs = float(sq) * skv - sq * (sq - 1) / 2.0 if sq <= skv else pairs / 2.0
         fwd_flops = 4.0 * b * h * pairs * d                      # QK^T and PV
@@ -215,7 +219,15 @@ class ComputeModel:
         attention dims), with the preset's fitted class model (fixed cost, efficiency) when it has one."""
         est = self.roofline_op_estimate(attrs)
         model = class_model(self.hw, str(attrs.get("op", "elementwise")), str(attrs.get("dtype", "bf16")))
-        return apply_class_model(est, model, self._min) if model is not None else est
+        if model is not None:
+            est = apply_class_model(est, model, self._min)
+        launch = float(attrs.get("launch_us", 0.0) or 0.0)
+        if launch > est.time_us:
+            # a kernel issued from eager host code cannot run faster than the host issues kernels: a run of
+            # short kernels is launch-bound (generated workloads say so with `launch_us`)
+            est = OpEstimate(launch, est.compute_us, est.memory_us, "latency", est.flops, est.bytes,
+                             est.efficiency * est.time_us / launch if launch > 0 else 0.0, "launch-bound")
+        return est
 
     def roofline_op_estimate(self, attrs: Mapping[str, Any]) -> OpEstimate:
         """`op_estimate` from the physics alone (no fitted class model)."""
@@ -229,7 +241,7 @@ class ComputeModel:
             return self.attention(int(attrs.get("batch", 1)), int(attrs["heads"]), int(attrs["seq_q"]),
                                   int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),
                                   bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
-                                  attrs.get("kv_heads"))
+                                  attrs.get("kv_heads"), int(attrs.get("window", 0) or 0))
         nbytes = float(attrs.get("bytes", 0.0))
         flops = float(attrs.get("flops", 0.0))
         if op == "memcpy":
