@@ -21,6 +21,12 @@ GPT = model_from_dict(dict(name="gpt", layers=8, hidden=1024, heads=16, ffn=4096
                            norm="layernorm", tied_embeddings=True, position="learned", max_seq=2048, bias=True))
 MOE = model_from_dict(dict(name="moe", layers=4, hidden=512, heads=8, ffn=0, vocab=8000,
                            moe=dict(num_experts=8, top_k=2, expert_ffn=1024)))
+# DeepSeek-V3-like: a dense first layer, shared expert, an MTP module; GPT-OSS-like: alternating sliding windows
+DSV3ISH = model_from_dict(dict(name="dsv3ish", layers=7, hidden=512, heads=8, ffn=1536, vocab=8000, mtp_layers=1,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=512, shared_experts=1,
+                                        first_dense_layers=1)))
+WINDOWED = model_from_dict(dict(name="windowed", layers=8, hidden=1024, heads=16, kv_heads=4, ffn=3584,
+                                vocab=32000, sliding_window=512, window_pattern="SF"))
 MEGATRON_2021 = dict(zero=0, sequence_parallel=False, attention="unfused", overlap_grad_reduce=False,
                      overlap_p2p=False, async_tp_comm=False, grad_accum_fusion=False, recompute="full")
 
@@ -35,6 +41,10 @@ AGREEMENT = [  # (model, plan): PP 1/2/4/8, with and without virtual stages, TP/
     (MOE, ParallelPlan(tp=2, pp=2, dp=4, ep=4, seq_len=1024, global_batch=16, zero=3)),
     (MOE, ParallelPlan(tp=1, pp=4, dp=4, ep=2, vp=1, seq_len=1024, global_batch=32, zero=1, precision="fp8")),
     (GPT, ParallelPlan(tp=2, pp=2, dp=2, vp=2, seq_len=2048, global_batch=16, **MEGATRON_2021)),
+    # layouts of Megatron-Core recipes: expert grid (ETP), uneven first / last stages, MTP, partial recompute
+    (DSV3ISH, ParallelPlan(tp=2, pp=2, dp=4, ep=4, etp=2, seq_len=1024, global_batch=16, first_stage_layers=3,
+                           recompute="full", recompute_layers=1)),
+    (WINDOWED, ParallelPlan(tp=2, pp=4, dp=1, vp=2, seq_len=2048, global_batch=8, zero=1)),
 ]
 
 
