@@ -5,7 +5,8 @@ Cases: Llama 3 405B (126 layers: the first and last stage hold one layer less) o
 with 2,048 sequences of 8,192 tokens per step (2 x PP micro-batches); the interleaved cases, and PP128 (126 layers
 do not split over 128 stages), use the same layer shape with 256 layers, so that PP128 x VP2 has one layer per
 model chunk. Each case prints the wall time of one estimate (the model,
-hardware and plan objects already built) per simulation mode, and the step time each mode predicts.
+hardware and plan objects already built) and its CPU time (the machine may be shared: the CPU time is what
+the estimate costs) per simulation mode, and the step time each mode predicts.
 
     PYTHONPATH=. python benchmarks/bench_estimate_depth.py [--modes fast,symmetric] [--depths 16,64,128]
 """
@@ -42,15 +43,15 @@ def main() -> None:
     args = ap.parse_args()
     modes = args.modes.split(",")
     depths = [int(d) for d in args.depths.split(",")]
-    print(f"{'case':<10} {'model':<18} {'GPUs':>6} {'m':>4}  " + "  ".join(f"{m + ' wall s':>16} {'step s':>8}" for m in modes),
-          flush=True)
+    print(f"{'case':<10} {'model':<18} {'GPUs':>6} {'m':>4}  "
+          + "  ".join(f"{m + ' wall s':>16} {'cpu s':>7} {'step s':>8}" for m in modes), flush=True)
     for label, model, plan in cases(depths):
         cells = []
         for mode in modes:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             r = predict(model, plan, "h100-sxm", mode=mode)
-            wall = time.perf_counter() - t0
-            cells.append(f"{wall:>16.3f} {r.step_time_s:>8.3f}")
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            cells.append(f"{wall:>16.3f} {cpu:>7.3f} {r.step_time_s:>8.3f}")
         print(f"{label:<10} {model.name:<18} {plan.gpus:>6} {plan.micro_batches:>4}  " + "  ".join(cells), flush=True)
 
 

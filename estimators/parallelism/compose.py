@@ -91,22 +91,23 @@ def stage_signature(model: ModelConfig, plan: ParallelPlan, stage: int, chunks: 
     return tuple(sig), local
 
 
-def sample_schedule(vp: int) -> list[tuple[bool, int, int]]:
-    """The passes a stage sample replays: micro-batch 0's forwards of every local chunk, micro-batch 1's,
-    then per chunk, last first, micro-batch 0's backward and micro-batch 1's (the chunk's last backward),
-    as the schedule's cool-down runs them: a chunk's last backward follows one of its backwards, and the
-    next chunk's backwards follow it while its gradients are being reduced."""
-    out = [(True, 0, c) for c in range(vp)] + [(True, 1, c) for c in range(vp)]
-    for c in reversed(range(vp)):
+def sample_schedule(chunks: list[int]) -> list[tuple[bool, int, int]]:
+    """The passes a stage sample replays for its local `chunks`: micro-batch 0's forwards of every chunk,
+    micro-batch 1's, then per chunk, last first, micro-batch 0's backward and micro-batch 1's (the chunk's
+    last backward), as the schedule's cool-down runs them: a chunk's last backward follows one of its
+    backwards, and the next chunk's backwards follow it while its gradients are being reduced."""
+    out = [(True, 0, c) for c in chunks] + [(True, 1, c) for c in chunks]
+    for c in reversed(chunks):
         out += [(False, 0, c), (False, 1, c)]
     return out
 
 
-def sample_position(vp: int, fwd: bool, chunk: int, last: bool) -> int:
-    """Where the warm pass of a type sits in `sample_schedule(vp)`."""
+def sample_position(chunks: list[int], fwd: bool, chunk: int, last: bool) -> int:
+    """Where the warm pass of a type sits in `sample_schedule(chunks)`."""
+    n, i = len(chunks), chunks.index(chunk)
     if fwd:
-        return vp + chunk
-    return 2 * vp + 2 * (vp - 1 - chunk) + int(last)
+        return n + i
+    return 2 * n + 2 * (n - 1 - i) + int(last)
 
 
 class _PipelineDataReady:
@@ -205,7 +206,19 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     from replay.engine import simulate
 
     vp = plan.vp
-    sched = sample_schedule(vp)
+    # chunks that compute the same (most of a stage's chunks with interleaving) are sampled once; without
+    # overlapped gradient reduction every chunk's reductions wait for the tail, so then all are sampled
+    layer_chunks = stage_layers(model, plan)
+    n_chunks = plan.pp * vp
+    kinds: dict[tuple, int] = {}
+    rep = []
+    for c in range(vp):
+        g = stage + c * plan.pp
+        sig = (tuple(layer_signature(model, plan, layer, j) for j, layer in enumerate(layer_chunks[g])),
+               g == 0, g == n_chunks - 1)
+        rep.append(kinds.setdefault(sig, c) if plan.overlap_grad_reduce else c)
+    chunks = sorted(set(rep))
+    sched = sample_schedule(chunks)
     g = build_rank_graph(model, plan.with_(overlap_p2p=True), plan.rank(stage), gpus_per_node,
                          schedule=sched)
     run = simulate([g], _PipelineDataReady(timing), align="start")
@@ -261,9 +274,9 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     tail_parts = _window_parts(kind, start, end, xfer, last_end, makespan)
 
     # pass types in the sample: warm forward = mb 1's, backward = mb 0's, last backward = mb 1's
-    pos = [sample_position(vp, True, c, False) for c in range(vp)] + \
-          [sample_position(vp, False, c, False) for c in range(vp)] + \
-          [sample_position(vp, False, c, True) for c in range(vp)]
+    pos = [sample_position(chunks, True, rep[c], False) for c in range(vp)] + \
+          [sample_position(chunks, False, rep[c], False) for c in range(vp)] + \
+          [sample_position(chunks, False, rep[c], True) for c in range(vp)]
     pos = np.array(pos)
     # The same passes with each send done before the next pass starts (blocking point-to-point): their
     # bodies without a neighbour's send sharing their links, for passes that waited for their input.
@@ -275,7 +288,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
         e_i, f_i, _ = _pass_bodies(gi, ri.start, ri.end)
         iso = e_i - f_i
         n += len(gi)
-    reductions = [red_by_pass[sample_position(vp, False, c, True)] for c in range(vp)]
+    reductions = [red_by_pass[sample_position(chunks, False, rep[c], True)] for c in range(vp)]
     return StageSample(body=body[pos], iso_body=iso[pos], gap=gap[pos], first_body=float(body[0]), first_gap=float(gap[0]),
                        send_stretch=send_stretch[pos],
                        send_bytes=send_bytes[pos], out_delay=out_delay[pos], recv_gather=gather[pos], reductions=reductions,
