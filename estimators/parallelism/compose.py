@@ -6,16 +6,19 @@ over and over; only the first and last stage differ (embedding, output layer and
 interleaving each stage holds several chunks. So instead of replaying pp stages x m micro-batches x vp
 chunks event by event (`evaluate.predict(mode="symmetric")`), this:
 
-1. groups the stages by what they compute (`stage_signature`) and, for one stage of each group, replays
-   with the event-level engine a short sample schedule - two micro-batches' forward and backward of each
-   local chunk, back to back (`sample_schedule`) - built by the workload generator
+1. groups the stages by what they compute and where their sends go (`stage_signature`) and, for one stage
+   of each group, replays with the event-level engine a short sample schedule - two micro-batches'
+   forward and backward of each distinct local chunk, back to back (`sample_schedule`) - built by the
+   workload generator
    (`workload.build_rank_graph(schedule=...)`), with its TP / CP / EP / ZeRO-3 collectives, overlap and
    link sharing as in the full replay. The pipeline receives of the sample take no time (their data is
    there); the schedule below decides when data arrives. From the sample (`StageSample`), per pass type
    (forward, backward, the last backward of a chunk, which also reduces gradients; per local chunk):
-   - `body`: from the pass's first compute kernel to its output (what the pass costs once its input is
-     there), and `gap`: what it adds on top when it follows the previous pass directly (a parameter
-     all-gather or a gradient all-gather that the previous pass did not hide);
+   - `body`: from the pass's first compute kernel to its last (what the pass costs once its input is
+     there) when it follows the previous pass directly, that pass's send sharing its links; `iso_body`:
+     the same with that send done (a second sample with blocking sends, only where a send shared links);
+     `gap`: what the pass adds on top when it follows the previous one directly (a parameter all-gather
+     that the previous pass did not hide);
    - its send's time under link sharing relative to the send alone (`send_stretch`), and the TP
      all-gather that follows a receive (Megatron's scatter/gather of activations without sequence
      parallelism);
@@ -27,7 +30,7 @@ chunks event by event (`evaluate.predict(mode="symmetric")`), this:
    on its stage is done (plus its gap) and its input has arrived (the producer's end, plus the
    point-to-point transfer between the two stages' ranks from the timing source, stretched as in the
    sample; blocking send/recv in batches when `overlap_p2p` is off, as the generator does). The
-   recurrence end[k] = max(end[k-1] + gap[k] + body[k], ready[k] + body[k]) of one stage is a max-plus
+   recurrence end[k] = max(end[k-1] + gap[k] + body[k], ready[k] + iso_body[k]) of one stage is a max-plus
    scan (numpy cumulative max); the stages are solved by Gauss-Seidel sweeps, forward and backward over
    the stages, until nothing moves (the exact longest-path solution: sweeps only raise times, and never
    past it);
@@ -289,9 +292,9 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
         iso = e_i - f_i
         n += len(gi)
     reductions = [red_by_pass[sample_position(chunks, False, rep[c], True)] for c in range(vp)]
-    return StageSample(body=body[pos], iso_body=iso[pos], gap=gap[pos], first_body=float(body[0]), first_gap=float(gap[0]),
-                       send_stretch=send_stretch[pos],
-                       send_bytes=send_bytes[pos], out_delay=out_delay[pos], recv_gather=gather[pos], reductions=reductions,
+    return StageSample(body=body[pos], iso_body=iso[pos], gap=gap[pos], first_body=float(body[0]),
+                       first_gap=float(gap[0]), send_stretch=send_stretch[pos], send_bytes=send_bytes[pos],
+                       out_delay=out_delay[pos], recv_gather=gather[pos], reductions=reductions,
                        deferred_us=deferred, tail_us=makespan - t_opt, parts=parts[pos], tail_parts=tail_parts,
                        nodes=n)
 
@@ -535,7 +538,6 @@ def schedule_step(plan: ParallelPlan, ss: StageSamples, m: int) -> ComposedStep:
     samples, stage_kind, alone = ss.samples, ss.stage_kind, ss.alone
     sa = schedule_arrays(pp, m, vp)
     K = sa.K
-    T = 3 * vp
     ptype = np.where(sa.fwd, sa.chunk, np.where(sa.mb == m - 1, 2 * vp + sa.chunk, vp + sa.chunk))
     table = lambda name: np.stack([getattr(x, name) for x in samples])  # noqa: E731  [kinds, T]
     kk = stage_kind[:, None]
@@ -609,7 +611,8 @@ def schedule_step(plan: ParallelPlan, ss: StageSamples, m: int) -> ComposedStep:
         if plan.overlap_p2p and pp > 1:
             sends = send_bytes[stage_kind[s], ptype[s]] > 0
             if sends.any():
-                arr = E[s][sends] + out_delay[s][sends] + alone[s, np.where(sa.fwd[s][sends], 0, 1)] * stretch[s][sends]
+                arr = (E[s][sends] + out_delay[s][sends]
+                       + alone[s, np.where(sa.fwd[s][sends], 0, 1)] * stretch[s][sends])
                 end = max(end, float(arr.max()))
         stage_end[s] = end
         per_stage.append(_stage_breakdown(parts[stage_kind[s]][ptype[s]].sum(axis=0) + smp.tail_parts,
