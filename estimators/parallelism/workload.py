@@ -194,6 +194,8 @@ class _Template:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
             attrs = {**attrs, "launch_us": self.launch_us}
+        if attrs.get("op") in ("gemm", "grouped_gemm", "attention"):
+            attrs = {**attrs, "sustained": True}   # tensor-core work of a long training run (power-limited clock)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
