@@ -947,7 +947,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     pg_dp = rb._pg("dp", rb.shard_g)
     pg_rep = rb._pg("dprep", rb.replica_g) if hsdp else ""
     pg_edp = rb._pg("edp", rb.edp_g)
-    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else GRAD_COMM_BYTES
+    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else min(GRAD_COMM_BYTES, p.grad_bytes)
 
     deferred: list[tuple[str, float, float]] = []
 
