@@ -72,6 +72,11 @@ class ParallelPlan:
     packed_doc_len: int = 0            # SFT: mean length of the documents packed in a sequence (0: seq_len)
     lora_rank: int = 16
     lora_modules: tuple[str, ...] = ("qkv",)   # linears with adapters: qkv, proj, fc1, fc2
+    # optimizer state layout: gradient buffer bytes per parameter (4: fp32 main grads, Megatron-Core;
+    # 2: bf16 grads, NeMo 1.x megatron_amp_O2 + distributed Adam) and master-weight bytes (4: fp32;
+    # 2: apex DistributedFusedAdam's 16-bit remainders of fp32 masters whose high half is the bf16 weight)
+    grad_bytes: int = 4
+    master_weight_bytes: int = 4
 
     def __post_init__(self) -> None:
         # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model
@@ -85,6 +90,7 @@ class ParallelPlan:
                   and self.recompute_layers >= 0 and self.moe_capacity_factor >= 0 and self.moe_a2a in MOE_A2A
                   and self.fp8_recipe in FP8_RECIPES and self.finetune in FINETUNE and self.fsdp in FSDP_IMPLS
                   and self.packed_doc_len >= 0 and self.lora_rank >= 1
+                  and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
                   and all(isinstance(n, int) and n >= 0 for n in self.pipeline_layout)
                   and all(x in RECOMPUTE_MODULES for x in self.recompute_modules))
         except TypeError:   # a string where a number belongs
@@ -212,6 +218,9 @@ def _reject_fields(plan: ParallelPlan) -> None:
         bad(f"--recompute-modules: unknown module {bad_mod[0]!r} (known: {', '.join(RECOMPUTE_MODULES)})")
     if not (isinstance(plan.moe_capacity_factor, (int, float)) and plan.moe_capacity_factor >= 0):
         bad(f"--moe-capacity-factor must be >= 0 (0: dropless), got {plan.moe_capacity_factor!r}")
+    for key in ("grad_bytes", "master_weight_bytes"):
+        if getattr(plan, key) not in (2, 4):
+            bad(f"{key} must be 2 or 4, got {getattr(plan, key)!r}")
     bad(f"--zero must be 0, 1, 2 or 3, got {plan.zero!r}")
 
 

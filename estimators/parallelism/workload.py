@@ -194,6 +194,8 @@ class _Template:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
             attrs = {**attrs, "launch_us": self.launch_us}
+        if attrs.get("op") in ("gemm", "grouped_gemm", "attention"):
+            attrs = {**attrs, "sustained": True}   # tensor-core work of a long training run (power-limited clock)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
@@ -952,7 +954,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     pg_dp = rb._pg("dp", rb.shard_g)
     pg_rep = rb._pg("dprep", rb.replica_g) if hsdp else ""
     pg_edp = rb._pg("edp", rb.edp_g)
-    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else GRAD_COMM_BYTES
+    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else min(GRAD_COMM_BYTES, p.grad_bytes)
 
     deferred: list[tuple[str, float, float]] = []
 
