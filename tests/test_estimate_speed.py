@@ -45,6 +45,8 @@ AGREEMENT = [  # (model, plan): PP 1/2/4/8, with and without virtual stages, TP/
     (DSV3ISH, ParallelPlan(tp=2, pp=2, dp=4, ep=4, etp=2, seq_len=1024, global_batch=16, first_stage_layers=3,
                            recompute="full", recompute_layers=1)),
     (WINDOWED, ParallelPlan(tp=2, pp=4, dp=1, vp=2, seq_len=2048, global_batch=8, zero=1)),
+    # deep interleaving with a DP group across nodes: every chunk's gradient reduction queues in time order
+    (DEEP, ParallelPlan(tp=2, pp=2, dp=8, vp=4, seq_len=2048, global_batch=16)),
 ]
 
 

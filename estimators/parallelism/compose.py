@@ -598,10 +598,12 @@ def schedule_step(plan: ParallelPlan, ss: StageSamples, m: int) -> ComposedStep:
         smp = samples[stage_kind[s]]
         last_end = float(E[s, -1])
         q = NEG
-        for c in range(vp):
-            k = int(np.flatnonzero((~sa.fwd[s]) & (sa.chunk[s] == c) & (sa.mb[s] == m - 1))[0])
+        # the chunks' last backwards in the order the stage runs them (the cool-down goes from the last
+        # chunk to the first); their reductions queue on one stream
+        last_bwd = np.flatnonzero((~sa.fwd[s]) & (sa.mb[s] == m - 1))
+        for k in last_bwd.tolist():
             b0 = float(res.start[s, k])
-            for ready, d in smp.reductions[c]:
+            for ready, d in smp.reductions[int(sa.chunk[s, k])]:
                 q = max(q, b0 + ready) + d
         final = 0.0
         if not plan.overlap_p2p:
