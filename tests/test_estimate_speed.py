@@ -177,3 +177,20 @@ def test_estimate_work_does_not_grow_with_pipeline_depth_or_micro_batches():
         assert r.simulated_ranks <= 3 and wall < 10.0, (pp, r.simulated_ranks, wall)
     # layers per stage fall 4x from PP16 to PP64, and so do the replayed nodes; 2 x PP micro-batches do not count
     assert nodes[64] < nodes[16] / 2
+
+
+def test_cli_simulation_flag_picks_the_mode():
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra):
+        p = subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "parallelism", "--model", "llama3-8b",
+                            "--gpus", "16", "--tp", "4", "--pp", "2", "--seq-len", "4096", "--global-batch", "32",
+                            "--json", *extra], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    fast, full = run(), run("--simulation", "symmetric")
+    assert (fast["simulation"], full["simulation"]) == ("fast", "symmetric")
+    assert fast["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.02)
