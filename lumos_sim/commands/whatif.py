@@ -253,7 +253,7 @@ def _main_search(args) -> int:
                                     + (f" under {given}" if given else ""))
     if not ranked.fitting:
         raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name} "
-                                    f"({ranked.candidates:,} plans tried)")
+                                    f"({ranked.candidates:,} plans tried" + (f" under {given}" if given else "") + ")")
     with progress_bar("simulating plans") as cb:
         preds = simulate_ranked(base, ranked, args.top_k, progress=cb)
     sim_s = sum(p.wall_s for p in preds)
