@@ -96,12 +96,16 @@ def stage_signature(model: ModelConfig, plan: ParallelPlan, stage: int, chunks: 
 
 def sample_schedule(chunks: list[int]) -> list[tuple[bool, int, int]]:
     """The passes a stage sample replays for its local `chunks`: micro-batch 0's forwards of every chunk,
-    micro-batch 1's, then per chunk, last first, micro-batch 0's backward and micro-batch 1's (the chunk's
-    last backward), as the schedule's cool-down runs them: a chunk's last backward follows one of its
-    backwards, and the next chunk's backwards follow it while its gradients are being reduced."""
+    micro-batch 1's, the backwards of micro-batch 0 (last chunk first, as the schedule runs them: the
+    first right after forwards), then per chunk micro-batch 1's backward and micro-batch 2's, the chunk's
+    last backward, which issues its gradient reductions. So a backward is measured after a forward or a
+    backward with no reductions in flight, and a last backward after a backward of its chunk, as in the
+    schedule's cool-down (a backward right after another chunk's last backward shares its links with that
+    chunk's reductions, which the schedule spreads out)."""
     out = [(True, 0, c) for c in chunks] + [(True, 1, c) for c in chunks]
+    out += [(False, 0, c) for c in reversed(chunks)]
     for c in reversed(chunks):
-        out += [(False, 0, c), (False, 1, c)]
+        out += [(False, 1, c), (False, 2, c)]
     return out
 
 
@@ -110,7 +114,9 @@ def sample_position(chunks: list[int], fwd: bool, chunk: int, last: bool) -> int
     n, i = len(chunks), chunks.index(chunk)
     if fwd:
         return n + i
-    return 2 * n + 2 * (n - 1 - i) + int(last)
+    if not last:
+        return 2 * n + (n - 1 - i)
+    return 3 * n + 2 * (n - 1 - i) + 1
 
 
 class _PipelineDataReady:
