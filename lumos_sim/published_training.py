@@ -15,6 +15,7 @@ Reading the columns (facts of the releases, not fitted):
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
 - NeMo 24.x rows: bf16 gradients and 16-bit master-weight remainders (NeMo 1.x distributed Adam).
 - TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`).
+- notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
 - notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
   balanced routing.
 """
@@ -181,6 +182,8 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     if model.moe is not None:
         if "tokendrop" in text or "token-drop" in text:
             kw["moe_capacity_factor"] = 1.0
+        if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
+            kw["moe_a2a"] = "deepep"
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0
     return ParallelPlan(**kw)

@@ -366,19 +366,20 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
     for (pp, vp), idx in _groups(cols["pp"], cols["vp"]):
         st = tables.setdefault((pp, vp), stage_table(model, pp, vp))
         t, ep = tp[idx], cols["ep"][idx]
+        # expert states shard over the expert-data-parallel group (tp*cp*dp/ep ranks, ETP 1)
+        esh = t * cols["cp"][idx] * cols["dp"][idx] / ep
         for s in range(pp):
-            params = st.shardable[s] / t + st.shared[s] + st.experts[s] / ep
+            params = st.shardable[s] / t + st.shared[s]
+            experts = st.experts[s] / ep
             if s == 0:
                 params = params + emb[idx] + pos
             if s == pp - 1 and (not model.tied_embeddings or pp > 1):
                 params = params + emb[idx]
             sh, zz = shard[idx], z[idx]
-            w = params * WEIGHT_BYTES
-            g = params * GRAD_BYTES
-            o = params * OPTIM_BYTES
-            o = np.where(zz >= 1, o / sh, o)
-            g = np.where(zz >= 2, g / sh, g)
-            w = np.where(zz >= 3, w / sh + 2 * st.biggest[s] / t * WEIGHT_BYTES, w)
+            w = (params + experts) * WEIGHT_BYTES
+            g = np.where(zz >= 2, params / sh + experts / esh, params + experts) * GRAD_BYTES
+            o = np.where(zz >= 1, params / sh + experts / esh, params + experts) * OPTIM_BYTES
+            w = np.where(zz >= 3, (params / sh + experts / esh) * WEIGHT_BYTES + 2 * st.biggest[s] / t * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
             act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
             if s == 0:
