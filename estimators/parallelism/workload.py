@@ -174,7 +174,9 @@ class _Template:
     `frozen`: weight-gradient GEMMs of the base weights are not emitted (LoRA); `join`: collectives that
     run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
 
-    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0) -> None:
+    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
+                 attention_kernel: str = "fa2") -> None:
+        self.attention_kernel = attention_kernel
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
         self.fp8_cast_reads = fp8_cast_reads
@@ -194,6 +196,8 @@ class _Template:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
             attrs = {**attrs, "launch_us": self.launch_us}
+        if attrs.get("op") == "attention" and self.attention_kernel != "fa2":
+            attrs = {**attrs, "kernel": self.attention_kernel}
         if attrs.get("op") in ("gemm", "grouped_gemm"):
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
@@ -325,7 +329,7 @@ class _RankBuilder:
 
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
-        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us)
+        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel)
 
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
         if self.p.tp == 1:
