@@ -13,8 +13,10 @@ Reading the columns (facts of the releases, not fitted):
 - recompute "full,block,N layers" = full recompute of N layers per chunk; "selective (a, b)" = those
   modules; fsdp N = Megatron-FSDP (ZeRO-3) over N GPUs.
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
+- Megatron-Bridge 25.x rows: cuDNN fused attention (TE 2.x on Hopper); NeMo 24.x rows: FlashAttention-2.
 - NeMo 24.x rows: bf16 gradients and 16-bit master-weight remainders (NeMo 1.x distributed Adam).
 - TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`).
+- notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
 - notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
   balanced routing.
 """
@@ -163,6 +165,9 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     # NeMo / Megatron-Bridge H100 performance recipes pipeline the sequence-parallel all-gathers and
     # reduce-scatters with the GEMMs (TE userbuffers, `tp_comm_overlap=True`) whenever TP > 1
     kw["tp_comm_overlap"] = row.tp > 1
+    if "25." in row.release:
+        # Megatron-Bridge 25.x (Transformer Engine 2.x, cuDNN 9) runs cuDNN's fused flash attention on Hopper
+        kw["attention_kernel"] = "cudnn"
     if row.release.startswith("NeMo 24."):
         # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
         # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:
@@ -181,6 +186,8 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     if model.moe is not None:
         if "tokendrop" in text or "token-drop" in text:
             kw["moe_capacity_factor"] = 1.0
+        if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
+            kw["moe_a2a"] = "deepep"
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0
     return ParallelPlan(**kw)

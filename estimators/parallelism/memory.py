@@ -176,7 +176,7 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
         g += ge
         o += oe
         if plan.zero >= 3:
-            biggest = max((sum(layer_params_local(model, plan, i)) for i in layers), default=0.0)
+            biggest = max((model.layer_params(i)[0] / t for i in layers), default=0.0)
             w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + 2 * biggest * WEIGHT_BYTES
         if lora:
             g = o = 0.0

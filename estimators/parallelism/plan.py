@@ -30,6 +30,9 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "share
 MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
+# which fused attention kernel: FlashAttention-2 (the presets' attention efficiencies) or cuDNN's fused
+# flash attention (Transformer Engine's FusedAttention; measured rates in replay.hardware.compute)
+ATTENTION_KERNELS = ("fa2", "cudnn")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class ParallelPlan:
     # optimizer state layout: gradient buffer bytes per parameter (4: fp32 main grads, Megatron-Core;
     # 2: bf16 grads, NeMo 1.x megatron_amp_O2 + distributed Adam) and master-weight bytes (4: fp32;
     # 2: apex DistributedFusedAdam's 16-bit remainders of fp32 masters whose high half is the bf16 weight)
+    attention_kernel: str = "fa2"
     grad_bytes: int = 4
     master_weight_bytes: int = 4
 
@@ -91,6 +95,7 @@ class ParallelPlan:
                   and self.fp8_recipe in FP8_RECIPES and self.finetune in FINETUNE and self.fsdp in FSDP_IMPLS
                   and self.packed_doc_len >= 0 and self.lora_rank >= 1
                   and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
+                  and self.attention_kernel in ATTENTION_KERNELS
                   and all(isinstance(n, int) and n >= 0 for n in self.pipeline_layout)
                   and all(x in RECOMPUTE_MODULES for x in self.recompute_modules))
         except TypeError:   # a string where a number belongs
@@ -208,7 +213,7 @@ def _reject_fields(plan: ParallelPlan) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(f"--{key.replace('_', '-')} must be an integer >= 0, got {v!r}")
     for key, allowed in (("fp8_recipe", FP8_RECIPES), ("moe_a2a", MOE_A2A), ("finetune", FINETUNE),
-                         ("fsdp", FSDP_IMPLS)):
+                         ("fsdp", FSDP_IMPLS), ("attention_kernel", ATTENTION_KERNELS)):
         if getattr(plan, key) not in allowed:
             bad(f"--{key.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(plan, key)!r}")
     if not all(isinstance(n, int) and n >= 0 for n in plan.pipeline_layout):

@@ -358,8 +358,7 @@ class StageTable:
     shardable: np.ndarray     # parameters split by TP (dense layers; attention / router / norms of MoE layers)
     shared: np.ndarray        # shared-expert parameters (not tensor-parallel)
     experts: np.ndarray       # routed-expert parameters (split by EP)
-    biggest: np.ndarray       # largest dense layer's parameters (ZeRO-3 working buffer, before /tp)
-    moe_big: np.ndarray       # [pp, 3] (sharded, shared, routed) of the largest MoE layer (ZeRO-3 buffer)
+    biggest: np.ndarray       # largest layer's total parameters (ZeRO-3 working buffer, before /tp)
     dense_layers: np.ndarray
     moe_layers: np.ndarray
 
@@ -367,18 +366,13 @@ class StageTable:
 def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     chunks = stage_layers(model, ParallelPlan(pp=pp, vp=vp))
     out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest", "dense_layers", "moe_layers")}
-    out["moe_big"] = np.zeros((pp, 3))
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
         if s == pp - 1:   # MTP modules (one more last layer each) sit on the last stage, as estimate_memory has them
             layers = layers + [model.layers - 1] * mtp_layers(model)
         for i in layers:
             sharded, shared, experts = _layer_split(model, i)
-            if experts:
-                if sum((sharded, shared, experts)) > out["moe_big"][s].sum():
-                    out["moe_big"][s] = (sharded, shared, experts)
-            else:
-                out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
+            out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
             out["shardable"][s] += sharded
             out["shared"][s] += shared
             out["experts"][s] += experts
@@ -439,9 +433,7 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
             w = (dense + expert) * WEIGHT_BYTES
             g = np.where(zz >= 2, dense / sh + expert / esh, dense + expert) * GRAD_BYTES
             o = np.where(zz >= 1, dense / sh + expert / esh, dense + expert) * OPTIM_BYTES
-            mb_sh, mb_shared, mb_routed = st.moe_big[s]
-            biggest = np.maximum(st.biggest[s] / t, mb_sh / t + mb_shared + mb_routed / ep)
-            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
+            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * st.biggest[s] / t) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
             act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
             if s == 0:

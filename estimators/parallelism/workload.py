@@ -174,7 +174,9 @@ class _Template:
     `frozen`: weight-gradient GEMMs of the base weights are not emitted (LoRA); `join`: collectives that
     run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
 
-    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0) -> None:
+    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
+                 attention_kernel: str = "fa2") -> None:
+        self.attention_kernel = attention_kernel
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
         self.fp8_cast_reads = fp8_cast_reads
@@ -194,8 +196,10 @@ class _Template:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
             attrs = {**attrs, "launch_us": self.launch_us}
-        if attrs.get("op") in ("gemm", "grouped_gemm", "attention"):
-            attrs = {**attrs, "sustained": True}   # tensor-core work of a long training run (power-limited clock)
+        if attrs.get("op") == "attention" and self.attention_kernel != "fa2":
+            attrs = {**attrs, "kernel": self.attention_kernel}
+        if attrs.get("op") in ("gemm", "grouped_gemm"):
+            attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
@@ -203,6 +207,8 @@ class _Template:
             cast["bytes"] = float(elems * (self.fp8_cast_reads + 2.0))   # read bf16 (+ amax pass), write fp8 + fp8^T
             if self.launch_us:
                 cast["launch_us"] = self.launch_us
+            if attrs.get("launches", 1) > 1:
+                cast["launches"] = attrs["launches"]    # one quantize kernel per expert (GroupedLinear)
             self.ops.append((name + "_fp8_cast", slot, cast, d))
             d = (len(self.ops) - 1,)
         self.ops.append((name, slot, attrs, d))
@@ -323,7 +329,7 @@ class _RankBuilder:
 
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
-        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us)
+        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel)
 
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
         if self.p.tp == 1:
@@ -700,7 +706,11 @@ class _RankBuilder:
         dt = self.sh.dtype
         tokens = self._expert_tokens()
         if tokens is None:
-            return tpl.add(name, COMPUTE, gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le), **kw)
+            # Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert (on a few streams,
+            # so the GPU runs them together like one batched GEMM) but the host launches each of them
+            attrs = gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le)
+            attrs["launches"] = le
+            return tpl.add(name, COMPUTE, attrs, **kw)
         return tpl.add(name, COMPUTE, grouped_gemm(tokens, n, k, dt, wgrad), **kw)
 
     def _routed(self, balanced_tokens: int) -> int:

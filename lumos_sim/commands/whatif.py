@@ -123,6 +123,8 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     g.add_argument("--finetune", default="none", help="none | sft (packed sequences) | lora (frozen base)")
     g.add_argument("--packed-doc-len", type=int, default=0, help="SFT: mean document length in a packed sequence")
     g.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank")
+    g.add_argument("--attention-kernel", default="fa2",
+                   help="fa2 (FlashAttention-2) | cudnn (cuDNN fused flash attention, Transformer Engine 2.x)")
 
 
 def add_set_argument(parser) -> None:
@@ -191,7 +193,7 @@ def _plan_from_args(args, model, validate: bool = True):
     extra = {}
     for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
                 "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
-                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank"):
+                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
         if hasattr(args, key):
             extra[key] = getattr(args, key)
     if getattr(args, "moe_unbalanced", False):

@@ -49,11 +49,20 @@ _TORCH_TYPES = {
 # Tensor-core clock a GPU sustains through a long training run, as a fraction of the clock its kernel
 # benchmarks ran at (the presets' GEMM / attention efficiencies are measured on short bursts at full
 # boost). A 700 W H100 SXM running back-to-back FP8/BF16 GEMMs for minutes reaches its power limit and
-# clocks down from 1.98 GHz; only generated training workloads (ops marked `sustained`) are derated.
+# clocks down from 1.98 GHz; only the GEMMs of generated training workloads (ops marked `sustained`) are
+# derated: flash attention, bound by its softmax (exp) and shuffles rather than the tensor cores, draws
+# less power and is left at its measured rate.
 # One global constant per GPU type, fitted leave-one-model-out on the published H100 training runs
 # (benchmarks/published_training.py --fit); the A100's equivalent is its measured
 # sustained_tensor_fraction cap (0.711).
-SUSTAINED_CLOCK_FRACTION = {"H100": 1.0}
+SUSTAINED_CLOCK_FRACTION = {"H100": 0.80}
+
+
+# cuDNN fused flash attention (Transformer Engine's FusedAttention backend), fraction of the BF16 dense
+# peak, (forward, backward incl. its dot(dO, O) and dQ-conversion kernels): measured on an H100 SXM in
+# tests/data/h100/kernels_sdpa (cudnn sm90 flash fprop/bprop, causal, head dim 128, seq 4096-16384:
+# forward 588-653 TFLOP/s, backward 474-567 TFLOP/s; 0.60 / 0.50 at 4-8K tokens)
+CUDNN_ATTENTION_EFFICIENCY = {"H100": (0.60, 0.50)}
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ class ComputeModel:
         names = [str(n).upper() for n in (self.hw.gpu.device_names or [self.hw.gpu.model])]
         self.sustained_clock_fraction = next((v for k, v in SUSTAINED_CLOCK_FRACTION.items()
                                               if any(k in n for n in names)), 1.0)
+        self._gpu_key = next((k for k in CUDNN_ATTENTION_EFFICIENCY if any(k == n for n in names)), "")
 
     # ------------------------------------------------------------------ primitives
     def _finish(self, compute_us: float, memory_us: float, flops: float, nbytes: float, dtype: str,
@@ -196,14 +206,16 @@ class ComputeModel:
 
     def attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
                   causal: bool = False, backward: bool = False, dtype: str = "bf16",
-                  kv_heads: int | None = None, window: int = 0) -> OpEstimate:
-        """Flash attention; `window` > 0: sliding-window (causal) attention over at most that many keys."""
+                  kv_heads: int | None = None, window: int = 0, kernel: str = "") -> OpEstimate:
+        """Flash attention; `window` > 0: sliding-window (causal) attention over at most that many keys;
+        `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates (CUDNN_ATTENTION_EFFICIENCY)
+        where this GPU has them, else the preset's (FlashAttention-2) efficiencies."""
         return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
-                               bool(backward), dtype, int(kv_heads or heads), int(window))
+                               bool(backward), dtype, int(kv_heads or heads), int(window), kernel)
 
     @lru_cache(maxsize=16384)
     def _attention(self, b: int, h: int, sq: int, skv: int, d: int, causal: bool, backward: bool,
-                   dtype: str, kvh: int, window: int = 0) -> OpEstimate:
+                   dtype: str, kvh: int, window: int = 0, kernel: str = "") -> OpEstimate:
         c = self.hw.compute
         e = DTYPE_BYTES.get(dtype, 2)
         pairs = float(sq) * skv
@@ -216,6 +228,9 @@ class ComputeModel:
         fwd_flops = 4.0 * b * h * pairs * d                      # QK^T and PV
         flops = fwd_flops * (2.5 if backward else 1.0)           # backward: 5 matmuls vs 2
         eff = c.attention_bwd_efficiency if backward else c.attention_fwd_efficiency
+        measured = CUDNN_ATTENTION_EFFICIENCY.get(self._gpu_key) if kernel == "cudnn" else None
+        if measured:
+            eff = measured[1] if backward else measured[0]
         blocks = b * h * math.ceil(sq / c.attention_block)
         waves = math.ceil(blocks / self._sms)
         waves_eff = blocks / (waves * self._sms)
@@ -241,7 +256,7 @@ class ComputeModel:
                 t = max(compute_us, est.memory_us, self._min)
                 est = OpEstimate(t, compute_us, est.memory_us, "compute" if t == compute_us else est.bound,
                                  est.flops, est.bytes, est.efficiency * est.time_us / t, est.detail)
-        launch = float(attrs.get("launch_us", 0.0) or 0.0)
+        launch = float(attrs.get("launch_us", 0.0) or 0.0) * max(int(attrs.get("launches", 1) or 1), 1)
         if launch > est.time_us:
             # a kernel issued from eager host code cannot run faster than the host issues kernels: a run of
             # short kernels is launch-bound (generated workloads say so with `launch_us`)
@@ -261,7 +276,8 @@ class ComputeModel:
             return self.attention(int(attrs.get("batch", 1)), int(attrs["heads"]), int(attrs["seq_q"]),
                                   int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),
                                   bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
-                                  attrs.get("kv_heads"), int(attrs.get("window", 0) or 0))
+                                  attrs.get("kv_heads"), int(attrs.get("window", 0) or 0),
+                                  str(attrs.get("kernel", "")))
         nbytes = float(attrs.get("bytes", 0.0))
         flops = float(attrs.get("flops", 0.0))
         if op == "memcpy":
