@@ -35,7 +35,7 @@ from estimators.parallelism.plan import ParallelPlan
 from replay.hardware.config import HardwareConfig, get_hardware
 
 TIMING_MODES = ("model", "trace")
-SIMULATION_MODES = ("symmetric", "all")
+SIMULATION_MODES = ("fast", "symmetric", "all")
 # bump when what a key means changes, so cached sweep points are recomputed
 SCENARIO_FORMAT = 1
 
@@ -91,7 +91,8 @@ class Scenario:
     plan: ParallelPlan = field(default_factory=ParallelPlan)
     hardware: HardwareConfig | None = None
     timing: str = "model"               # model: hardware models; trace: recorded (translated) durations
-    simulation: str = "symmetric"       # symmetric: one simulated rank per pipeline stage; all: every rank
+    simulation: str = "fast"            # fast: stage samples + pipeline schedule (estimators.parallelism.compose);
+    #                                     symmetric: full replay, one rank per pipeline stage; all: every rank
     trace: TraceSpec | None = None
     failure: Any = None                 # estimators.failures options (failure what-if)
     moe: Any = None                     # estimators.moe options (MoE what-if)

@@ -37,7 +37,7 @@ except ModuleNotFoundError:  # Python 3.10
 from chakra_schema.errors import TraceInputError, reject_unknown_keys
 
 CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
-             "mean_tolerance", "measured_ms", "steps", "ranks", "description"}
+             "mean_tolerance", "measured_ms", "steps", "ranks", "description", "kind", "csv", "rows"}
 
 
 @dataclass
@@ -55,6 +55,8 @@ class CaseSpec:
     steps: list[str] | None = None
     ranks: list[int] | None = None
     description: str = ""
+    kind: str = "replay"          # "published_training": rows of a published-throughput CSV (`csv`)
+    csv: str | None = None
 
 
 @dataclass
@@ -157,6 +159,9 @@ def _fraction(path: Path, what: str, value: Any) -> float:
 def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> CaseSpec:
     where = f"case #{k + 1}"
     reject_unknown_keys(path, raw, CASE_KEYS, where=f" in {where}")
+    if raw.get("kind", "replay") != "replay":
+        from lumos_sim.published_training import case_from_table
+        return case_from_table(path, where, raw, shared, CaseSpec, _fraction, _typed, _ranks)
     if "name" not in raw or ("inputs" not in raw and "et" not in raw and "kineto" not in raw):
         raise TraceInputError(path, f"{where} needs 'name' and 'inputs' (or 'et'/'kineto')")
     name = _typed(path, f"'name' of {where}", raw["name"], str)
@@ -224,6 +229,9 @@ def run_case(suite: str, case: CaseSpec) -> CaseResult:
     from replay.engine import ReplayError
 
     t0 = time.perf_counter()
+    if case.kind == "published_training":
+        from lumos_sim.published_training import run_case as run_published
+        return run_published(suite, case, CaseResult, StepCheck)
     try:
         graphs = load_graphs(case.inputs, et_pattern=case.et, kineto_pattern=case.kineto)
         result = run_replay(graphs, case.timing, case.hardware, case.source_hardware)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import ParallelPlan, stage_layers
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, stage_layers
 
 GIB = 1024 ** 3
 
@@ -70,15 +70,22 @@ def _dropout(model: ModelConfig) -> bool:
     return model.norm == "layernorm" and model.activation == "gelu"
 
 
-def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int) -> float:
-    """Bytes one layer keeps for its backward, per micro-batch, on one GPU (Korthikanti et al. 2022)."""
+def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, full: bool | None = None) -> float:
+    """Bytes one layer keeps for its backward, per micro-batch, on one GPU (Korthikanti et al. 2022).
+    `full`: this layer is fully recomputed (default: recompute = full for every layer). Selective
+    recompute modules drop what they recompute: layernorm (the two norm outputs), mla_up_proj (Q, K, V of
+    the up-projections), mlp / moe (everything inside the FFN but its input), moe_act (the experts'
+    activation outputs)."""
     s = plan.seq_len / plan.cp
     b = plan.micro_batch
     t = plan.tp
     h = model.hidden
     sp = t if plan.sequence_parallel else 1
-    if plan.recompute == "full":
+    if full is None:
+        full = plan.recompute == "full"
+    if full:
         return 2.0 * s * b * h / sp
+    mods = set(plan.recompute_modules) if plan.recompute == "selective" else set()
     mask = 1.0 if _dropout(model) else 0.0
     q, kv = model.q_dim, model.kv_dim
     if model.mla:
@@ -87,20 +94,32 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int) -
         kv = model.heads * a.v_head_dim
     # terms on the full (gathered) sequence are divided by t (head-sharded); norm/dropout terms by sp
     attn_sharded = 2 * (q + kv) + 2 * kv + 2 * q
+    if "mla_up_proj" in mods and model.mla:
+        attn_sharded -= 2 * (q + kv)
     attn_seq = 2 * h + mask * h
     if model.is_moe_layer(layer):
         m = model.moe
         f = m.expert_ffn
         f_in = 2 * f if model.activation == "swiglu" else f
-        copies = m.top_k + m.shared_experts
+        cf = plan.moe_capacity_factor if plan.moe_capacity_factor > 0 else 1.0
+        act_out = 0 if "moe_act" in mods else 2 * f
+        routed = m.top_k * cf * (2 * h + 2 * f_in + act_out)
+        fs = getattr(m, "shared_ffn", f)
+        fs_in = 2 * fs if model.activation == "swiglu" else fs
+        shared = 0 if "shared_experts" in mods else m.shared_experts * (2 * h + 2 * fs_in + 2 * fs)
+        if "moe" in mods:
+            routed, shared = 0, 0
         mlp_sharded = 0.0
-        mlp_seq = 2 * h + copies * (2 * h + 2 * f_in + 2 * f) + mask * h  # experts not tensor-parallel
+        mlp_seq = 2 * h + routed + shared + mask * h  # experts not tensor-parallel
     else:
         f = model.ffn
         f_in = 2 * f if model.activation == "swiglu" else f
-        mlp_sharded = 2 * f_in + 2 * f
+        mlp_sharded = 0 if "mlp" in mods else 2 * f_in + 2 * f
         mlp_seq = 2 * h + mask * h
     norms = 4 * h
+    if "layernorm" in mods:
+        attn_seq -= 2 * h     # the norm outputs (QKV / FFN inputs) are recomputed from the norm inputs
+        mlp_seq -= 2 * h
     per_token = (attn_sharded + mlp_sharded) / t + (attn_seq + mlp_seq + norms) / sp
     scores = 0.0
     if plan.attention == "unfused" and plan.recompute == "none":
@@ -109,44 +128,66 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int) -
     return s * b * (per_token + scores)
 
 
+def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    from estimators.parallelism.workload import layer_params_local as local
+    return local(model, plan, layer)
+
+
 def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0) -> MemoryEstimate:
-    """Peak-state memory of the most loaded pipeline stage."""
+    """Peak-state memory of the most loaded pipeline stage. Dense parameters shard their ZeRO states over
+    the dp x cp ranks, expert parameters over their expert-data-parallel group (edp = tp*cp*dp/(ep*etp));
+    LoRA keeps the frozen base weights only (no gradients, no optimizer states: the adapters' are
+    negligible); MTP layers sit on the last stage."""
     chunks = stage_layers(model, plan)
     p, v, t = plan.pp, plan.vp, plan.tp
     m = plan.micro_batches
+    mtp = mtp_layers(model)
+    lora = plan.finetune == "lora"
     best: MemoryEstimate | None = None
     for stage in range(p):
         local = [chunks[j] for j in range(stage, p * v, p)]
         layers = [i for c in local for i in c]
-        params = 0.0
+        if stage == p - 1:
+            layers = layers + [model.layers - 1] * mtp
+        dense = expert = 0.0
         for i in layers:
-            total, _ = model.layer_params(i)
-            if model.is_moe_layer(i):
-                mo = model.moe
-                e = model.ffn_params(mo.expert_ffn)
-                experts = mo.num_experts * e
-                params += (total - experts - mo.shared_experts * e) / t + mo.shared_experts * e + experts / plan.ep
-            else:
-                params += total / t
+            d, e = layer_params_local(model, plan, i)
+            dense += d
+            expert += e
         emb = model.vocab * model.hidden / t
         if stage == 0:
-            params += emb + (model.max_seq * model.hidden if model.position == "learned" else 0)
+            dense += emb + (model.max_seq * model.hidden if model.position == "learned" else 0)
         if stage == p - 1 and (not model.tied_embeddings or p > 1):
-            params += emb
+            dense += emb
         shard = plan.shard_group * plan.cp  # Megatron shards the optimizer over the dp x cp group
-        w = params * WEIGHT_BYTES
-        g = params * GRAD_BYTES
-        o = params * OPTIM_BYTES
+        eshard = max(plan.edp, 1)
+        w = (dense + expert) * WEIGHT_BYTES
+        g = dense * plan.grad_bytes
+        ge = expert * plan.grad_bytes
+        optim = OPTIM_BYTES - 4 + plan.master_weight_bytes   # master weights + two fp32 Adam moments
+        o = dense * optim
+        oe = expert * optim
         if plan.zero >= 1:
             o /= shard
+            oe /= eshard
         if plan.zero >= 2:
             g /= shard
+            ge /= eshard
+        g += ge
+        o += oe
         if plan.zero >= 3:
             biggest = max((model.layer_params(i)[0] / t for i in layers), default=0.0)
-            w = w / shard + 2 * biggest * WEIGHT_BYTES  # the gathered layer and the prefetched next
+            w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + 2 * biggest * WEIGHT_BYTES
+        if lora:
+            g = o = 0.0
         # activations: micro-batches in flight on this stage times its layers' bytes
         in_flight = min(m, p - stage) if v == 1 else min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
-        per_mb_chunk = [sum(layer_activation_bytes(model, plan, i) for i in c) for c in local]
+
+        def chunk_bytes(c: list[int]) -> float:
+            return sum(layer_activation_bytes(model, plan, i, _full_recompute(plan, j)) for j, i in enumerate(c))
+        per_mb_chunk = [chunk_bytes(c) for c in local]
+        if stage == p - 1 and mtp:
+            per_mb_chunk[-1] += mtp * layer_activation_bytes(model, plan, model.layers - 1, False)
         # each in-flight micro-batch (of one chunk) holds one chunk's activations
         act = in_flight * sum(per_mb_chunk) / v
         s_tok = plan.seq_len / plan.cp * plan.micro_batch
@@ -161,3 +202,10 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             best = est
     assert best is not None
     return best
+
+
+def _full_recompute(plan: ParallelPlan, position: int) -> bool:
+    """Whether the layer at `position` in its pipeline chunk is fully recomputed."""
+    if plan.recompute != "full":
+        return False
+    return not plan.recompute_layers or position < plan.recompute_layers

@@ -3,7 +3,11 @@
 Rank order follows Megatron-LM's default "tp-cp-dp-pp": tensor-parallel ranks are consecutive (inside one
 node, on NVLink), then context-parallel, then data-parallel, then pipeline stages:
     rank = ((pp_idx * dp + dp_idx) * cp + cp_idx) * tp + tp_idx
-Expert parallelism is carved out of the data-parallel dimension (ep consecutive dp indices form an EP group).
+Experts live on their own grid over the same ranks of a pipeline stage (Megatron-Core's "MoE parallel
+folding", Liu et al. 2025): the tp*cp*dp ranks of a stage, in the order above, are re-read as
+"etp-ep-edp": expert-tensor-parallel ranks consecutive, then expert-parallel, then expert-data-parallel:
+    stage-local index r = (dp_idx * cp + cp_idx) * tp + tp_idx = (edp_idx * ep + ep_idx) * etp + etp_idx
+so EP32 with ETP1 spans TP2 x DP16 (32 consecutive ranks, four nodes), and ep need not divide dp.
 """
 from __future__ import annotations
 
@@ -13,9 +17,22 @@ from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 
 PRECISIONS = ("bf16", "fp8")
+# FP8 scaling recipes (Transformer Engine): delayed = amax history of earlier steps, cast fused with the
+# amax record; tensorwise = per-tensor current scaling ("FP8-CS"): an amax pass before the cast;
+# blockwise = 1x128 activation / 128x128 weight scales (DeepSeek-V3), scales computed in the cast, the
+# GEMM promotes partial sums to fp32 every 128 of K; mxfp8 = 1x32 e8m0 block scales (Blackwell)
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+MOE_A2A = ("alltoall", "deepep")     # token dispatch: NCCL all-to-all, or DeepEP's fused NVLink+RDMA kernels
+FINETUNE = ("none", "sft", "lora")
+FSDP_IMPLS = ("megatron", "fsdp2")
+# modules Megatron-Core's selective recompute names (--recompute-modules); "core_attn" is the classic one
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "layernorm")
 MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
+# which fused attention kernel: FlashAttention-2 (the presets' attention efficiencies) or cuDNN's fused
+# flash attention (Transformer Engine's FusedAttention; measured rates in replay.hardware.compute)
+ATTENTION_KERNELS = ("fa2", "cudnn")
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,30 @@ class ParallelPlan:
     async_tp_comm: bool = True         # backward TP reduction overlaps weight-grad GEMMs (False: 2021 Megatron)
     overlap_p2p: bool = True           # pipeline send/recv overlap compute (False: 2021 Megatron waits)
     gpus_per_node: int = 8
+    etp: int = 1                       # expert tensor parallel: the expert grid is etp x ep x edp (see module doc)
+    # uneven pipelines: layers of the first / last pipeline chunk (0: automatic), or every chunk's layer count
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    pipeline_layout: tuple[int, ...] = ()
+    recompute_layers: int = 0          # full recompute of only the first N layers of each chunk (0: all)
+    recompute_modules: tuple[str, ...] = ()   # selective recompute: these modules (empty: core_attn)
+    moe_capacity_factor: float = 0.0   # token drop: each expert takes at most cf x its mean tokens (0: dropless)
+    moe_a2a: str = "alltoall"
+    moe_force_balance: bool = True     # balanced routing (Megatron --moe-router-force-load-balancing)
+    fp8_recipe: str = "delayed"
+    cuda_graphs: bool = False          # layers captured in CUDA graphs: no per-kernel launch overhead
+    tp_comm_overlap: bool = False      # TP all-gather / reduce-scatter pipelined with the GEMMs (userbuffers)
+    fsdp: str = "megatron"             # zero=3 implementation: Megatron-FSDP or PyTorch FSDP2
+    finetune: str = "none"             # sft: packed sequences of `packed_doc_len`; lora: frozen base weights
+    packed_doc_len: int = 0            # SFT: mean length of the documents packed in a sequence (0: seq_len)
+    lora_rank: int = 16
+    lora_modules: tuple[str, ...] = ("qkv",)   # linears with adapters: qkv, proj, fc1, fc2
+    # optimizer state layout: gradient buffer bytes per parameter (4: fp32 main grads, Megatron-Core;
+    # 2: bf16 grads, NeMo 1.x megatron_amp_O2 + distributed Adam) and master-weight bytes (4: fp32;
+    # 2: apex DistributedFusedAdam's 16-bit remainders of fp32 masters whose high half is the bf16 weight)
+    attention_kernel: str = "fa2"
+    grad_bytes: int = 4
+    master_weight_bytes: int = 4
 
     def __post_init__(self) -> None:
         # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model
@@ -48,7 +89,15 @@ class ParallelPlan:
             ok = (self.tp >= 1 and self.pp >= 1 and self.cp >= 1 and self.dp >= 1 and self.ep >= 1
                   and self.vp >= 1 and self.seq_len >= 1 and self.global_batch >= 1 and self.micro_batch >= 1
                   and self.gpus_per_node >= 1 and self.dp_shard >= 0 and self.zero in (0, 1, 2, 3)
-                  and self.precision in PRECISIONS and self.recompute in RECOMPUTE and self.attention in ATTENTION)
+                  and self.precision in PRECISIONS and self.recompute in RECOMPUTE and self.attention in ATTENTION
+                  and self.etp >= 1 and self.first_stage_layers >= 0 and self.last_stage_layers >= 0
+                  and self.recompute_layers >= 0 and self.moe_capacity_factor >= 0 and self.moe_a2a in MOE_A2A
+                  and self.fp8_recipe in FP8_RECIPES and self.finetune in FINETUNE and self.fsdp in FSDP_IMPLS
+                  and self.packed_doc_len >= 0 and self.lora_rank >= 1
+                  and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
+                  and self.attention_kernel in ATTENTION_KERNELS
+                  and all(isinstance(n, int) and n >= 0 for n in self.pipeline_layout)
+                  and all(x in RECOMPUTE_MODULES for x in self.recompute_modules))
         except TypeError:   # a string where a number belongs
             ok = False
         if not ok:
@@ -107,15 +156,35 @@ class ParallelPlan:
         g = self.shard_group
         return [self.rank(p, j, c, t) for j in range(d % g, self.dp, g)]
 
+    # expert grid (MoE parallel folding): stage-local index = (edp_idx * ep + ep_idx) * etp + etp_idx
+    def _expert_coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(pp_idx, edp_idx, ep_idx, etp_idx) of a global rank."""
+        per_stage = self.tp * self.cp * self.dp
+        p, r = divmod(rank, per_stage)
+        etp_idx = r % self.etp
+        r //= self.etp
+        return p, r // self.ep, r % self.ep, etp_idx
+
+    def _expert_rank(self, p: int, edp_idx: int, ep_idx: int, etp_idx: int) -> int:
+        return p * self.tp * self.cp * self.dp + (edp_idx * self.ep + ep_idx) * self.etp + etp_idx
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: ranks of a stage holding the same experts."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
     def ep_group(self, rank: int) -> list[int]:
-        p, d, c, t = self.coords(rank)
-        base = d - d % self.ep
-        return [self.rank(p, base + j, c, t) for j in range(self.ep)]
+        p, d, _, t = self._expert_coords(rank)
+        return [self._expert_rank(p, d, j, t) for j in range(self.ep)]
+
+    def etp_group(self, rank: int) -> list[int]:
+        p, d, e, _ = self._expert_coords(rank)
+        return [self._expert_rank(p, d, e, j) for j in range(self.etp)]
 
     def expert_dp_group(self, rank: int) -> list[int]:
         """Ranks holding the same experts (gradient group of expert parameters)."""
-        p, d, c, t = self.coords(rank)
-        return sorted(self.rank(p, j, cc, t) for j in range(d % self.ep, self.dp, self.ep) for cc in range(self.cp))
+        p, _, e, t = self._expert_coords(rank)
+        return [self._expert_rank(p, j, e, t) for j in range(self.edp)]
 
     def with_(self, **kw) -> "ParallelPlan":
         return replace(self, **kw)
@@ -126,7 +195,8 @@ def _reject_fields(plan: ParallelPlan) -> None:
     def bad(msg: str) -> None:
         raise TraceInputError(None, msg)
 
-    for key in ("tp", "pp", "cp", "dp", "ep", "vp", "seq_len", "global_batch", "micro_batch", "gpus_per_node"):
+    for key in ("tp", "pp", "cp", "dp", "ep", "etp", "vp", "seq_len", "global_batch", "micro_batch", "gpus_per_node",
+                "lora_rank"):
         v = getattr(plan, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             bad(f"--{key.replace('_', '-')} must be an integer >= 1, got {v!r}")
@@ -138,27 +208,88 @@ def _reject_fields(plan: ParallelPlan) -> None:
         bad(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {plan.recompute!r}")
     if plan.attention not in ATTENTION:
         bad(f"attention must be one of {', '.join(ATTENTION)}, got {plan.attention!r}")
+    for key in ("first_stage_layers", "last_stage_layers", "recompute_layers", "packed_doc_len"):
+        v = getattr(plan, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            bad(f"--{key.replace('_', '-')} must be an integer >= 0, got {v!r}")
+    for key, allowed in (("fp8_recipe", FP8_RECIPES), ("moe_a2a", MOE_A2A), ("finetune", FINETUNE),
+                         ("fsdp", FSDP_IMPLS), ("attention_kernel", ATTENTION_KERNELS)):
+        if getattr(plan, key) not in allowed:
+            bad(f"--{key.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(plan, key)!r}")
+    if not all(isinstance(n, int) and n >= 0 for n in plan.pipeline_layout):
+        bad(f"--pipeline-layout must be layer counts >= 0 per pipeline chunk, got {plan.pipeline_layout!r}")
+    bad_mod = [x for x in plan.recompute_modules if x not in RECOMPUTE_MODULES]
+    if bad_mod:
+        bad(f"--recompute-modules: unknown module {bad_mod[0]!r} (known: {', '.join(RECOMPUTE_MODULES)})")
+    if not (isinstance(plan.moe_capacity_factor, (int, float)) and plan.moe_capacity_factor >= 0):
+        bad(f"--moe-capacity-factor must be >= 0 (0: dropless), got {plan.moe_capacity_factor!r}")
+    for key in ("grad_bytes", "master_weight_bytes"):
+        if getattr(plan, key) not in (2, 4):
+            bad(f"{key} must be 2 or 4, got {getattr(plan, key)!r}")
     bad(f"--zero must be 0, 1, 2 or 3, got {plan.zero!r}")
+
+
+def chunk_sizes(layers: int, plan: ParallelPlan, mtp: int = 0) -> list[int]:
+    """Transformer layers of each pipeline chunk (virtual stage), in pipeline order.
+
+    - `pipeline_layout`: given per chunk (Megatron-Core's --pipeline-model-parallel-layout, counting
+      transformer layers only; MTP layers and the loss always sit on the last chunk).
+    - `first_stage_layers` / `last_stage_layers` (Megatron's --decoder-first/last-pipeline-num-layers):
+      those chunks get that many, the others share the rest evenly.
+    - otherwise an even split when the layers divide by pp*vp; else, as Megatron's
+      --account-for-embedding/loss-in-pipeline-split do, the embedding and the loss (and MTP layers)
+      count as one layer each and must then split evenly (Llama 3 405B: 126 layers + 2 over 16 stages =
+      7, 8 x 14, 7; DeepSeek-V3: 61 layers + MTP + 2 over 32 chunks = 1, 2 x 30, 0 + MTP, the layout
+      "Et|(tt|)*30mL" of its Megatron-Bridge recipe)."""
+    chunks = plan.pp * plan.vp
+    if plan.pipeline_layout:
+        sizes = list(plan.pipeline_layout)
+        if len(sizes) != chunks or sum(sizes) != layers:
+            raise TraceInputError(None, f"--pipeline-layout has {len(sizes)} chunks of {sum(sizes)} layers; the plan "
+                                        f"has pp*vp = {chunks} chunks and the model {layers} layers")
+        return sizes
+    first, last = plan.first_stage_layers, plan.last_stage_layers
+    if first or last:
+        if chunks == 1:
+            raise TraceInputError(None, "--first/--last-stage-layers need --pp > 1")
+        fixed = (first > 0) + (last > 0)
+        rest = layers - first - last
+        inner = chunks - fixed
+        if rest < 0 or (inner == 0 and rest) or (inner and rest % inner):
+            raise TraceInputError(None, f"{layers} layers minus first {first} / last {last} do not divide evenly "
+                                        f"into the other {inner} pipeline chunks")
+        per = rest // inner if inner else 0
+        sizes = [per] * chunks
+        if first:
+            sizes[0] = first
+        if last:
+            sizes[-1] = last
+        return sizes
+    if layers % chunks == 0:
+        return [layers // chunks] * chunks
+    # Megatron's --account-for-embedding/loss-in-pipeline-split: the embedding (first chunk), the loss
+    # (last chunk) and the MTP layers (last chunk) count as one layer each, and the units split evenly
+    units = layers + 2 + mtp
+    per = units // chunks
+    if chunks > 1 and units % chunks == 0 and per - 1 - mtp >= 0 and per >= 2:
+        sizes = [per] * chunks
+        sizes[0] -= 1
+        sizes[-1] -= 1 + mtp
+        return sizes
+    raise TraceInputError(None, f"{layers} layers do not divide into pp*vp = {chunks} pipeline chunks (give "
+                                "--first-stage-layers / --last-stage-layers or --pipeline-layout)")
+
+
+def mtp_layers(model: ModelConfig) -> int:
+    """Multi-token-prediction layers of the model (DeepSeek-V3: 1), on the last pipeline chunk."""
+    return int(getattr(model, "mtp_layers", 0) or 0)
 
 
 def stage_layers(model: ModelConfig, plan: ParallelPlan) -> list[list[int]]:
     """Layer indices of each model chunk, chunk = virtual stage, in pipeline order (chunk j lives on stage
-    j % pp, as its (j // pp)-th local chunk). Even split when layers divide by pp*vp; otherwise, following
-    the Llama 3 405B recipe (126 layers on 16 stages), the first and the last chunk get one layer less when
-    layers + 2 divides by pp*vp (they also hold the embedding and the output layer)."""
-    chunks = plan.pp * plan.vp
-    L = model.layers
-    if L % chunks == 0:
-        sizes = [L // chunks] * chunks
-    elif chunks > 1 and (L + 2) % chunks == 0 and (L + 2) // chunks >= 2:
-        per = (L + 2) // chunks
-        sizes = [per] * chunks
-        sizes[0] -= 1
-        sizes[-1] -= 1
-    else:
-        raise TraceInputError(None, f"{L} layers do not divide into pp*vp = {chunks} pipeline chunks")
+    j % pp, as its (j // pp)-th local chunk); sizes from `chunk_sizes`."""
     out, start = [], 0
-    for n in sizes:
+    for n in chunk_sizes(model.layers, plan, mtp_layers(model)):
         out.append(list(range(start, start + n)))
         start += n
     return out
@@ -189,8 +320,13 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         bad(f"sequence length {plan.seq_len} is not divisible by cp*tp")
     if plan.ep > 1 and model.moe is None:
         bad("--ep > 1 needs a mixture-of-experts model")
-    if plan.dp % plan.ep:
-        bad(f"ep {plan.ep} must divide dp {plan.dp}")
+    if (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.etp):
+        bad(f"ep*etp = {plan.ep}*{plan.etp} must divide the tp*cp*dp = {plan.tp * plan.cp * plan.dp} ranks "
+            "of a pipeline stage (the expert grid)")
+    if plan.etp > 1 and model.moe is None:
+        bad("--etp > 1 needs a mixture-of-experts model")
+    if model.moe is not None and (model.moe.expert_ffn % plan.etp):
+        bad(f"expert FFN {model.moe.expert_ffn} is not divisible by etp {plan.etp}")
     if model.moe is not None and model.moe.num_experts % plan.ep:
         bad(f"{model.moe.num_experts} experts are not divisible by ep {plan.ep}")
     if plan.dp_shard and (plan.zero != 3 or plan.dp % plan.dp_shard):

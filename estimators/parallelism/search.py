@@ -45,7 +45,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
 from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, stage_layers
+from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, stage_layers
 
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
@@ -67,6 +67,50 @@ class SearchSpace:
     min_cp_tokens: int = 1024             # no CP chunk shorter than this many tokens
     max_pp: int = 0                       # 0: up to the layer count
     attention: str = "flash"
+    # layout constraints (e.g. `--tp 8` given with `--search`): only these degrees; empty: any
+    tp: tuple[int, ...] = ()
+    pp: tuple[int, ...] = ()
+    cp: tuple[int, ...] = ()
+    dp: tuple[int, ...] = ()
+    ep: tuple[int, ...] = ()
+    vp: tuple[int, ...] = ()
+
+    @classmethod
+    def constrained(cls, base: "SearchSpace | None" = None, **fixed: Any) -> "SearchSpace":
+        """`base` with some plan fields fixed to one value each: tp, pp, cp, dp, ep, vp, micro_batch,
+        recompute, zero, sequence_parallel (None: left free). A value the search cannot take is a one-line
+        error naming the flag."""
+        import dataclasses
+
+        base = base or cls()
+        kw: dict[str, Any] = {}
+        for key, v in fixed.items():
+            if v is None:
+                continue
+            flag = "--" + key.replace("_", "-")
+            if key in ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch"):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise TraceInputError(None, f"{flag} must be an integer >= 1, got {v!r}")
+                kw["micro_batches" if key == "micro_batch" else key] = (v,)
+            elif key == "zero":
+                if v not in (0, 1, 2, 3):
+                    raise TraceInputError(None, f"--zero must be 0, 1, 2 or 3, got {v!r}")
+                kw["zero"] = (v,)
+                if v != 3:
+                    kw["hsdp"] = False
+            elif key == "recompute":
+                if v not in RECOMPUTE:
+                    raise TraceInputError(None, f"--recompute must be one of {', '.join(RECOMPUTE)}, got {v!r}")
+                kw["recompute"] = (v,)
+            elif key == "sequence_parallel":
+                kw["sequence_parallel"] = (bool(v),)
+            else:
+                raise ValueError(f"unknown search constraint {key!r}")
+        return dataclasses.replace(base, **kw)
+
+    def allows(self, key: str, value: int) -> bool:
+        allowed = getattr(self, key)
+        return not allowed or value in allowed
 
 
 def _divisors(n: int) -> list[int]:
@@ -90,19 +134,27 @@ def enumerate_layouts(model: ModelConfig, gpus: int, seq_len: int, gpus_per_node
     for tp in _divisors(gpus):
         if tp > gpus_per_node or model.heads % tp or (model.mla is None and kv % tp and tp % kv):
             continue
+        if not space.allows("tp", tp):
+            continue
         for cp in _divisors(gpus // tp):
             if cp > space.max_cp or (cp > 1 and seq_len // cp < space.min_cp_tokens) or seq_len % cp:
+                if not (space.cp and cp in space.cp and seq_len % cp == 0):   # a CP asked for is searched
+                    continue
+            if not space.allows("cp", cp):
                 continue
             for pp in _divisors(gpus // (tp * cp)):
-                if pp > max_pp:
+                if (pp > max_pp and not space.pp) or not space.allows("pp", pp):
                     continue
                 dp = gpus // (tp * cp * pp)
+                if not space.allows("dp", dp):
+                    continue
                 eps = [1]
                 if model.moe is not None:
                     eps = [e for e in _divisors(dp) if model.moe.num_experts % e == 0]
+                eps = [e for e in eps if space.allows("ep", e)]
                 vps = [1] + (list(range(2, (model.layers + 2) // pp + 1)) if pp > 1 else [])
                 for vp in vps:
-                    if not _chunking_valid(model, pp, vp):
+                    if not space.allows("vp", vp) or not _chunking_valid(model, pp, vp):
                         continue
                     rows.extend((tp, pp, cp, dp, ep, vp) for ep in eps)
     return np.array(rows, dtype=np.int64).reshape(-1, 6)
@@ -138,7 +190,7 @@ def _option_mask(layout: tuple[int, ...], opt: dict[str, np.ndarray], seq_len: i
     # equivalents: drop the duplicate
     if tp == 1:
         ok &= sp == space.sequence_parallel[0]
-    if space.attention == "flash":
+    if space.attention == "flash" and "none" in space.recompute:
         ok &= opt["recompute"] != RC_SELECTIVE
     if dp * cp == 1:
         ok &= (z == space.zero[0]) & (opt["overlap_grad_reduce"] == 1)
@@ -316,6 +368,8 @@ def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest", "dense_layers", "moe_layers")}
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
+        if s == pp - 1:   # MTP modules (one more last layer each) sit on the last stage, as estimate_memory has them
+            layers = layers + [model.layers - 1] * mtp_layers(model)
         for i in layers:
             sharded, shared, experts = _layer_split(model, i)
             out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
@@ -366,19 +420,20 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
     for (pp, vp), idx in _groups(cols["pp"], cols["vp"]):
         st = tables.setdefault((pp, vp), stage_table(model, pp, vp))
         t, ep = tp[idx], cols["ep"][idx]
+        # expert parameters shard their ZeRO states over the expert-data-parallel ranks (tp*cp*dp/ep)
+        esh = np.maximum(cols["tp"][idx] * cols["cp"][idx] * cols["dp"][idx] // ep, 1)
         for s in range(pp):
-            params = st.shardable[s] / t + st.shared[s] + st.experts[s] / ep
+            dense = st.shardable[s] / t + st.shared[s]
+            expert = st.experts[s] / ep
             if s == 0:
-                params = params + emb[idx] + pos
+                dense = dense + emb[idx] + pos
             if s == pp - 1 and (not model.tied_embeddings or pp > 1):
-                params = params + emb[idx]
+                dense = dense + emb[idx]
             sh, zz = shard[idx], z[idx]
-            w = params * WEIGHT_BYTES
-            g = params * GRAD_BYTES
-            o = params * OPTIM_BYTES
-            o = np.where(zz >= 1, o / sh, o)
-            g = np.where(zz >= 2, g / sh, g)
-            w = np.where(zz >= 3, w / sh + 2 * st.biggest[s] / t * WEIGHT_BYTES, w)
+            w = (dense + expert) * WEIGHT_BYTES
+            g = np.where(zz >= 2, dense / sh + expert / esh, dense + expert) * GRAD_BYTES
+            o = np.where(zz >= 1, dense / sh + expert / esh, dense + expert) * OPTIM_BYTES
+            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * st.biggest[s] / t) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
             act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
             if s == 0:
@@ -449,7 +504,8 @@ def _layer_split(model: ModelConfig, i: int) -> tuple[float, float, float]:
         return float(total), 0.0, 0.0
     mo = model.moe
     e = model.ffn_params(mo.expert_ffn)
-    routed, shared = mo.num_experts * e, mo.shared_experts * e
+    routed = mo.num_experts * e
+    shared = mo.shared_experts * model.ffn_params(getattr(mo, "shared_ffn", mo.expert_ffn))
     return float(total - routed - shared), float(shared), float(routed)
 
 

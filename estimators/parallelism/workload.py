@@ -35,6 +35,7 @@ are not simulated, are then timed by the network model alone.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -43,7 +44,7 @@ import numpy as np
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import ParallelPlan, stage_layers, validate_plan
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, stage_layers, validate_plan
 
 # stream slots -> (stream id, name)
 COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B = range(11)
@@ -70,6 +71,26 @@ OPTIM_FLOPS_PER_PARAM = 12.0
 # (1024 steps, Megatron's --fp8-amax-history-len default) and scales of its FP8 tensors are updated.
 FP8_CAST_BYTES_PER_ELEM = 4.0
 FP8_AMAX_HISTORY = 1024
+# Bytes read per element by the cast of an FP8 GEMM input, by recipe: delayed scaling reads the bf16
+# tensor once (the amax is recorded on the way); current (tensorwise) scaling first reduces the amax of
+# the tensor (one more read), then casts; blockwise / mxfp8 compute each block's scale inside the cast.
+FP8_CAST_READS = {"delayed": 2.0, "tensorwise": 4.0, "blockwise": 2.0, "mxfp8": 2.0}
+# CPU time to issue one kernel from eager PyTorch (Python module code + ATen dispatch + cudaLaunchKernel),
+# which bounds how fast a GPU can run a sequence of short kernels; CUDA graphs replay the captured layer
+# without it. hardware.md: the launch call alone takes 3-6 us of CPU; Megatron-Core's Python around each
+# op adds about as much again (see LAUNCH_US in the README's constants table).
+LAUNCH_US = 8.0
+
+
+def dropless_imbalance(experts: int, top_k: int, ep: int, assignments: float) -> float:
+    """Expected busiest EP rank's (token, expert) pairs over the mean, dropless routing that is balanced
+    only in expectation: each of `assignments` pairs lands on one of `ep` ranks, so a rank's load is
+    binomial and the largest of ep such loads sits about sqrt(2 ln ep) standard deviations above the mean."""
+    if ep <= 1 or assignments <= 0:
+        return 1.0
+    mean = assignments / ep
+    sd = math.sqrt(mean * (1.0 - 1.0 / ep))
+    return 1.0 + sd * math.sqrt(2.0 * math.log(ep)) / mean
 
 
 # ----------------------------------------------------------------------------- op attribute helpers
@@ -98,18 +119,24 @@ def elementwise(elems: float, reads: float = 1, writes: float = 1, op: str = "el
 
 
 def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int, v_dim: int,
-              causal: bool, backward: bool) -> dict:
-    """Flash attention. Forward FLOPs = 2*sq*skv*(d_qk + d_v) per head, halved for causal self-attention;
+              causal: bool, backward: bool, window: int = 0) -> dict:
+    """Flash attention. Forward FLOPs = 2*sq*skv*(d_qk + d_v) per head, halved for causal self-attention
+    (a sliding window of W keys: W*(W+1)/2 + (s-W)*W score pairs instead of s^2/2);
     the backward recomputes the scores: 2.5x the forward (5 matmuls against 2)."""
     f = 2.0 * batch * heads * seq_q * seq_kv * (head_dim + v_dim)
-    if causal:
+    if causal and 0 < window < seq_q:
+        f *= (window * (window + 1) / 2.0 + (seq_q - window) * window) / (seq_q * seq_kv)
+    elif causal:
         f *= 0.5
     if backward:
         f *= 2.5
     io = batch * (seq_q * heads * (head_dim + v_dim) + seq_kv * kv_heads * (head_dim + v_dim)) * ACT_BYTES
-    return {"op": "attention", "dtype": "bf16", "batch": batch, "heads": heads, "kv_heads": kv_heads,
-            "seq_q": seq_q, "seq_kv": seq_kv, "head_dim": head_dim, "v_head_dim": v_dim, "causal": causal,
-            "backward": backward, "flops": f, "bytes": float(io * (2 if backward else 1))}
+    out = {"op": "attention", "dtype": "bf16", "batch": batch, "heads": heads, "kv_heads": kv_heads,
+           "seq_q": seq_q, "seq_kv": seq_kv, "head_dim": head_dim, "v_head_dim": v_dim, "causal": causal,
+           "backward": backward, "flops": f, "bytes": float(io * (2 if backward else 1))}
+    if window:
+        out["window"] = int(window)
+    return out
 
 
 def coll(comm_type: CommType, size: float, group: Sequence[int], pg_name: str) -> dict:
@@ -141,23 +168,56 @@ class MoELoads:
 
 
 class _Template:
-    """Op specs of one pass: (name, stream slot, attrs, deps as template indices; ENTRY = pass entry)."""
+    """Op specs of one pass: (name, stream slot, attrs, deps as template indices; ENTRY = pass entry).
 
-    def __init__(self) -> None:
+    `fp8_cast_reads`: bytes read per element by the cast of an FP8 GEMM's input (recipe-dependent);
+    `frozen`: weight-gradient GEMMs of the base weights are not emitted (LoRA); `join`: collectives that
+    run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
+
+    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
+                 attention_kernel: str = "fa2") -> None:
+        self.attention_kernel = attention_kernel
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
+        self.fp8_cast_reads = fp8_cast_reads
+        self.frozen = frozen
+        self.launch_us = launch_us
+        self.join: list[int] = []          # collectives the next chained op must also wait for
+        self.join_after_gemm: list[int] = []  # ... once the next GEMM has been added
 
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
-        d = (self.head,) if deps is None else tuple(deps)
+        if self.frozen and name.endswith("_wgrad") and not name.startswith("lora_"):
+            return self.head        # frozen base weight (LoRA): no weight gradient
+        if deps is None:
+            d = (self.head,) + tuple(self.join) if chain else (self.head,)
+            if chain:
+                self.join = []
+        else:
+            d = tuple(deps)
+        if self.launch_us and slot == COMPUTE:
+            attrs = {**attrs, "launch_us": self.launch_us}
+        if attrs.get("op") == "attention" and self.attention_kernel != "fa2":
+            attrs = {**attrs, "kernel": self.attention_kernel}
+        if attrs.get("op") in ("gemm", "grouped_gemm"):
+            attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
-            self.ops.append((name + "_fp8_cast", slot, elementwise(elems, 1, 1, op="fp8_cast"), d))
+            cast = elementwise(elems, 1, 1, op="fp8_cast")
+            cast["bytes"] = float(elems * (self.fp8_cast_reads + 2.0))   # read bf16 (+ amax pass), write fp8 + fp8^T
+            if self.launch_us:
+                cast["launch_us"] = self.launch_us
+            if attrs.get("launches", 1) > 1:
+                cast["launches"] = attrs["launches"]    # one quantize kernel per expert (GroupedLinear)
+            self.ops.append((name + "_fp8_cast", slot, cast, d))
             d = (len(self.ops) - 1,)
         self.ops.append((name, slot, attrs, d))
         i = len(self.ops) - 1
         if chain:
             self.head = i
+            if self.join_after_gemm and attrs.get("op") in ("gemm", "grouped_gemm"):
+                self.join += self.join_after_gemm
+                self.join_after_gemm = []
         return i
 
 
@@ -200,6 +260,13 @@ class _RankBuilder:
         for i in range(model.layers):
             d, e = layer_params_local(model, plan, i)
             self.layer_local_params.setdefault(model.is_moe_layer(i), d + e)
+        self.chunk_pos = {l: j for c in stage_layers(model, plan) for j, l in enumerate(c)}
+        self.frozen = plan.finetune == "lora"
+        self.launch_us = 0.0 if plan.cuda_graphs else LAUNCH_US
+        self.fp8_cast_reads = FP8_CAST_READS[plan.fp8_recipe]
+        # SFT on packed sequences: attention runs per document (THD layout, no cross-document scores)
+        self.doc_len = plan.packed_doc_len if plan.finetune != "none" and plan.packed_doc_len else 0
+        self.layer_index = 0          # the layer whose template is being built (sliding windows)
         # Megatron overlaps the TP reduction of input grads with weight-grad GEMMs (always with SP)
         self.async_tp = plan.async_tp_comm or self.sh.sp
 
@@ -211,6 +278,7 @@ class _RankBuilder:
         self.dp_g = p.dp_group(r)
         self.ep_g = p.ep_group(r)
         self.edp_g = p.expert_dp_group(r)
+        self.etp_g = p.etp_group(r)
         self.shard_g = p.dp_shard_group(r) if p.dp_shard else self.dp_g
         self.replica_g = p.dp_replica_group(r) if p.dp_shard else []
 
@@ -260,10 +328,27 @@ class _RankBuilder:
         return idx[0], idx[tpl.head]
 
     # -------------------------------------------------------------- templates
+    def _template(self) -> _Template:
+        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel)
+
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
         if self.p.tp == 1:
             return None
-        return tpl.add(name, TP, coll(ctype, size, self.tp_g, self._pg("tp", self.tp_g)), deps, chain)
+        attrs = coll(ctype, size, self.tp_g, self._pg("tp", self.tp_g))
+        if self.p.tp_comm_overlap and self.sh.sp and deps is None and chain:
+            # userbuffers TP overlap (Megatron/TE tp_comm_overlap): the all-gather streams chunks into the
+            # GEMM after it, the reduce-scatter drains the GEMM before it, chunk by chunk: they run beside
+            # that GEMM and the op after it waits for both
+            if ctype == CommType.ALL_GATHER:
+                i = tpl.add(name, TP, attrs, deps=(tpl.head,), chain=False)
+                tpl.join_after_gemm.append(i)
+                return i
+            if ctype == CommType.REDUCE_SCATTER and tpl.head >= 0 and \
+                    tpl.ops[tpl.head][2].get("op") in ("gemm", "grouped_gemm"):
+                i = tpl.add(name, TP, attrs, deps=tpl.ops[tpl.head][3], chain=False)
+                tpl.join.append(i)
+                return i
+        return tpl.add(name, TP, attrs, deps, chain)
 
     def _norm(self, tpl: _Template, name: str, tokens: int, backward: bool = False) -> int:
         h = self.m.hidden
@@ -291,10 +376,23 @@ class _RankBuilder:
                       ("kv_b_proj", a.kv_lora_rank, m.heads * (a.qk_nope_head_dim + a.v_head_dim) // t, True)]
         else:
             shapes = [("qkv_proj", h, (m.q_dim + 2 * m.kv_dim) // t, True)]
+        lora = self.p.finetune == "lora" and "qkv" in self.p.lora_modules and not m.mla
+        r = self.p.lora_rank
         if not backward:
             for name, k_in, n_out, _ in shapes:
                 tpl.add(name, COMPUTE, gemm(T, n_out, k_in, dt))
+            if lora:   # the adapter beside the frozen projection: x A^T, then B, added to the output
+                n_out = shapes[0][2]
+                tpl.add("lora_qkv_a", COMPUTE, gemm(T, r, h, "bf16"))
+                tpl.add("lora_qkv_b", COMPUTE, gemm(T, n_out, r, "bf16"))
+                tpl.add("lora_qkv_add", COMPUTE, elementwise(T * n_out, 2, 1))
             return
+        if lora:
+            n_out = shapes[0][2]
+            tpl.add("lora_qkv_b_dgrad", COMPUTE, gemm(T, r, n_out, "bf16"))
+            tpl.add("lora_qkv_b_wgrad", COMPUTE, gemm(r, n_out, T, "bf16"), chain=False)
+            tpl.add("lora_qkv_a_dgrad", COMPUTE, gemm(T, h, r, "bf16"))
+            tpl.add("lora_qkv_a_wgrad", COMPUTE, gemm(h, r, T, "bf16"), chain=False)
         for name, k_in, n_out, _ in reversed(shapes):
             tpl.add(name + "_dgrad", COMPUTE, gemm(T, k_in, n_out, dt))
             deps = [tpl.head] + ([ag] if ag is not None else [])
@@ -322,9 +420,18 @@ class _RankBuilder:
                 tpl.add("attn_scores_bmm_dgrad", COMPUTE, gemm(sq, qk, s, "bf16", bh))
                 tpl.add("attn_scores_bmm_wgrad", COMPUTE, gemm(s, qk, sq, "bf16", bh))
             return
+        window = m.attention_span(self.layer_index, s) if hasattr(m, "attention_span") else s
+        window = window if window < s else 0
         if c == 1:
+            if self.doc_len and self.doc_len < s:
+                # packed documents: one causal attention per document (cu_seqlens), no cross-document scores
+                docs = max(1, s // self.doc_len)
+                tpl.add(tag + ("attention_bwd" if backward else "attention"), COMPUTE,
+                        attention(b * docs, heads, kvh, self.doc_len, self.doc_len, qk, vd, causal=True,
+                                  backward=backward, window=window if window < self.doc_len else 0))
+                return
             tpl.add(tag + ("attention_bwd" if backward else "attention"), COMPUTE,
-                    attention(b, heads, kvh, s, s, qk, vd, causal=True, backward=backward))
+                    attention(b, heads, kvh, s, s, qk, vd, causal=True, backward=backward, window=window))
             return
         # Ring attention over the CP group (load-balanced causal split: the diagonal block is causal, each
         # of the c-1 other steps does half a block). Step i's KV arrives over cp_recv while step i-1 computes.
@@ -348,19 +455,32 @@ class _RankBuilder:
         """pas: 'F' forward, 'R' recomputed forward, 'S' selective recompute, 'B' backward. With measured
         MoE loads every (MoE layer, routing window of micro-batch `mb`) has its own template."""
         moe = self.m.is_moe_layer(layer)
-        key = (moe, pas)
+        window = bool(getattr(self.m, "is_window_layer", lambda i: False)(layer))
+        recompute = self._full_recompute(layer)
+        key = (moe, pas, window, recompute)
         if moe and self.moe_loads is not None:
-            key = (moe, pas, self.moe_index[layer], mb % self.moe_loads.windows)
+            key = (moe, pas, window, recompute, self.moe_index[layer], mb % self.moe_loads.windows)
         tpl = self.templates.get(key)
         if tpl is None:
-            self.routing = key[2:] or None
+            self.routing = key[4:] or None
+            self.layer_index = layer
             tpl = self.templates[key] = self._build_layer(moe, pas)
         return tpl
 
+    def _full_recompute(self, layer: int) -> bool:
+        """Full recompute of this layer: every layer, or (recompute_layers = N, Megatron's 'block' method)
+        the first N layers of each pipeline chunk."""
+        p = self.p
+        if p.recompute != "full":
+            return False
+        if not p.recompute_layers:
+            return True
+        return self.chunk_pos.get(layer, 0) < p.recompute_layers
+
     def _build_layer(self, moe: bool, pas: str) -> _Template:
-        tpl = _Template()
+        tpl = self._template()
         if pas == "S":
-            self._attention_core(tpl, backward=False, tag="recompute_")
+            self._selective_recompute(tpl, moe)
             return tpl
         if pas in ("F", "R"):
             self._layer_fwd(tpl, moe)
@@ -372,6 +492,49 @@ class _RankBuilder:
             tpl.add("fp8_amax_scale_update", COMPUTE,
                     elementwise(tensors * FP8_AMAX_HISTORY, 1, 1, op="fp8_scale", elem_bytes=4))
         return tpl
+
+    def _selective_recompute(self, tpl: _Template, moe: bool) -> None:
+        """The forward work Megatron-Core's selective recompute repeats before a layer's backward, by
+        module (--recompute-modules; default core_attn, which flash attention already recomputes inside
+        its backward, so it costs nothing there)."""
+        m, sh, p = self.m, self.sh, self.p
+        mods = set(p.recompute_modules or ("core_attn",))
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        if "core_attn" in mods and p.attention == "unfused":
+            self._attention_core(tpl, backward=False, tag="recompute_")
+        if "layernorm" in mods:
+            self._norm(tpl, "recompute_input_norm", Ts)
+            self._norm(tpl, "recompute_post_attn_norm", Ts)
+        if "mla_up_proj" in mods and m.mla:
+            a, t = m.mla, p.tp
+            tpl.add("recompute_q_b_proj", COMPUTE,
+                    gemm(T, m.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) // t, a.q_lora_rank, dt))
+            tpl.add("recompute_kv_b_proj", COMPUTE,
+                    gemm(T, m.heads * (a.qk_nope_head_dim + a.v_head_dim) // t, a.kv_lora_rank, dt))
+        if not moe and "mlp" in mods:
+            f = m.ffn // p.tp
+            f_in = 2 * f if m.activation == "swiglu" else f
+            tpl.add("recompute_mlp_fc1", COMPUTE, gemm(T, f_in, h, dt))
+            tpl.add("recompute_mlp_act", COMPUTE, elementwise(T * f, 2 if m.activation == "swiglu" else 1, 1))
+            tpl.add("recompute_mlp_fc2", COMPUTE, gemm(T, h, f, dt))
+        if moe:
+            tok, le, per, f_in, f = self._moe_dims()
+            if "moe" in mods:
+                self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
+                tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1))
+                self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
+            elif "moe_act" in mods:
+                tpl.add("recompute_expert_act", COMPUTE,
+                        elementwise(self._routed(per * le) * f, 2 if m.activation == "swiglu" else 1, 1))
+            if ("shared_experts" in mods or "moe" in mods) and m.moe.shared_experts:
+                S, fs = m.moe.shared_experts, self._shared_ffn()
+                fs_in = 2 * fs if m.activation == "swiglu" else fs
+                tpl.add("recompute_shared_expert_fc1", COMPUTE, gemm(tok, fs_in * S, h, dt))
+                tpl.add("recompute_shared_expert_fc2", COMPUTE, gemm(tok, h, fs * S, dt))
+
+    def _shared_ffn(self) -> int:
+        mo = self.m.moe
+        return getattr(mo, "shared_ffn", mo.expert_ffn)
 
     def _layer_fwd(self, tpl: _Template, moe: bool) -> None:
         m, sh, t = self.m, self.sh, self.p.tp
@@ -456,18 +619,36 @@ class _RankBuilder:
             # hook adds it into the fp32 main_grad buffer (read 2 B + read/write 8 B per parameter)
             tpl.add("main_grad_accumulate", COMPUTE, elementwise(self.layer_local_params[moe], 1, 1, elem_bytes=5))
 
-    # MoE: tokens stay sequence-sharded (T/t per rank); experts are not tensor-parallel (ETP = 1).
+    # MoE: tokens stay sequence-sharded (T/t per rank) into the router; the experts live on the expert
+    # grid (etp x ep x edp, `ParallelPlan` doc): an EP rank holds E/ep experts, each sharded over etp ranks
+    # that all-gather their tokens (Megatron-Core's ETP).
     def _moe_dims(self) -> tuple[int, int, int, int, int]:
         m, sh, p = self.m, self.sh, self.p
         mo = m.moe
-        tok = sh.T // p.tp
+        tok = sh.T // p.tp if sh.sp else sh.T
         local_experts = mo.num_experts // p.ep
-        per_expert = max(1, round(tok * mo.top_k * p.ep / mo.num_experts))
-        f_in = 2 * mo.expert_ffn if m.activation == "swiglu" else mo.expert_ffn
-        return tok, local_experts, per_expert, f_in, mo.expert_ffn
+        mean = tok * mo.top_k * p.ep / mo.num_experts * p.etp
+        if p.moe_capacity_factor > 0:
+            # token drop, padded to capacity (Megatron --moe-pad-expert-input-to-capacity): every expert
+            # computes exactly capacity = cf x its mean tokens
+            per_expert = max(1, math.ceil(p.moe_capacity_factor * mean))
+        elif p.moe_force_balance:
+            per_expert = max(1, round(mean))
+        else:
+            per_expert = max(1, round(mean * dropless_imbalance(mo.num_experts, mo.top_k, p.ep,
+                                                                 tok * mo.top_k * p.ep)))
+        f = mo.expert_ffn // p.etp
+        f_in = 2 * f if m.activation == "swiglu" else f
+        return tok, local_experts, per_expert, f_in, f
 
     def _a2a(self, tpl: _Template, name: str, size: float, transpose: bool = False) -> None:
         if self.p.ep <= 1:
+            return
+        p, mo = self.p, self.m.moe
+        if p.moe_capacity_factor > 0:
+            size *= p.moe_capacity_factor       # padded to capacity, the padding travels too
+        if self.routing is None and p.moe_a2a == "deepep":
+            self._deepep(tpl, name, size)
             return
         attrs = coll(CommType.ALL_TO_ALL, size, self.ep_g, self._pg("ep", self.ep_g))
         if self.routing is not None:  # measured routing: this layer's per-pair sizes (combine: reversed)
@@ -476,6 +657,38 @@ class _RankBuilder:
             attrs["comm_pair_bytes"] = pair_bytes
             attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
         tpl.add(name, EP, attrs)
+        if p.etp > 1:   # the ETP group shares its tokens (all-gather after dispatch, reduce-scatter before combine)
+            ag = "combine" in name
+            tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
+                    coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
+                         self._pg("etp", self.etp_g)))
+
+    def _deepep(self, tpl: _Template, name: str, size: float) -> None:
+        """DeepEP's fused dispatch / combine: a token bound for another node crosses the network once per
+        destination node (to the GPU of the same local index there), then NVLink forwards it to the GPUs
+        holding its experts. Two transfers in flight together: RDMA over the EP group's rail peers with
+        each token counted once per distinct remote node, NVLink inside the node with every (token,
+        expert) pair."""
+        p, mo, gpn = self.p, self.m.moe, self.p.gpus_per_node
+        ep_nodes = sorted({r // gpn for r in self.ep_g})
+        n = len(ep_nodes)
+        tok = size / (mo.top_k * self.m.hidden * ACT_BYTES)
+        head = tpl.head
+        local = [r for r in self.ep_g if r // gpn == self.rank // gpn]
+        joins = []
+        if n > 1:
+            # expected distinct nodes among a token's top-k experts (uniform routing), at most the
+            # groups a token may use (node-limited routing)
+            limit = getattr(mo, "groups_per_token", n) if getattr(mo, "groups", 1) > 1 else n
+            distinct = min(n * (1.0 - (1.0 - 1.0 / n) ** mo.top_k), limit)
+            remote = distinct * (n - 1) / n
+            rail = [r for r in self.ep_g if r % gpn == self.rank % gpn]
+            joins.append(tpl.add(name + "_rdma", EP, coll(CommType.ALL_TO_ALL, tok * remote * self.m.hidden * ACT_BYTES * n / max(n - 1, 1),
+                                                          rail, self._pg("eprail", rail)), deps=(head,), chain=False))
+        if len(local) > 1:
+            joins.append(tpl.add(name + "_nvlink", EP, coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
+                                 deps=(head,), chain=False))
+        tpl.join += joins
 
     def _expert_tokens(self) -> tuple[int, ...] | None:
         """Tokens of each local expert slot under measured routing (symmetric simulation: the rank with
@@ -493,7 +706,11 @@ class _RankBuilder:
         dt = self.sh.dtype
         tokens = self._expert_tokens()
         if tokens is None:
-            return tpl.add(name, COMPUTE, gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le), **kw)
+            # Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert (on a few streams,
+            # so the GPU runs them together like one batched GEMM) but the host launches each of them
+            attrs = gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le)
+            attrs["launches"] = le
+            return tpl.add(name, COMPUTE, attrs, **kw)
         return tpl.add(name, COMPUTE, grouped_gemm(tokens, n, k, dt, wgrad), **kw)
 
     def _routed(self, balanced_tokens: int) -> int:
@@ -515,22 +732,24 @@ class _RankBuilder:
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         if mo.shared_experts:
-            S = mo.shared_experts
-            tpl.add("shared_expert_up_gate_proj", COMPUTE, gemm(tok, f_in * S, h, dt))
-            tpl.add("shared_expert_act", COMPUTE, elementwise(tok * f * S, 2, 1, flops_per=8))
-            tpl.add("shared_expert_down_proj", COMPUTE, gemm(tok, h, f * S, dt))
+            S, fs = mo.shared_experts, self._shared_ffn()
+            fs_in = 2 * fs if m.activation == "swiglu" else fs
+            tpl.add("shared_expert_up_gate_proj", COMPUTE, gemm(tok, fs_in * S, h, dt))
+            tpl.add("shared_expert_act", COMPUTE, elementwise(tok * fs * S, 2, 1, flops_per=8))
+            tpl.add("shared_expert_down_proj", COMPUTE, gemm(tok, h, fs * S, dt))
 
     def _moe_bwd(self, tpl: _Template) -> None:
         m, dt = self.m, self.sh.dtype
         mo, h = m.moe, m.hidden
         tok, le, per, f_in, f = self._moe_dims()
         if mo.shared_experts:
-            S = mo.shared_experts
-            tpl.add("shared_expert_down_proj_dgrad", COMPUTE, gemm(tok, f * S, h, dt))
-            tpl.add("shared_expert_down_proj_wgrad", COMPUTE, gemm(f * S, h, tok, dt), chain=False)
-            tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * f * S, 3, 2, flops_per=12))
-            tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, f_in * S, dt))
-            tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in * S, tok, dt), chain=False)
+            S, fs = mo.shared_experts, self._shared_ffn()
+            fs_in = 2 * fs if m.activation == "swiglu" else fs
+            tpl.add("shared_expert_down_proj_dgrad", COMPUTE, gemm(tok, fs * S, h, dt))
+            tpl.add("shared_expert_down_proj_wgrad", COMPUTE, gemm(fs * S, h, tok, dt), chain=False)
+            tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * fs * S, 3, 2, flops_per=12))
+            tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, fs_in * S, dt))
+            tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, fs_in * S, tok, dt), chain=False)
         tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
         self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
@@ -545,11 +764,33 @@ class _RankBuilder:
         tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
         tpl.add("router_wgrad", COMPUTE, gemm(h, mo.num_experts, tok, "bf16"), chain=False)
 
+    def mtp_template(self, backward: bool) -> _Template:
+        """A multi-token-prediction module's own ops (DeepSeek-V3): RMSNorm of the hidden state and of
+        the next token's embedding, their concatenation projected 2h -> h (its layer and the shared output
+        head are run separately)."""
+        key = ("mtp", backward)
+        if key in self.templates:
+            return self.templates[key]
+        tpl = self._template()
+        m, sh = self.m, self.sh
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        if not backward:
+            tpl.add("mtp_embedding", COMPUTE, {"op": "embedding", "dtype": "bf16", "flops": 0.0,
+                                               "bytes": float(T * h * ACT_BYTES)})
+            self._norm(tpl, "mtp_norms", 2 * Ts)
+            tpl.add("mtp_proj", COMPUTE, gemm(T, h // self.p.tp, 2 * h, dt))
+        else:
+            tpl.add("mtp_proj_dgrad", COMPUTE, gemm(T, 2 * h, h // self.p.tp, dt))
+            tpl.add("mtp_proj_wgrad", COMPUTE, gemm(2 * h, h // self.p.tp, T, dt), chain=False)
+            self._norm(tpl, "mtp_norms_bwd", 2 * Ts, backward=True)
+        self.templates[key] = tpl
+        return tpl
+
     def embedding_template(self, backward: bool) -> _Template:
         key = ("emb", backward)
         if key in self.templates:
             return self.templates[key]
-        tpl = _Template()
+        tpl = self._template()
         m, sh = self.m, self.sh
         T, h = sh.T, m.hidden
         full = T * h * ACT_BYTES
@@ -575,7 +816,7 @@ class _RankBuilder:
         key = ("out", backward)
         if key in self.templates:
             return self.templates[key]
-        tpl = _Template()
+        tpl = self._template()
         m, sh, t = self.m, self.sh, self.p.tp
         T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
         V = -(-m.vocab // t)
@@ -659,19 +900,37 @@ def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tu
         return total / plan.tp, 0.0
     mo = model.moe
     e = model.ffn_params(mo.expert_ffn)
-    dense = (total - mo.num_experts * e - mo.shared_experts * e) / plan.tp + mo.shared_experts * e
-    return dense, mo.num_experts * e / plan.ep
+    shared = mo.shared_experts * model.ffn_params(getattr(mo, "shared_ffn", mo.expert_ffn))
+    dense = (total - mo.num_experts * e - shared) / plan.tp + shared
+    return dense, mo.num_experts * e / (plan.ep * plan.etp)
+
+
+def lora_layer_params(model: ModelConfig, plan: ParallelPlan) -> float:
+    """LoRA adapter parameters of one layer on one rank: A (r x in) + B (out/tp x r) per adapted linear."""
+    r, h, t = plan.lora_rank, model.hidden, plan.tp
+    f = model.ffn or (model.moe.expert_ffn if model.moe else h)
+    f_in = 2 * f if model.activation == "swiglu" else f
+    dims = {"qkv": (h, (model.q_dim + 2 * model.kv_dim) / t), "proj": (model.q_dim / t, h),
+            "fc1": (h, f_in / t), "fc2": (f / t, h)}
+    return float(sum(r * (i + o) for name, (i, o) in dims.items() if name in plan.lora_modules))
 
 
 def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per_node: int = 8,
-                     moe_loads: MoELoads | None = None, straggler: bool = False) -> ExecutionGraph:
+                     moe_loads: MoELoads | None = None, straggler: bool = False,
+                     schedule: Sequence[tuple[bool, int, int]] | None = None) -> ExecutionGraph:
+    """One rank's step. `schedule`: this stage's passes [(is_forward, micro-batch, local chunk)] instead of
+    the pipeline schedule (the composed estimate, estimators.parallelism.compose, replays a few passes
+    per distinct stage). metadata["passes"] lists, per pass in order, [is_forward, micro-batch, local
+    chunk, index of the pass's first node, index of its output node]: the nodes a pass created are
+    those from its first node up to the next pass's first node (the last pass's: up to
+    metadata["tail"], the first node of the step's tail)."""
     rb = _RankBuilder(model, plan, rank, gpus_per_node, moe_loads, straggler)
     p = plan
     stage = rb.stage
     chunks = stage_layers(model, plan)
     n_chunks = p.pp * p.vp
     local = [stage + c * p.pp for c in range(p.vp)]         # global chunk id of each local chunk
-    sched = pipeline_schedule(p.pp, stage, p.micro_batches, p.vp)
+    sched = list(schedule) if schedule is not None else pipeline_schedule(p.pp, stage, p.micro_batches, p.vp)
     last_bwd: dict[int, int] = {}
     for pos, (fwd, mb, c) in enumerate(sched):
         if not fwd:
@@ -689,13 +948,23 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     def peer(gchunk: int) -> int:
         return p.rank(stage_of(gchunk), rb.dp_idx, rb.cp_idx, rb.tp_idx)
 
+    lora = p.finetune == "lora"
+    n_mtp = mtp_layers(model)
+
+    def trainable(layer: int) -> tuple[float, float]:
+        """(dense, expert) parameters of a layer that get gradients on this rank: all of them, or with
+        LoRA only the adapters (the base is frozen)."""
+        if lora:
+            return lora_layer_params(model, p), 0.0
+        return layer_params_local(model, p, layer)
+
     dp_nodes: list[int] = []
     zero3 = p.zero >= 3
     hsdp = bool(p.dp_shard) and p.dp_shard < p.dp
     pg_dp = rb._pg("dp", rb.shard_g)
     pg_rep = rb._pg("dprep", rb.replica_g) if hsdp else ""
     pg_edp = rb._pg("edp", rb.edp_g)
-    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else GRAD_COMM_BYTES
+    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else min(GRAD_COMM_BYTES, p.grad_bytes)
 
     deferred: list[tuple[str, float, float]] = []
 
@@ -808,7 +1077,9 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
         blockers = batch
 
     step_end = -1
+    passes: list[list[int]] = []
     for k, (fwd, mb, c) in enumerate(sched):
+        passes.append([int(fwd), mb, c, len(rb.g), -1])
         gch = local[c]
         layers = chunks[gch]
         pre = f"mb{mb}."
@@ -828,52 +1099,75 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             if gch == n_chunks - 1:
                 _, out = rb.run(rb.output_template(False), pre, entry)
                 entry = [out]
+                for j in range(n_mtp):   # MTP module j: projection, one layer, the shared output head
+                    _, out = rb.run(rb.mtp_template(False), pre + f"mtp{j}.", entry)
+                    _, out = rb.run(rb.layer_template(model.layers - 1, "F", mb), pre + f"mtp{j}.L.F.", [out])
+                    _, out = rb.run(rb.output_template(False), pre + f"mtp{j}.", [out])
+                    entry = [out]
             else:
                 send_spec = (pre + f"send_act_c{gch}", PP_SEND_F, peer(gch + 1), _tag(True, mb, gch))
         else:
             if gch == n_chunks - 1:
+                for j in reversed(range(n_mtp)):
+                    _, out = rb.run(rb.output_template(True), pre + f"mtp{j}.", entry)
+                    _, out = rb.run(rb.layer_template(model.layers - 1, "B", mb), pre + f"mtp{j}.L.B.", [out])
+                    _, out = rb.run(rb.mtp_template(True), pre + f"mtp{j}.", [out])
+                    entry = [out]
+                    if mb == last_bwd[c]:
+                        d, e = trainable(model.layers - 1)
+                        grad_reduce(pre + f"mtp{j}", d + 2 * model.hidden * model.hidden / p.tp, e, out)
                 _, out = rb.run(rb.output_template(True), pre, entry)
                 entry = [out]
                 if mb == last_bwd[c]:
-                    grad_reduce(pre + "output", model.vocab * model.hidden / p.tp if not model.tied_embeddings or p.pp > 1 else 0, 0, out)
+                    grad_reduce(pre + "output", model.vocab * model.hidden / p.tp
+                                if (not model.tied_embeddings or p.pp > 1) and not lora else 0, 0, out)
             prev_first = None
             is_last = mb == last_bwd[c]
             for layer in reversed(layers):
                 ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
-                if p.recompute == "full":
+                if rb._full_recompute(layer):
                     first, out = rb.run(rb.layer_template(layer, "R", mb), pre + f"L{layer}.R.", entry + ag)
                     entry, ag = [out], []
-                elif p.recompute == "selective" and p.attention == "unfused":
-                    first, out = rb.run(rb.layer_template(layer, "S", mb), pre + f"L{layer}.R.", entry + ag)
-                    entry, ag = [out], []
+                elif p.recompute == "selective":
+                    tpl_s = rb.layer_template(layer, "S", mb)
+                    if tpl_s.ops:
+                        first, out = rb.run(tpl_s, pre + f"L{layer}.R.", entry + ag)
+                        entry, ag = [out], []
                 f_b, out = rb.run(rb.layer_template(layer, "B", mb), pre + f"L{layer}.B.", entry + ag)
                 prev_first = f_b
                 entry = [out]
                 if is_last:
-                    dense, expert = layer_params_local(model, p, layer)
+                    dense, expert = trainable(layer)
                     grad_reduce(pre + f"L{layer}", dense, expert, out)
             if gch == 0:
                 _, out = rb.run(rb.embedding_template(True), pre, entry)
                 entry = [out]
                 if is_last:
                     emb = model.vocab * model.hidden / p.tp + (model.max_seq * model.hidden if model.position == "learned" else 0)
-                    grad_reduce(pre + "embedding", emb, 0, out)
+                    grad_reduce(pre + "embedding", 0 if lora else emb, 0, out)
             else:
                 send_spec = (pre + f"send_grad_c{gch}", PP_SEND_B, peer(gch - 1), _tag(False, mb, gch))
         step_end = entry[0]
+        passes[-1][4] = step_end
         finish_pass(k, send_spec, step_end)
 
+    tail_first = len(rb.g)   # the step's tail (deferred reductions, optimizer, parameter gathers) starts here
     # optimizer step over this rank's (sharded) parameters, after every gradient reduction
     params = 0.0
     expert_params = 0.0
     for gch in local:
         for layer in chunks[gch]:
-            d, e = layer_params_local(model, p, layer)
+            d, e = trainable(layer)
             params += d
             expert_params += e
-    if 0 in local:
+    if n_chunks - 1 in local:
+        for _ in range(n_mtp):
+            d, e = trainable(model.layers - 1)
+            params += d + (0 if lora else 2 * model.hidden * model.hidden / p.tp)
+            expert_params += e
+    if 0 in local and not lora:
         params += model.vocab * model.hidden / p.tp
-    if n_chunks - 1 in local and (not model.tied_embeddings or p.pp > 1):
+    if n_chunks - 1 in local and (not model.tied_embeddings or p.pp > 1) and not lora:
         params += model.vocab * model.hidden / p.tp
     shard = len(rb.shard_g) if p.zero >= 1 else 1
     eshard = len(rb.edp_g) if p.zero >= 1 else 1
@@ -885,7 +1179,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     opt = rb.node("optimizer_step", COMPUTE,
                   {"op": "optimizer", "dtype": "fp32", "flops": OPTIM_FLOPS_PER_PARAM * opt_params,
                    "bytes": OPTIM_BYTES_PER_PARAM * opt_params}, dp_nodes + ([step_end] if step_end >= 0 else []))
-    if p.precision == "fp8":
+    if p.precision == "fp8" and not lora:
         # the updated bf16 weights get their fp8 copies (+ transposes) once per step, before the next forward
         opt = rb.node("fp8_weight_cast", COMPUTE, elementwise(params + expert_params, 1, 1, op="fp8_cast"), [opt])
     if p.zero in (1, 2) and len(rb.shard_g) > 1:
@@ -894,7 +1188,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             rb.node("expert_param_allgather", DP_AG, coll(CommType.ALL_GATHER, expert_params * 2, rb.edp_g, pg_edp), [opt])
     rb.g.metadata.update({"generator": "estimators.parallelism.workload", "model": model.name, "stage": stage,
                           "pp": p.pp, "tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
-                          "micro_batches": p.micro_batches})
+                          "micro_batches": p.micro_batches, "passes": passes,
+                          "tail": tail_first})
     return rb.g.build(dedupe_edges=False)
 
 

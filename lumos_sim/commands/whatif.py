@@ -26,8 +26,12 @@ def register(sub) -> None:
 
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
     add_plan_arguments(par)
-    par.add_argument("--full-simulation", action="store_true",
-                     help="simulate every rank instead of one per pipeline stage (slow; for checking)")
+    par.add_argument("--simulation", choices=("fast", "symmetric", "all"), default="fast",
+                     help="fast (default): replay a few passes per distinct pipeline stage and simulate the "
+                          "pipeline schedule; symmetric: replay the whole step, one rank per stage; all: every "
+                          "rank (slow; for checking)")
+    par.add_argument("--full-simulation", action="store_const", const="all", dest="simulation",
+                     help="the same as --simulation all")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
     par.add_argument("--top-k", "--max-plans", type=int, default=10, dest="top_k", metavar="K",
                      help="with --search: simulate the K plans the analytic estimate ranks best (default 10)")
@@ -77,20 +81,50 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs sharing each layer, in a node)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (sequence split across GPUs)")
+    # plan flags default to None so that `--search` can tell the ones given (its constraints) from the
+    # defaults (PLAN_DEFAULTS, filled in by _plan_from_args)
+    parser.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (GPUs sharing each layer, in a node; default 1)")
+    parser.add_argument("--pp", type=int, default=None, help="pipeline-parallel stages (default 1)")
+    parser.add_argument("--cp", type=int, default=None, help="context-parallel degree (sequence split across GPUs; default 1)")
     parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models; divides dp)")
-    parser.add_argument("--vp", type=int, default=1, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    parser.add_argument("--ep", type=int, default=None,
+                        help="expert-parallel degree (MoE models; ep*etp divides tp*cp*dp: the expert grid; default 1)")
+    parser.add_argument("--etp", type=int, default=1,
+                        help="expert-tensor-parallel degree: experts on their own etp x ep x edp grid over the "
+                             "same ranks (Megatron MoE parallel folding; default 1)")
+    parser.add_argument("--vp", type=int, default=None, help="virtual pipeline stages per rank (interleaved 1F1B; default 1)")
     parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
     parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    parser.add_argument("--recompute", default="none", help="none | selective | full")
-    parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
+    parser.add_argument("--recompute", default=None, help="none (default) | selective | full")
+    parser.add_argument("--zero", type=int, default=None, help="0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
     parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
+    g = parser.add_argument_group("layout details (Megatron-Core / NeMo recipe options)")
+    g.add_argument("--first-stage-layers", type=int, default=0, help="layers of the first pipeline chunk (uneven PP)")
+    g.add_argument("--last-stage-layers", type=int, default=0, help="layers of the last pipeline chunk (uneven PP)")
+    g.add_argument("--pipeline-layout", type=_int_list, default=(), metavar="N,N,...",
+                   help="transformer layers of every pipeline chunk (pp*vp counts, in pipeline order)")
+    g.add_argument("--recompute-layers", type=int, default=0,
+                   help="with --recompute full: only the first N layers of each chunk (0: all)")
+    g.add_argument("--recompute-modules", type=_name_list, default=(), metavar="M,M",
+                   help="with --recompute selective: core_attn, mla_up_proj, mlp, moe, moe_act, shared_experts, layernorm")
+    g.add_argument("--moe-capacity-factor", type=float, default=0.0,
+                   help="token drop: each expert takes at most this x its mean tokens (padded); 0: dropless")
+    g.add_argument("--moe-unbalanced", action="store_true",
+                   help="dropless routing balanced only in expectation (default: force-balanced)")
+    g.add_argument("--moe-a2a", default="alltoall", help="alltoall (NCCL) | deepep (fused NVLink+RDMA dispatch/combine)")
+    g.add_argument("--fp8-recipe", default="delayed", help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
+    g.add_argument("--cuda-graphs", action="store_true", help="layers run as CUDA graphs: no per-kernel launch cost")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="pipeline TP all-gathers / reduce-scatters with the GEMMs (userbuffers)")
+    g.add_argument("--fsdp", default="megatron", help="with --zero 3: megatron (Megatron-FSDP) | fsdp2")
+    g.add_argument("--finetune", default="none", help="none | sft (packed sequences) | lora (frozen base)")
+    g.add_argument("--packed-doc-len", type=int, default=0, help="SFT: mean document length in a packed sequence")
+    g.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank")
+    g.add_argument("--attention-kernel", default="fa2",
+                   help="fa2 (FlashAttention-2) | cudnn (cuDNN fused flash attention, Transformer Engine 2.x)")
 
 
 def add_set_argument(parser) -> None:
@@ -112,34 +146,64 @@ def scenario_from_args(args):
     from estimators.scenario import Scenario
     from replay.hardware.config import get_hardware
 
+    from estimators.parallelism.plan import validate_plan
+
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
-    plan = _plan_from_args(args, model)
+    plan = _plan_from_args(args, model, validate=False)
     s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan,
-                 simulation="all" if args.full_simulation else "symmetric")
+                 simulation=args.simulation)
+    # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
-    if args.overrides:
-        from estimators.parallelism.plan import validate_plan
-        validate_plan(s.model, s.plan)
+    validate_plan(s.model, s.plan, args.gpus if not args.overrides else None)
     return s
 
 
-def _plan_from_args(args, model):
+PLAN_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "vp": 1, "micro_batch": 1, "recompute": "none", "zero": 1}
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 4,8,8,4, got {text!r}") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0 like 4,8,8,4, got {text!r}")
+    return out
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _plan_from_args(args, model, validate: bool = True):
     from estimators.parallelism.plan import ParallelPlan, validate_plan
 
     if args.gpus < 1:
         raise TraceInputError(None, "--gpus must be >= 1")
+    for key, default in PLAN_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, default)
     dp = args.dp
     if dp is None:
         denom = args.tp * args.pp * args.cp
         if denom < 1 or args.gpus % denom:
             raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
         dp = args.gpus // denom
+    extra = {}
+    for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
+                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
+                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
+        if hasattr(args, key):
+            extra[key] = getattr(args, key)
+    if getattr(args, "moe_unbalanced", False):
+        extra["moe_force_balance"] = False
     plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
                         global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
                         recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,
-                        sequence_parallel=not args.no_sequence_parallel)
-    validate_plan(model, plan, args.gpus)
+                        sequence_parallel=not args.no_sequence_parallel, **extra)
+    if validate:
+        validate_plan(model, plan, args.gpus)
     return plan
 
 
@@ -177,14 +241,21 @@ def _main_search(args) -> int:
     base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
     if args.top_k < 1:
         raise TraceInputError(None, "--top-k must be >= 1")
-    ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision,
-                        SearchSpace(attention=base.plan.attention))
+    # plan flags given on the command line constrain the search
+    fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
+    if args.no_sequence_parallel:
+        fixed["sequence_parallel"] = False
+    space = SearchSpace.constrained(SearchSpace(attention=base.plan.attention), **fixed)
+    ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision, space)
+    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if v is not None and k != "sequence_parallel")
+    given += " --no-sequence-parallel" if args.no_sequence_parallel else ""
     if not ranked.candidates:
         raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs for {model.name} with global batch "
-                                    f"{args.global_batch} and sequence length {args.seq_len}")
+                                    f"{args.global_batch} and sequence length {args.seq_len}"
+                                    + (f" under {given}" if given else ""))
     if not ranked.fitting:
         raise TraceInputError(None, f"no valid plan of {args.gpus} GPUs fits {model.name} in memory on {hw.name} "
-                                    f"({ranked.candidates:,} plans tried)")
+                                    f"({ranked.candidates:,} plans tried" + (f" under {given}" if given else "") + ")")
     with progress_bar("simulating plans") as cb:
         preds = simulate_ranked(base, ranked, args.top_k, progress=cb)
     sim_s = sum(p.wall_s for p in preds)

@@ -46,6 +46,25 @@ _TORCH_TYPES = {
 }
 
 
+# Tensor-core clock a GPU sustains through a long training run, as a fraction of the clock its kernel
+# benchmarks ran at (the presets' GEMM / attention efficiencies are measured on short bursts at full
+# boost). A 700 W H100 SXM running back-to-back FP8/BF16 GEMMs for minutes reaches its power limit and
+# clocks down from 1.98 GHz; only the GEMMs of generated training workloads (ops marked `sustained`) are
+# derated: flash attention, bound by its softmax (exp) and shuffles rather than the tensor cores, draws
+# less power and is left at its measured rate.
+# One global constant per GPU type, fitted leave-one-model-out on the published H100 training runs
+# (benchmarks/published_training.py --fit); the A100's equivalent is its measured
+# sustained_tensor_fraction cap (0.711).
+SUSTAINED_CLOCK_FRACTION = {"H100": 0.80}
+
+
+# cuDNN fused flash attention (Transformer Engine's FusedAttention backend), fraction of the BF16 dense
+# peak, (forward, backward incl. its dot(dO, O) and dQ-conversion kernels): measured on an H100 SXM in
+# tests/data/h100/kernels_sdpa (cudnn sm90 flash fprop/bprop, causal, head dim 128, seq 4096-16384:
+# forward 588-653 TFLOP/s, backward 474-567 TFLOP/s; 0.60 / 0.50 at 4-8K tokens)
+CUDNN_ATTENTION_EFFICIENCY = {"H100": (0.60, 0.50)}
+
+
 @dataclass(frozen=True)
 class OpEstimate:
     """One op's modelled time and why: `bound` is 'compute', 'memory' or 'latency' (min kernel time)."""
@@ -81,6 +100,10 @@ class ComputeModel:
         self._pcie = self.hw.gpu.pcie_bw_gbs * c.pcie_efficiency * 1e3
         self._pageable = self.hw.gpu.pcie_bw_gbs * c.pageable_copy_efficiency * 1e3
         self._min = c.min_kernel_us
+        names = [str(n).upper() for n in (self.hw.gpu.device_names or [self.hw.gpu.model])]
+        self.sustained_clock_fraction = next((v for k, v in SUSTAINED_CLOCK_FRACTION.items()
+                                              if any(k in n for n in names)), 1.0)
+        self._gpu_key = next((k for k in CUDNN_ATTENTION_EFFICIENCY if any(k == n for n in names)), "")
 
     # ------------------------------------------------------------------ primitives
     def _finish(self, compute_us: float, memory_us: float, flops: float, nbytes: float, dtype: str,
@@ -183,22 +206,31 @@ class ComputeModel:
 
     def attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
                   causal: bool = False, backward: bool = False, dtype: str = "bf16",
-                  kv_heads: int | None = None) -> OpEstimate:
+                  kv_heads: int | None = None, window: int = 0, kernel: str = "") -> OpEstimate:
+        """Flash attention; `window` > 0: sliding-window (causal) attention over at most that many keys;
+        `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates (CUDNN_ATTENTION_EFFICIENCY)
+        where this GPU has them, else the preset's (FlashAttention-2) efficiencies."""
         return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
-                               bool(backward), dtype, int(kv_heads or heads))
+                               bool(backward), dtype, int(kv_heads or heads), int(window), kernel)
 
     @lru_cache(maxsize=16384)
     def _attention(self, b: int, h: int, sq: int, skv: int, d: int, causal: bool, backward: bool,
-                   dtype: str, kvh: int) -> OpEstimate:
+                   dtype: str, kvh: int, window: int = 0, kernel: str = "") -> OpEstimate:
         c = self.hw.compute
         e = DTYPE_BYTES.get(dtype, 2)
         pairs = float(sq) * skv
-        if causal:
+        if causal and 0 < window < skv and sq == skv:
+            # each query sees at most `window` keys: W(W+1)/2 pairs for the first W queries, W for the rest
+            pairs = window * (window + 1) / 2.0 + (sq - window) * float(window)
+        elif causal:
             # queries see only earlier keys: about half the score matrix when seq_q == seq_kv
             pairs = float(sq) * skv - sq * (sq - 1) / 2.0 if sq <= skv else pairs / 2.0
         fwd_flops = 4.0 * b * h * pairs * d                      # QK^T and PV
         flops = fwd_flops * (2.5 if backward else 1.0)           # backward: 5 matmuls vs 2
         eff = c.attention_bwd_efficiency if backward else c.attention_fwd_efficiency
+        measured = CUDNN_ATTENTION_EFFICIENCY.get(self._gpu_key) if kernel == "cudnn" else None
+        if measured:
+            eff = measured[1] if backward else measured[0]
         blocks = b * h * math.ceil(sq / c.attention_block)
         waves = math.ceil(blocks / self._sms)
         waves_eff = blocks / (waves * self._sms)
@@ -215,7 +247,22 @@ class ComputeModel:
         attention dims), with the preset's fitted class model (fixed cost, efficiency) when it has one."""
         est = self.roofline_op_estimate(attrs)
         model = class_model(self.hw, str(attrs.get("op", "elementwise")), str(attrs.get("dtype", "bf16")))
-        return apply_class_model(est, model, self._min) if model is not None else est
+        if model is not None:
+            est = apply_class_model(est, model, self._min)
+        if attrs.get("sustained") and est.compute_us > 0:
+            f = self.sustained_clock_fraction
+            if f < 1.0:
+                compute_us = est.compute_us / f
+                t = max(compute_us, est.memory_us, self._min)
+                est = OpEstimate(t, compute_us, est.memory_us, "compute" if t == compute_us else est.bound,
+                                 est.flops, est.bytes, est.efficiency * est.time_us / t, est.detail)
+        launch = float(attrs.get("launch_us", 0.0) or 0.0) * max(int(attrs.get("launches", 1) or 1), 1)
+        if launch > est.time_us:
+            # a kernel issued from eager host code cannot run faster than the host issues kernels: a run of
+            # short kernels is launch-bound (generated workloads say so with `launch_us`)
+            est = OpEstimate(launch, est.compute_us, est.memory_us, "latency", est.flops, est.bytes,
+                             est.efficiency * est.time_us / launch if launch > 0 else 0.0, "launch-bound")
+        return est
 
     def roofline_op_estimate(self, attrs: Mapping[str, Any]) -> OpEstimate:
         """`op_estimate` from the physics alone (no fitted class model)."""
@@ -229,7 +276,8 @@ class ComputeModel:
             return self.attention(int(attrs.get("batch", 1)), int(attrs["heads"]), int(attrs["seq_q"]),
                                   int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),
                                   bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
-                                  attrs.get("kv_heads"))
+                                  attrs.get("kv_heads"), int(attrs.get("window", 0) or 0),
+                                  str(attrs.get("kernel", "")))
         nbytes = float(attrs.get("bytes", 0.0))
         flops = float(attrs.get("flops", 0.0))
         if op == "memcpy":

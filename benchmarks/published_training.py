@@ -1,0 +1,140 @@
+"""Every published H100 training run of shared/reference/training-throughput.csv, predicted with its
+published layout: a markdown table (predicted vs published tokens/s per GPU and TFLOP/s per GPU, error,
+memory) and the mean / max |error| (the README table).
+
+    python benchmarks/published_training.py                 # the table
+    python benchmarks/published_training.py --json out.json # rows as JSON
+    python benchmarks/published_training.py --fit           # leave-one-model-out fit of the sustained clock
+
+`--fit` re-predicts every row with the H100 sustained tensor clock (replay.hardware.compute.
+SUSTAINED_CLOCK_FRACTION) at a few values, interpolates each row's log throughput in log clock, and for
+every model fits the clock on the other models' rows (least mean |log error|), then scores the held-out
+model's rows with it: the cross-validated error of that one global constant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lumos_sim.check import find_shared  # noqa: E402
+from lumos_sim.published_training import RowResult, read_rows, run_row, zoo_name  # noqa: E402
+
+
+def csv_path(arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    shared = find_shared(ROOT)
+    if shared is None:
+        sys.exit("shared data folder not found: set LUMOS_SIM_SHARED or pass --csv")
+    return shared / "reference" / "training-throughput.csv"
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.{nd}f}"
+
+
+def table(results: list[RowResult]) -> str:
+    lines = ["| # | release | model | GPUs | layout | published tok/s/GPU | predicted | published TFLOP/s | "
+             "predicted | error | memory GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        w = r.row
+        lay = f"TP{w.tp} PP{w.pp}" + (f"x{w.vp}" if w.vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
+            (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}"
+        err = r.relative_error
+        lines.append(f"| {w.index} | {w.release.split(' (')[0]} | {w.model_name} | {w.gpus} | {lay} | "
+                     f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
+                     f"{fmt(r.predicted_tflops)} | "
+                     + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
+                     f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} |")
+    errs = [abs(r.relative_error) for r in results if r.relative_error is not None]
+    if errs:
+        lines.append("")
+        lines.append(f"{len(errs)} of {len(results)} rows ran; mean |error| {100 * sum(errs) / len(errs):.1f}%, "
+                     f"max {100 * max(errs):.1f}%; {sum(r.oom for r in results)} flagged out of memory")
+    return "\n".join(lines)
+
+
+def run_all(path: Path, only=None, progress: bool = True) -> list[RowResult]:
+    out = []
+    for row in read_rows(path):
+        if only is not None and row.index not in only:
+            continue
+        r = run_row(row)
+        out.append(r)
+        if progress:
+            e = r.relative_error
+            print(f"  row {row.index:2d} {row.label[:50]:50s} "
+                  + (f"{100 * e:+6.1f}%" if e is not None else f"failed: {r.error}") + f" ({r.wall_s:.1f} s)",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def fit(path: Path, clocks=(1.0, 0.85)) -> None:
+    """Leave-one-model-out fit of the H100 sustained clock fraction."""
+    import replay.hardware.compute as compute
+
+    runs = {}
+    for c in clocks:
+        compute.SUSTAINED_CLOCK_FRACTION["H100"] = c
+        print(f"clock {c}:", file=sys.stderr)
+        runs[c] = run_all(path)
+    base = runs[clocks[0]]
+    rows = []   # (model, log published, log pred at c0, slope d log pred / d log c)
+    for i, r in enumerate(base):
+        if r.relative_error is None:
+            continue
+        pub = r.row.tokens_per_gpu or r.row.tflops
+        p0 = r.predicted_tokens_per_gpu if r.row.tokens_per_gpu else r.predicted_tflops
+        r1 = runs[clocks[1]][i]
+        p1 = r1.predicted_tokens_per_gpu if r.row.tokens_per_gpu else r1.predicted_tflops
+        slope = (math.log(p1) - math.log(p0)) / (math.log(clocks[1]) - math.log(clocks[0]))
+        rows.append((zoo_name(r.row.model_name).lower(), math.log(pub), math.log(p0), slope, r.row.index))
+
+    def err(c: float, sel) -> list[float]:
+        return [abs(math.exp(lp + s * (math.log(c) - math.log(clocks[0])) - lpub) - 1) for _, lpub, lp, s, _ in sel]
+
+    grid = [0.60 + 0.005 * k for k in range(81)]
+    best_all = min(grid, key=lambda c: sum(err(c, rows)))
+    print(f"all rows: clock {best_all:.3f}, mean |error| {100 * sum(err(best_all, rows)) / len(rows):.1f}%")
+    models = sorted({m for m, *_ in rows})
+    held = []
+    for m in models:
+        train = [r for r in rows if r[0] != m]
+        test = [r for r in rows if r[0] == m]
+        c = min(grid, key=lambda c: sum(err(c, train)))
+        e = err(c, test)
+        held += e
+        print(f"  leave out {m:20s}: clock {c:.3f}, held-out rows {[t[4] for t in test]} "
+              f"|error| {', '.join(f'{100 * x:.1f}%' for x in e)}")
+    print(f"leave-one-model-out: mean |error| {100 * sum(held) / len(held):.1f}%, max {100 * max(held):.1f}%")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", help="default: {shared}/reference/training-throughput.csv")
+    ap.add_argument("--rows", help="only these row indices, e.g. 0,3,25")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--fit", action="store_true", help="leave-one-model-out fit of the sustained clock")
+    args = ap.parse_args()
+    path = csv_path(args.csv)
+    if args.fit:
+        fit(path)
+        return 0
+    only = [int(x) for x in args.rows.split(",")] if args.rows else None
+    results = run_all(path, only)
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Published H100 training runs (`shared/reference/training-throughput.csv`) as parallelism what-ifs.
+
+Each CSV row names a model, a GPU count and the published layout (TP, PP, CP, VP, EP, ETP, micro/global
+batch, sequence, recompute, FSDP, precision / FP8 recipe) with the throughput it reached. `row_scenario`
+turns a row into the model + `ParallelPlan` it ran, unchanged; `run_rows` predicts every row and compares
+tokens/s per GPU (TFLOP/s where the row has no tokens/s). The `lumos-sim check` case kind
+`kind = "published_training"` (see `lumos_sim.check`) and `benchmarks/published_training.py` use it.
+
+Reading the columns (facts of the releases, not fitted):
+- precision "FP8" in NeMo 24.x = Transformer Engine delayed scaling; "FP8-CS" = current (tensorwise)
+  scaling; "FP8" in Megatron-Bridge 25.09 rows = current scaling as well (its performance recipes'
+  default, `bf16_with_fp8_current_scaling_mixed`).
+- recompute "full,block,N layers" = full recompute of N layers per chunk; "selective (a, b)" = those
+  modules; fsdp N = Megatron-FSDP (ZeRO-3) over N GPUs.
+- release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
+- Megatron-Bridge 25.x rows: cuDNN fused attention (TE 2.x on Hopper); NeMo 24.x rows: FlashAttention-2.
+- NeMo 24.x rows: bf16 gradients and 16-bit master-weight remainders (NeMo 1.x distributed Adam).
+- TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`).
+- notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
+- notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
+  balanced routing.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chakra_schema.errors import TraceInputError
+from estimators.model_config import ModelConfig, load_model
+from estimators.parallelism.plan import ParallelPlan
+
+# NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
+# projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
+LORA_RANK = 16
+# Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B)
+ALIASES = {"nemotron340b": "nemotron4-340b"}
+
+
+@dataclass
+class PublishedRow:
+    index: int
+    source: str
+    release: str
+    model_name: str
+    gpu: str
+    gpus: int
+    precision: str
+    tp: int
+    pp: int
+    cp: int
+    vp: int
+    ep: int
+    etp: int
+    mbs: int
+    gbs: int
+    seq: int
+    recompute: str
+    fsdp: int
+    tflops: float | None
+    tokens_per_gpu: float | None
+    notes: str
+    raw: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.release.split(' (')[0]} {self.model_name} {self.gpus}x{self.gpu} seq{self.seq}"
+
+
+def _int(v: str, default: int) -> int:
+    m = re.match(r"\s*(\d+)", v or "")
+    return int(m.group(1)) if m else default
+
+
+def _float(v: str) -> float | None:
+    try:
+        return float(v) if v and v.strip() else None
+    except ValueError:
+        return None
+
+
+def read_rows(path: str | Path) -> list[PublishedRow]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
+    rows = []
+    reader = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    need = {"model", "gpus", "tp", "pp", "gbs", "seq", "precision"}
+    if not need <= set(reader.fieldnames or ()):
+        raise TraceInputError(p, f"missing columns {sorted(need - set(reader.fieldnames or ()))}")
+    for i, r in enumerate(reader):
+        rows.append(PublishedRow(
+            index=i, source=r.get("source", ""), release=r.get("release", ""), model_name=r["model"],
+            gpu=r.get("gpu", "H100"), gpus=_int(r["gpus"], 1), precision=r["precision"].strip(),
+            tp=_int(r["tp"], 1), pp=_int(r["pp"], 1), cp=_int(r.get("cp", ""), 1), vp=_int(r.get("vp", ""), 1),
+            ep=_int(r.get("ep", ""), 1), etp=_int(r.get("etp", ""), 1), mbs=_int(r.get("mbs", ""), 1),
+            gbs=_int(r["gbs"], 1), seq=_int(r["seq"], 2048), recompute=(r.get("recompute") or "").strip(),
+            fsdp=_int(r.get("fsdp", ""), 0), tflops=_float(r.get("published_tflops", "")),
+            tokens_per_gpu=_float(r.get("published_tokens_per_gpu", "")), notes=r.get("notes", "") or "", raw=r))
+    return rows
+
+
+# ------------------------------------------------------------------------------ model names
+def zoo_name(model_name: str) -> str:
+    """'LLAMA2-7B SFT' -> 'llama2-7b', 'DeepSeekV3 (dropless)' -> 'deepseek-v3', 'Qwen3_30B_a3B' ->
+    'qwen3-30b-a3b', 'GPT OSS 120B' -> 'gpt-oss-120b' (load_model ignores case and punctuation)."""
+    s = re.sub(r"\(.*?\)", "", model_name)
+    s = re.sub(r"\b(SFT|LoRA)\b", "", s, flags=re.I).strip()
+    return ALIASES.get("".join(c for c in s.lower() if c.isalnum()), s)
+
+
+def row_model(row: PublishedRow) -> ModelConfig:
+    return load_model(zoo_name(row.model_name))
+
+
+def _finetune(row: PublishedRow) -> str:
+    text = f"{row.release} {row.model_name}"
+    if re.search(r"\bLoRA\b", text, re.I):
+        return "lora"
+    if re.search(r"\bSFT\b", text):
+        return "sft"
+    return "none"
+
+
+def _fp8_recipe(row: PublishedRow) -> str:
+    p = row.precision.upper()
+    if p == "FP8-CS" or "tensorwise" in p.lower():
+        return "tensorwise"
+    if "BLOCK" in p:
+        return "blockwise"
+    # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling
+    if "25." in row.release:
+        return "tensorwise"
+    return "delayed"
+
+
+def _recompute(row: PublishedRow) -> dict[str, Any]:
+    r = row.recompute.lower()
+    if not r:
+        return {}
+    if r.startswith("full"):
+        n = re.search(r"(\d+)\s*layers?", r)
+        return {"recompute": "full", "recompute_layers": int(n.group(1)) if n else 0}
+    if r.startswith("selective"):
+        mods = re.search(r"\((.*?)\)", r)
+        names = tuple(x.strip() for x in mods.group(1).split(",")) if mods else ()
+        return {"recompute": "selective", "recompute_modules": names}
+    raise TraceInputError(None, f"row {row.index}: unknown recompute {row.recompute!r}")
+
+
+def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
+    """The published layout as a plan (nothing changed)."""
+    dp = row.gpus // (row.tp * row.pp * row.cp)
+    if dp * row.tp * row.pp * row.cp != row.gpus:
+        raise TraceInputError(None, f"row {row.index}: gpus {row.gpus} is not a multiple of tp*pp*cp")
+    prec = "bf16" if row.precision.upper().startswith("BF16") else "fp8"
+    kw: dict[str, Any] = dict(tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, vp=row.vp, ep=row.ep, etp=row.etp,
+                              seq_len=row.seq, global_batch=row.gbs, micro_batch=row.mbs, precision=prec,
+                              fp8_recipe=_fp8_recipe(row) if prec == "fp8" else "delayed")
+    # NeMo / Megatron-Bridge H100 performance recipes pipeline the sequence-parallel all-gathers and
+    # reduce-scatters with the GEMMs (TE userbuffers, `tp_comm_overlap=True`) whenever TP > 1
+    kw["tp_comm_overlap"] = row.tp > 1
+    if "25." in row.release:
+        # Megatron-Bridge 25.x (Transformer Engine 2.x, cuDNN 9) runs cuDNN's fused flash attention on Hopper
+        kw["attention_kernel"] = "cudnn"
+    if row.release.startswith("NeMo 24."):
+        # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
+        # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:
+        # store_param_remainders=True for fp32 optimizer states over a bf16 model)
+        kw.update(grad_bytes=2, master_weight_bytes=2)
+    kw.update(_recompute(row))
+    if row.fsdp:
+        kw.update(zero=3, dp_shard=row.fsdp if row.fsdp < dp else 0, fsdp="megatron")
+    ft = _finetune(row)
+    kw["finetune"] = ft
+    # packed SFT / LoRA sequences: the documents' lengths inside a pack are not published, so attention
+    # is priced over the whole packed sequence (packed_doc_len 0), an upper bound on its cost
+    if ft == "lora":
+        kw["lora_rank"] = LORA_RANK
+    text = f"{row.model_name} {row.notes}".lower()
+    if model.moe is not None:
+        if "tokendrop" in text or "token-drop" in text:
+            kw["moe_capacity_factor"] = 1.0
+        if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
+            kw["moe_a2a"] = "deepep"
+        kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
+            kw.get("moe_capacity_factor", 0) > 0
+    return ParallelPlan(**kw)
+
+
+def row_scenario(row: PublishedRow) -> tuple[ModelConfig, ParallelPlan]:
+    model = row_model(row)
+    return model, row_plan(row, model)
+
+
+# ------------------------------------------------------------------------------ running rows
+@dataclass
+class RowResult:
+    row: PublishedRow
+    predicted_tokens_per_gpu: float = math.nan
+    predicted_tflops: float = math.nan
+    memory_gib: float = math.nan
+    oom: bool = False
+    error: str | None = None      # why it could not run
+    wall_s: float = 0.0
+
+    @property
+    def metric(self) -> str:
+        return "tokens/s/GPU" if self.row.tokens_per_gpu else "TFLOP/s/GPU"
+
+    @property
+    def relative_error(self) -> float | None:
+        if self.error:
+            return None
+        if self.row.tokens_per_gpu:
+            return self.predicted_tokens_per_gpu / self.row.tokens_per_gpu - 1.0
+        if self.row.tflops:
+            return self.predicted_tflops / self.row.tflops - 1.0
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.row
+        return {"row": r.index, "label": r.label, "model": r.model_name, "release": r.release, "gpus": r.gpus,
+                "published_tokens_per_gpu": r.tokens_per_gpu, "published_tflops": r.tflops,
+                "predicted_tokens_per_gpu": self.predicted_tokens_per_gpu,
+                "predicted_tflops": self.predicted_tflops, "metric": self.metric,
+                "error": self.relative_error, "memory_gib": self.memory_gib, "oom": self.oom,
+                "failure": self.error, "wall_s": self.wall_s}
+
+
+def run_row(row: PublishedRow, hardware: str = "h100-sxm") -> RowResult:
+    import time
+
+    from estimators.parallelism.evaluate import predict
+    t0 = time.perf_counter()
+    try:
+        model, plan = row_scenario(row)
+        p = predict(model, plan, hardware)
+    except TraceInputError as e:
+        return RowResult(row, error=str(e.problem if hasattr(e, "problem") else e),
+                         wall_s=time.perf_counter() - t0)
+    return RowResult(row, predicted_tokens_per_gpu=p.tokens_per_s / plan.gpus,
+                     predicted_tflops=p.extra.get("published_convention_tflops", p.tflops_per_gpu),
+                     memory_gib=p.memory.total_gib, oom=p.oom, wall_s=time.perf_counter() - t0)
+
+
+def run_rows(path: str | Path, hardware: str = "h100-sxm", only: list[int] | None = None,
+             progress=None) -> list[RowResult]:
+    rows = read_rows(path)
+    out = []
+    for n, row in enumerate(rows):
+        if only is not None and row.index not in only:
+            continue
+        out.append(run_row(row, hardware))
+        if progress:
+            progress(n + 1, len(rows))
+    return out
+
+
+# ------------------------------------------------------------------------------ `lumos-sim check` case kind
+def case_from_table(path, where: str, raw: dict, shared, CaseSpec, fraction, typed, ranks_of):
+    """A `[[case]]` with `kind = "published_training"`: `csv` (may use {shared}), `tolerance` (max
+    |error| of any row), `mean_tolerance`, optional `rows` (row indices), `hardware`."""
+    import os
+
+    if raw.get("kind") != "published_training":
+        raise TraceInputError(path, f"'kind' of {where} must be 'replay' or 'published_training', got {raw.get('kind')!r}")
+    if "name" not in raw or "csv" not in raw:
+        raise TraceInputError(path, f"{where} (published_training) needs 'name' and 'csv'")
+    name = typed(path, f"'name' of {where}", raw["name"], str)
+    csv_path = typed(path, f"'csv' of case '{name}'", raw["csv"], str)
+    if "{shared}" in csv_path:
+        if shared is None:
+            raise TraceInputError(path, f"case '{name}' needs the shared data folder: set LUMOS_SIM_SHARED")
+        csv_path = csv_path.replace("{shared}", str(shared))
+    if not os.path.isabs(csv_path):
+        csv_path = str(Path(path).resolve().parent / csv_path)
+    return CaseSpec(name=name, inputs=[], kind="published_training", csv=csv_path,
+                    hardware=typed(path, f"'hardware' of case '{name}'", raw.get("hardware", "h100-sxm"), str),
+                    timing="model",
+                    tolerance=fraction(path, f"'tolerance' of case '{name}'", raw.get("tolerance", 0.15)),
+                    mean_tolerance=(fraction(path, f"'mean_tolerance' of case '{name}'", raw["mean_tolerance"])
+                                    if "mean_tolerance" in raw else None),
+                    ranks=ranks_of(path, f"'rows' of case '{name}'", raw["rows"]) if "rows" in raw else None,
+                    description=raw.get("description", "") if isinstance(raw.get("description", ""), str) else "")
+
+
+def run_case(suite: str, case, CaseResult, StepCheck):
+    """Every row (or `case.ranks` = the chosen rows): one check per row, measured = the published
+    tokens/s per GPU (TFLOP/s per GPU where the row has none), predicted = ours. A row that cannot run,
+    or that the memory model flags as out of memory although it ran, fails the case."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        results = run_rows(case.csv, case.hardware or "h100-sxm", case.ranks)
+    except TraceInputError as e:
+        return CaseResult(suite, case, [], error=str(e), seconds=time.perf_counter() - t0)
+    checks, problems = [], []
+    for r in results:
+        if r.error:
+            problems.append(f"row {r.row.index} ({r.row.model_name}): {r.error}")
+            continue
+        if r.oom:
+            problems.append(f"row {r.row.index} ({r.row.model_name}): flagged out of memory "
+                            f"({r.memory_gib:.1f} GiB) but it ran")
+        pub = r.row.tokens_per_gpu or r.row.tflops
+        pred = r.predicted_tokens_per_gpu if r.row.tokens_per_gpu else r.predicted_tflops
+        if pub:
+            checks.append(StepCheck(r.row.index, f"{r.row.label} ({r.metric})", float(pub), float(pred)))
+    err = "; ".join(problems) if problems else (None if checks else "no row with a published figure")
+    return CaseResult(suite, case, checks, error=err, seconds=time.perf_counter() - t0)

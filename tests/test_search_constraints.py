@@ -1,0 +1,80 @@
+"""`whatif parallelism --search` honours the plan flags given with it (--zero, --tp, --pp, --cp, --dp, --ep,
+--vp, --recompute, --micro-batch, --no-sequence-parallel) as constraints, and only those."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from chakra_schema.errors import TraceInputError
+from estimators.model_config import load_model
+from estimators.parallelism.search import SearchSpace, enumerate_candidates
+
+
+def _search(*args):
+    return subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "parallelism", "--model", "llama3-8b",
+                           "--gpus", "16", "--seq-len", "4096", "--global-batch", "64", "--search", "--top-k", "3",
+                           "--json", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_zero_1_given_with_search_returns_only_zero_1_plans():
+    """The reported bug: `--zero 1` (also the default value) was ignored and ZeRO-3 plans came back."""
+    p = _search("--zero", "1")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows and all(r["plan"]["zero"] == 1 for r in rows)
+
+
+def test_layout_and_option_flags_are_all_honoured():
+    p = _search("--tp", "2", "--pp", "2", "--micro-batch", "2", "--recompute", "full", "--zero", "3")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows
+    for r in rows:
+        plan = r["plan"]
+        assert (plan["tp"], plan["pp"], plan["dp"], plan["micro_batch"], plan["recompute"], plan["zero"]) == \
+            (2, 2, 4, 2, "full", 3)
+
+
+def test_a_constraint_no_plan_meets_is_a_one_line_error_naming_it():
+    p = _search("--tp", "16")     # TP stays inside an 8-GPU node
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--tp 16" in p.stderr, p.stderr
+    p = _search("--recompute", "sometimes")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--recompute" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("fixed", [dict(zero=1), dict(tp=4), dict(pp=2, vp=2), dict(cp=2, micro_batch=1),
+                                   dict(recompute="none", zero=3), dict(ep=8, dp=16)])
+def test_constrained_space_is_the_unconstrained_one_filtered(fixed):
+    """Every plan of the constrained search is a plan of the free search with those values, and every plan
+    of the free search with those values (where no equivalent duplicate was dropped) is kept."""
+    model = load_model("llama4-scout" if "ep" in fixed else "llama3-8b")
+    free = enumerate_candidates(model, 64, 8192, 256)
+    con = enumerate_candidates(model, 64, 8192, 256, space=SearchSpace.constrained(**fixed))
+    assert len(con["tp"]) > 0
+
+    def value(cols, key):
+        from estimators.parallelism.plan import RECOMPUTE
+        return cols[key] if key != "recompute" else np.array(RECOMPUTE)[cols[key]]
+
+    for key, v in fixed.items():
+        assert np.all(value(con, key) == v)
+    names = sorted(free)
+    rows = lambda c: {tuple(int(c[k][i]) for k in names) for i in range(len(c["tp"]))}  # noqa: E731
+    mask = np.ones(len(free["tp"]), bool)
+    for key, v in fixed.items():
+        mask &= value(free, key) == v
+    # ZeRO stages without a DP group are one plan; the free search keeps ZeRO-0 for it, a constraint its stage
+    mask &= (free["dp"] * free["cp"] > 1) | ("zero" not in fixed)
+    kept = rows({k: v[mask] for k, v in free.items()})
+    assert kept <= rows(con)
+    assert rows(con) - rows(free) <= {r for r in rows(con) if r[names.index("dp")] * r[names.index("cp")] == 1}
+
+
+def test_bad_constraint_values_are_one_line_errors():
+    for kw in (dict(zero=4), dict(tp=0), dict(recompute="some"), dict(micro_batch=True)):
+        with pytest.raises(TraceInputError):
+            SearchSpace.constrained(**kw)
