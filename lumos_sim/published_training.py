@@ -269,7 +269,8 @@ def case_from_table(path, where: str, raw: dict, shared, CaseSpec, fraction, typ
     import os
 
     if raw.get("kind") != "published_training":
-        raise TraceInputError(path, f"'kind' of {where} must be 'replay' or 'published_training', got {raw.get('kind')!r}")
+        raise TraceInputError(path, f"'kind' of {where} must be 'replay' or 'published_training', "
+                                    f"got {raw.get('kind')!r}")
     if "name" not in raw or "csv" not in raw:
         raise TraceInputError(path, f"{where} (published_training) needs 'name' and 'csv'")
     name = typed(path, f"'name' of {where}", raw["name"], str)
