@@ -1,5 +1,6 @@
 """Typed model architecture (`ModelConfig`), loaded from TOML (the model zoo in `estimators/zoo/` or a
-user file), with parameter and FLOP counts derived from the architecture.
+user file) or a Hugging Face config.json (`estimators.hf_config`), with parameter and FLOP counts derived
+from the architecture.
 
 Counting rules (per layer, no biases unless `bias = true`):
 - attention, GQA/MHA: q = h*H*d, k = v = h*K*d, o = H*d*h  (H query heads, K kv heads, d head dim)
@@ -9,8 +10,20 @@ Counting rules (per layer, no biases unless `bias = true`):
   (shared expert width `moe.shared_ffn`); attention sinks add H per layer; MTP modules are counted apart
   (`mtp_params`), as the published totals leave them out
 - embeddings: vocab*h, doubled when the output projection is untied; learned positions add seq*h.
-Training FLOPs follow the usual 2 FLOPs per multiply-add: forward = 2 * active matmul params * tokens
-plus attention scores/values 4 * tokens * seq_kv * H * d (full square, as Narayanan et al. 2021 count it).
+
+Model FLOPs per token follow ONE convention, Megatron-Core's (`megatron_flops_per_token`; Megatron-LM
+`num_floating_point_operations`, which Megatron-Bridge 25.09+ / NeMo 25.09+ report as "model TFLOP/s"):
+2 FLOPs per multiply-add, training = 3 x forward; per token and layer the active matmul weights (attention
+projections, dense FFN or top-k routed + shared experts) and attention scores / values against the mean
+causal context (seq/2 keys per query: the causal half; sliding-window layers their exact mean), MTP
+modules counted, the output projection counted, no embedding lookup, norms, router or biases.
+`ModelConfig.model_flops_per_token` is this convention.  NeMo 24.07 (nemo/utils/flops_formulas.py) counts
+the attention over the FULL square (12 s h per layer, as Narayanan et al. 2021) and no MTP / windows:
+`nemo_2407_flops_per_token`.  The two differ by 1.4-21% on the shared published rows (GPT-3 175B at 2K:
+1.4%; Llama 2 7B at 4K: 7%; Llama 3 8B at 8K: 12.5%; Qwen3-30B-A3B at 4K: 21%).  `RELEASE_FLOP_CONVENTION` maps a release to its convention, checked
+against every published row that gives both TFLOP/s and tokens/s (tests/test_model_configs.py).
+Hardware FLOPs (what the kernels execute: unfused attention computes the full square) are
+`full_square_flops_per_token`.
 """
 from __future__ import annotations
 
@@ -117,6 +130,7 @@ class ModelConfig:
     max_seq: int = 0                   # learned position table length
     bias: bool = False                 # linear-layer biases (GPT-3)
     display_name: str = ""
+    aliases: tuple[str, ...] = ()      # other names published tables use ("Nemotron-340B"); matched like names
     source: str = ""                   # where the architecture facts come from
     published_params_b: float = 0.0    # published total parameters (billions), for checks
     published_active_params_b: float = 0.0
@@ -290,10 +304,121 @@ class ModelConfig:
         qk, v = self.attn_score_dims
         return 2.0 * seq * self.heads * (qk + v) * self.layers
 
-    def model_flops_per_token(self, seq: int) -> float:
-        """Training (forward + backward) model FLOPs per token, no recomputation:
-        6 x active matmul params + 3 x attention forward."""
+    def full_square_flops_per_token(self, seq: int) -> float:
+        """Training FLOPs per token as the workload generator executes them with unfused attention:
+        6 x active matmul params + 3 x full-square attention forward (the basis of hardware FLOPs)."""
         return 6.0 * self.matmul_params_active() + 3.0 * self.attention_flops_fwd_per_token(seq)
+
+    def model_flops_per_token(self, seq: int) -> float:
+        """Training (forward + backward) model FLOPs per token, no recomputation, in the project's one
+        convention: Megatron-Core's (`megatron_flops_per_token`, see the module docstring)."""
+        return megatron_flops_per_token(self, seq)
+
+    # matmul shapes per layer, as the FLOP conventions count them (no biases, router, norms or sinks)
+    def attn_matmul_params(self) -> int:
+        """Attention projection weights of one layer (MLA: with its two latent norms, as Megatron counts)."""
+        if self.mla:
+            return self.attn_params()
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+
+    def ffn_matmul_params_active(self, i: int) -> int:
+        """FFN weights a token goes through in layer `i`: the dense FFN, or top-k routed + shared experts."""
+        if not self.is_moe_layer(i):
+            return self.ffn_mats * self.hidden * self.ffn
+        m = self.moe
+        return self.ffn_mats * self.hidden * (m.top_k * m.expert_ffn + m.shared_experts * m.shared_ffn)
+
+
+# ------------------------------------------------------------------ FLOP conventions
+def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows: bool, mtp: bool,
+                              logits_vocab: int, attention_seq: float | None, frozen: bool) -> float:
+    """Training FLOPs per token at 2 FLOPs per multiply-add: matmuls of the layers a token passes through
+    and the output projection (once per MTP module too) 3 x their forward (forward, data gradient, weight
+    gradient; 2 x with `frozen` weights, LoRA: no weight gradient), attention scores / values 3 x their
+    forward against the mean context.  `attention_seq` is the sequence length the attention term sees
+    (packed SFT: sum s_i^2 / sum s_i over the packed sub-sequences); default `seq`.  Nothing for norms,
+    router, biases, the embedding lookup or LoRA adapters."""
+    qk, v = m.attn_score_dims
+    s_att = float(attention_seq or seq)
+    n_layers = m.layers + (m.mtp_layers if mtp else 0)
+    weights, scores = 0.0, 0.0                   # forward FLOPs per token
+    for i in range(n_layers):
+        j = min(i, m.layers - 1)                 # MTP modules repeat the last layer's kind
+        if causal:
+            # Megatron counts a full causal layer as seq/2 keys per query (not (seq+1)/2)
+            ctx = m.mean_causal_context(j, s_att) if windows and m.is_window_layer(j) else s_att / 2.0
+        else:
+            ctx = s_att
+        weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))
+        scores += 2.0 * ctx * m.heads * (qk + v)
+    if mtp and m.mtp_layers:
+        weights += m.mtp_layers * 2.0 * (2 * m.hidden * m.hidden)    # the 2h -> h projection
+    weights += 2.0 * m.hidden * logits_vocab * (1 + (m.mtp_layers if mtp else 0))
+    return (2.0 if frozen else 3.0) * weights + 3.0 * scores
+
+
+def megatron_padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP (the embedding
+    and output layers really are that wide)."""
+    step = divisible_by * tp
+    return -(-vocab // step) * step
+
+
+def megatron_flops_per_token(m: ModelConfig, seq: int, padded_vocab: int | None = None, *,
+                             attention_seq: float | None = None, frozen: bool = False) -> float:
+    """Model FLOPs per token, Megatron-Core convention (megatron/training `num_floating_point_operations`,
+    as Megatron-Bridge 25.09+ reports "model TFLOP/s"): causal attention counted as half the square
+    (seq/2 keys per query; sliding-window layers by their exact mean causal context), MTP modules counted
+    (one more layer of the last kind + the 2h -> h projection + one more output projection each), output
+    projection counted at the padded vocabulary (`megatron_padded_vocab`; default the real vocab), no
+    embedding lookup, norms, router or biases.  Packed SFT: `attention_seq` = sum s_i^2 / sum s_i (Megatron-
+    Bridge accumulates the squared sub-sequence lengths); LoRA: `frozen` (Megatron-Bridge counts the frozen
+    matmuls at 2/3: no weight gradient)."""
+    return _training_flops_per_token(m, seq, causal=True, windows=True, mtp=True, logits_vocab=padded_vocab or m.vocab,
+                                     attention_seq=attention_seq, frozen=frozen)
+
+
+def nemo_2407_flops_per_token(m: ModelConfig, seq: int, vocab: int | None = None, *,
+                              attention_seq: float | None = None, frozen: bool = False) -> float:
+    """Model FLOPs per token, NeMo 24.07 convention (nemo/utils/flops_formulas.py: gpt3, llama2, llama3,
+    nemotron, mixtral; the NeMo 24.07 performance summary): attention scores / values over the FULL
+    square (seq keys per query, 12 s h per layer), no sliding windows, no MTP, output projection at the
+    family's vocabulary (LLM_VOCAB_SIZE_MAP: gpt3 51200, llama2 32000, llama3 128256, nemotron 256000,
+    mixtral 32000; default the model's), no embedding lookup, norms, router or biases.  The 24.07 SFT and
+    LoRA rows are reproduced only with `attention_seq` (the packed SQuAD sub-sequences) and, for LoRA,
+    `frozen`; the pre-training rows with neither."""
+    return _training_flops_per_token(m, seq, causal=False, windows=False, mtp=False, logits_vocab=vocab or m.vocab,
+                                     attention_seq=attention_seq, frozen=frozen)
+
+
+# name -> function(model, seq) -> training FLOPs per token
+FLOP_CONVENTIONS = {"megatron": megatron_flops_per_token, "nemo-24.07": nemo_2407_flops_per_token}
+
+# Which convention a published table's "model TFLOP/s" uses, by release (prefix of the release string in
+# ../shared/reference/training-throughput.csv).  Checked: published TFLOP/s / tokens/s per GPU reproduces
+# the convention's FLOPs per token within 0.5% on every row with both figures (tests/test_model_configs.py),
+# except GPT-OSS 120B in 25.11 (see FLOP_CONVENTION_NOTES).
+RELEASE_FLOP_CONVENTION = {
+    "NeMo 24.03": "nemo-24.07",   # long-sequence table: TFLOP/s only; inferred (4K row = the 24.07 7B figure)
+    "NeMo 24.07": "nemo-24.07",   # NVIDIA/NeMo docs/source/performance/performance_summary.md (rev 9c5c5e9709)
+    "NeMo 25.09": "megatron",     # Megatron-Bridge docs/performance-summary-archive.md
+    "NeMo 25.11": "megatron",
+    "Megatron-Bridge": "megatron",
+}
+FLOP_CONVENTION_NOTES = (
+    "Megatron-Bridge 25.11 counts GPT-OSS 120B with every layer as full causal attention (no window) and "
+    "its experts as 2-matrix FFNs (its clamped GLU is not recognised as SwiGLU): published 153 TFLOP/s at "
+    "5630 tokens/s = 2.72e10 FLOPs/token, vs 3.26e10 in the convention as documented."
+)
+
+
+def release_flop_convention(release: str) -> str:
+    """The FLOP convention of a published release string ("NeMo 24.07 (rev ...)", "NeMo 25.11")."""
+    for prefix, name in RELEASE_FLOP_CONVENTION.items():
+        if release.startswith(prefix):
+            return name
+    raise TraceInputError(None, f"no known FLOP convention for release {release!r} "
+                                f"(known: {', '.join(RELEASE_FLOP_CONVENTION)})")
 
 
 # ------------------------------------------------------------------ loading
@@ -330,6 +455,11 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
                 raise with_path(e, path) from None
             continue
         want = types[key]
+        if key == "aliases":
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                raise TraceInputError(path, f"'aliases' must be a list of names, got {value!r}")
+            kwargs[key] = tuple(value)
+            continue
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str),
@@ -383,7 +513,11 @@ def _validate(cfg: ModelConfig) -> None:
 
 
 def load_model_file(path: str | os.PathLike) -> ModelConfig:
+    """A model TOML file, or a Hugging Face config.json (`estimators.hf_config`)."""
     p = Path(path)
+    if p.suffix == ".json":
+        from estimators.hf_config import load_hf_config
+        return load_hf_config(p)
     try:
         with open(p, "rb") as f:
             data = tomllib.load(f)
@@ -407,8 +541,12 @@ def _norm(name: str) -> str:
 
 
 def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
-    """A zoo model by name (case and punctuation ignored: "Llama 3 8B", "llama3-8b") or a TOML path."""
+    """A zoo model by name (case and punctuation ignored: "Llama 3 8B", "llama3-8b"), a model TOML path, or a
+    Hugging Face config.json path (or a directory holding one)."""
     s = str(name_or_path)
+    if s.endswith(".json") or (Path(s).is_dir() and (Path(s) / "config.json").is_file()):
+        from estimators.hf_config import load_hf_config
+        return load_hf_config(s)
     if s.endswith(".toml") or os.sep in s or Path(s).is_file():
         return load_model_file(s)
     want = _norm(s)
@@ -418,6 +556,6 @@ def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
             return load_model_file(cfg_path)
     for stem in zoo_names():  # display names ("Llama 3 405B")
         cfg = load_model_file(ZOO_DIR / f"{stem}.toml")
-        if _norm(cfg.display_name) == want or _norm(cfg.name) == want:
+        if want in {_norm(cfg.display_name), _norm(cfg.name), *map(_norm, cfg.aliases)}:
             return cfg
-    raise TraceInputError(None, f"unknown model '{s}' (zoo: {', '.join(zoo_names())}; or give a .toml path)")
+    raise TraceInputError(None, f"unknown model '{s}' (zoo: {', '.join(zoo_names())}; or give a model .toml or a Hugging Face config.json path)")

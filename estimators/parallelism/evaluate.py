@@ -6,11 +6,12 @@ rank per pipeline stage by default), `replay.api.replay` runs them with the hard
 No per-configuration fitting: every efficiency comes from the hardware preset.
 
 FLOP conventions (per step):
-- model FLOPs = tokens x (6 x active matmul parameters + 3 x attention forward), no recomputation
-  (models.md; "active" = MoE routed experts counted top-k times). Gives `tflops_per_gpu` and `mfu`.
-- hardware FLOPs = model FLOPs + the recomputed forward (full: every layer's matmuls and attention;
-  selective: the attention core), i.e. Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for
-  GPT with full recomputation. Gives `hw_tflops_per_gpu`.
+- model FLOPs = tokens x `ModelConfig.model_flops_per_token` (the project's one convention, Megatron-Core's:
+  causal attention as half the square, MTP counted; estimators/model_config.py). Gives `tflops_per_gpu`, `mfu`.
+- hardware FLOPs = tokens x (6 x active matmul parameters + 3 x full-square attention forward) + the
+  recomputed forward (full: every layer's matmuls and attention; selective: the attention core), i.e.
+  Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for GPT with full recomputation. Gives
+  `hw_tflops_per_gpu`.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def model_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
 
 def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     tokens = plan.global_batch * plan.seq_len
-    f = model_flops_per_step(model, plan)
+    f = tokens * model.full_square_flops_per_token(plan.seq_len)  # as executed (unfused: the full square)
     if plan.recompute == "full":
         layer_matmul = model.matmul_params_active() - model.vocab * model.hidden
         f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
