@@ -94,6 +94,8 @@ def fit(path: Path, clocks=(1.0, 0.85)) -> None:
         pub = r.row.tokens_per_gpu or r.row.tflops
         p0 = r.predicted_tokens_per_gpu if r.row.tokens_per_gpu else r.predicted_tflops
         r1 = runs[clocks[1]][i]
+        if r1.relative_error is None:
+            continue
         p1 = r1.predicted_tokens_per_gpu if r.row.tokens_per_gpu else r1.predicted_tflops
         slope = (math.log(p1) - math.log(p0)) / (math.log(clocks[1]) - math.log(clocks[0]))
         rows.append((zoo_name(r.row.model_name).lower(), math.log(pub), math.log(p0), slope, r.row.index))

@@ -233,6 +233,18 @@ class RowResult:
                 "failure": self.error, "wall_s": self.wall_s}
 
 
+def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float, default: float) -> float:
+    """Model TFLOP/s per GPU as the row's release counts them (estimators.model_config
+    RELEASE_FLOP_CONVENTION: NeMo 24.x full-square attention, Megatron-Bridge's causal half), so that rows
+    publishing only TFLOP/s compare like with like."""
+    try:
+        from estimators.model_config import FLOP_CONVENTIONS, release_flop_convention
+        conv = FLOP_CONVENTIONS[release_flop_convention(row.release)]
+    except (ImportError, TraceInputError, KeyError):
+        return default
+    return conv(model, row.seq) * tokens_per_gpu / 1e12
+
+
 def run_row(row: PublishedRow, hardware: str = "h100-sxm") -> RowResult:
     import time
 
@@ -244,8 +256,9 @@ def run_row(row: PublishedRow, hardware: str = "h100-sxm") -> RowResult:
     except TraceInputError as e:
         return RowResult(row, error=str(e.problem if hasattr(e, "problem") else e),
                          wall_s=time.perf_counter() - t0)
-    return RowResult(row, predicted_tokens_per_gpu=p.tokens_per_s / plan.gpus,
-                     predicted_tflops=p.extra.get("published_convention_tflops", p.tflops_per_gpu),
+    tok_gpu = p.tokens_per_s / plan.gpus
+    return RowResult(row, predicted_tokens_per_gpu=tok_gpu,
+                     predicted_tflops=release_tflops(row, model, tok_gpu, p.tflops_per_gpu),
                      memory_gib=p.memory.total_gib, oom=p.oom, wall_s=time.perf_counter() - t0)
 
 
@@ -269,7 +282,8 @@ def case_from_table(path, where: str, raw: dict, shared, CaseSpec, fraction, typ
     import os
 
     if raw.get("kind") != "published_training":
-        raise TraceInputError(path, f"'kind' of {where} must be 'replay' or 'published_training', got {raw.get('kind')!r}")
+        raise TraceInputError(path, f"'kind' of {where} must be 'replay' or 'published_training', "
+                                    f"got {raw.get('kind')!r}")
     if "name" not in raw or "csv" not in raw:
         raise TraceInputError(path, f"{where} (published_training) needs 'name' and 'csv'")
     name = typed(path, f"'name' of {where}", raw["name"], str)

@@ -1,7 +1,8 @@
 """The published H100 training record (shared/reference/training-throughput.csv) as parallelism what-ifs:
 every row's published layout is accepted unchanged, the memory model agrees with Megatron-LM's theoretical
 memory report, and the `lumos-sim check` case kind reads the CSV. The accuracy itself is the check suite
-tests/published/published_training.toml (outside tests/accuracy until it passes; and benchmarks/published_training.py)."""
+tests/published/published_training.toml (outside tests/accuracy until it meets its bounds) and
+benchmarks/published_training.py."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -683,10 +683,13 @@ class _RankBuilder:
             distinct = min(n * (1.0 - (1.0 - 1.0 / n) ** mo.top_k), limit)
             remote = distinct * (n - 1) / n
             rail = [r for r in self.ep_g if r % gpn == self.rank % gpn]
-            joins.append(tpl.add(name + "_rdma", EP, coll(CommType.ALL_TO_ALL, tok * remote * self.m.hidden * ACT_BYTES * n / max(n - 1, 1),
-                                                          rail, self._pg("eprail", rail)), deps=(head,), chain=False))
+            # an all-to-all's size is its whole send buffer, (n-1)/n of which leaves the node
+            rdma = tok * remote * self.m.hidden * ACT_BYTES * n / max(n - 1, 1)
+            joins.append(tpl.add(name + "_rdma", EP, coll(CommType.ALL_TO_ALL, rdma, rail, self._pg("eprail", rail)),
+                                 deps=(head,), chain=False))
         if len(local) > 1:
-            joins.append(tpl.add(name + "_nvlink", EP, coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
+            joins.append(tpl.add(name + "_nvlink", EP,
+                                 coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
                                  deps=(head,), chain=False))
         tpl.join += joins
 

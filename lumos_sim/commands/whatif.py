@@ -109,13 +109,16 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     g.add_argument("--recompute-layers", type=int, default=0,
                    help="with --recompute full: only the first N layers of each chunk (0: all)")
     g.add_argument("--recompute-modules", type=_name_list, default=(), metavar="M,M",
-                   help="with --recompute selective: core_attn, mla_up_proj, mlp, moe, moe_act, shared_experts, layernorm")
+                   help="with --recompute selective: core_attn, mla_up_proj, mlp, moe, moe_act, shared_experts, "
+                        "layernorm")
     g.add_argument("--moe-capacity-factor", type=float, default=0.0,
                    help="token drop: each expert takes at most this x its mean tokens (padded); 0: dropless")
     g.add_argument("--moe-unbalanced", action="store_true",
                    help="dropless routing balanced only in expectation (default: force-balanced)")
-    g.add_argument("--moe-a2a", default="alltoall", help="alltoall (NCCL) | deepep (fused NVLink+RDMA dispatch/combine)")
-    g.add_argument("--fp8-recipe", default="delayed", help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
+    g.add_argument("--moe-a2a", default="alltoall",
+                   help="alltoall (NCCL) | deepep (fused NVLink+RDMA dispatch/combine)")
+    g.add_argument("--fp8-recipe", default="delayed",
+                   help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
     g.add_argument("--cuda-graphs", action="store_true", help="layers run as CUDA graphs: no per-kernel launch cost")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="pipeline TP all-gathers / reduce-scatters with the GEMMs (userbuffers)")
