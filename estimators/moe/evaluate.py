@@ -169,7 +169,9 @@ def hardware_models(hardware):
     if got is None or got[0] is not hardware:       # the same preset object (kept alive here)
         if len(_MODELS) > 8:
             _MODELS.clear()
-        got = _MODELS[id(hardware)] = (hardware, ComputeModel(hardware), NetworkModel(hardware))
+        from replay.hardware.config import for_generated_ops   # generated ops: no recorded-kernel models
+        timed = for_generated_ops(hardware)
+        got = _MODELS[id(hardware)] = (hardware, ComputeModel(timed), NetworkModel(timed))
     return got[1], got[2]
 
 

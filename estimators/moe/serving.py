@@ -71,6 +71,8 @@ class AttentionTimer:
     def __init__(self, model: ModelConfig, hardware, spec: ServingSpec):
         from replay.hardware.compute import ComputeModel
         from replay.hardware.network import NetworkModel
+        from replay.hardware.config import for_generated_ops   # generated ops: no recorded-kernel models
+        hardware = for_generated_ops(hardware)
         self.m, self.spec = model, spec
         self.c = ComputeModel(hardware)
         self.net = NetworkModel(hardware) if spec.attention_tp > 1 else None

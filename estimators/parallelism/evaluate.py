@@ -176,8 +176,10 @@ def default_timing(hardware):
 
 
 def resolve_hardware(hardware):
-    from replay.hardware.config import get_hardware
-    return get_hardware(hardware)
+    """The preset for the generated workload: kernel models fitted on recorded kernels stay out
+    (`replay.hardware.config.for_generated_ops`)."""
+    from replay.hardware.config import for_generated_ops
+    return for_generated_ops(hardware)
 
 
 def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:

@@ -470,6 +470,20 @@ def list_hardware() -> list[str]:
     return sorted(_preset_files())
 
 
+def for_generated_ops(name_or_path: str | os.PathLike | HardwareConfig) -> HardwareConfig:
+    """The preset as the what-ifs time the ops they generate from a model and a plan: without the kernel
+    models and sustained tensor rate a calibration fitted. Those were fitted on recorded kernels (their names,
+    launch geometry, and the small shapes of the traces they came from) and time recorded kernels; a
+    generated op has none of that, so it is timed on the roofline, with the what-if's own documented
+    constants (estimators.parallelism). Every other field -- overrides included -- is kept."""
+    hw = get_hardware(name_or_path)
+    if hw.calibration is None and not hw.kernel_models:
+        return hw
+    base = get_hardware(hw.calibration.base) if hw.calibration is not None else hw
+    compute = dataclasses.replace(hw.compute, sustained_tensor_fraction=base.compute.sustained_tensor_fraction)
+    return dataclasses.replace(hw, kernel_models={}, calibration=None, compute=compute)
+
+
 def get_hardware(name_or_path: str | os.PathLike | HardwareConfig) -> HardwareConfig:
     """A preset by name or alias ('h100-sxm', 'a100-sxm'), or a user's TOML file by path."""
     if isinstance(name_or_path, HardwareConfig):
