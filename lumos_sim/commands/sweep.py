@@ -67,10 +67,10 @@ def main(args) -> int:
 
 
 def _print_summary(df, summary) -> None:
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     ok = df[df["status"] == "ok"]
     if "tokens_per_s" in ok.columns and len(ok):
         best = ok.sort_values("tokens_per_s", ascending=False).head(10)

@@ -217,7 +217,7 @@ def main_scenario(args) -> int:
     if args.json:
         _print_json(p.to_json())
         return 0
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
     t = Table(title=f"{scenario.describe()}")
@@ -227,15 +227,18 @@ def main_scenario(args) -> int:
         if v is None or v == "" or k in ("scenario_key",):
             continue
         t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
-    Console(width=None if sys.stdout.isatty() else 100).print(t)
+    make_console().print(t)
     return 0
 
 
 def main_list(args) -> int:
     from estimators.whatifs import whatifs
+    from lumos_sim.tables import console, table
+    t = table(None, ["what-if", "what it does"])
     for name, w in sorted(whatifs().items()):
         needs = f" (needs {', '.join(w.needs)})" if w.needs else ""
-        print(f"{name:14s} {w.doc}{needs}")
+        t.add_row(name, f"{w.doc}{needs}")
+    console().print(t)
     return 0
 
 
@@ -250,10 +253,10 @@ def _plan_text(p) -> str:
 
 def _print_prediction(r) -> None:
     from estimators.whatif_parallel import legacy_breakdown_json
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 80)
+    console = make_console()
     p = r.plan
     t = Table(title=f"{r.model} on {p.gpus} x {r.hardware}: {_plan_text(p)}, seq {p.seq_len}, "
                     f"global batch {p.global_batch} ({p.micro_batches} micro-batches)")
@@ -365,10 +368,10 @@ def main_trace(args) -> int:
     if args.json:
         _print_json(res.to_json())
         return 0
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 80)
+    console = make_console()
     t = Table(title="trace what-if")
     t.add_column("")
     t.add_column("baseline", justify="right")

@@ -140,11 +140,11 @@ def _recovery_inputs(est) -> dict:
 
 
 def _print_table(p) -> None:
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
     m, est = p.metrics, p.detail
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = make_console()
     t = Table(title=f"failures what-if: {m['gpus']:,} GPUs, {m['strategy']}, failure model {m['failure_model']}")
     t.add_column("")
     t.add_column("value", justify="right")

@@ -104,11 +104,11 @@ def main_moe(args) -> int:
 
 
 def _print_table(scenario, pred) -> None:
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
     m, opts = pred.metrics, scenario.moe
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = make_console()
     t = Table(title=f"{scenario.model.name} EP{m['ep']} on {m['nodes']} x {scenario.hardware.name} nodes: "
                     f"{opts.placement}" + (f" + group-by {opts.group_by}" if opts.group_by != "none" else "")
                     + f", {opts.phase}")
