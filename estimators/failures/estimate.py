@@ -20,7 +20,7 @@ from estimators.failures.options import FailureOptions
 from estimators.failures.recovery import (DEFAULTS, H_PER_S, FailureClass, Job, RecoveryTimes, cold_restart_s,
                                           failure_classes)
 
-DEFAULT_REPLICAS_WITHOUT_MODEL = 12   # reliability.md: ~12 data-parallel replicas at ~100K GPUs
+DEFAULT_REPLICAS_WITHOUT_MODEL = 12   # FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): ~12 data-parallel replicas at ~100K GPUs
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def _replicas(opts: FailureOptions, healthy: HealthyJob, gpus: int, per_node: in
         defaults["replicas"] = f"{r} (plan DP {dp}" + (f" / dp_shard {healthy.dp_shard})" if healthy.dp_shard else ")")
     else:
         r = max(1, min(DEFAULT_REPLICAS_WITHOUT_MODEL, gpus // per_node))
-        defaults["replicas"] = f"{r} (~12 replicas at ~100K GPUs, reliability.md)"
+        defaults["replicas"] = f"{r} (~12 replicas at ~100K GPUs, FT-HSDP paper, arXiv:2602.00277)"
     if r > gpus:
         raise TraceInputError(None, f"failure.replicas={r} exceeds the job's {gpus} GPUs")
     return r

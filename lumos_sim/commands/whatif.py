@@ -223,12 +223,28 @@ def main_scenario(args) -> int:
     t = Table(title=f"{scenario.describe()}")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for k, v in p.to_row().items():
-        if v is None or v == "" or k in ("scenario_key",):
+    row = p.to_row()
+    no_step = not any(v for k, v in row.items() if k.startswith("breakdown."))
+    for k, v in row.items():
+        # nothing to show: unset figures, NaN (a what-if without a step), an all-zero breakdown
+        if v is None or v == "" or k in ("scenario_key",) or (isinstance(v, float) and v != v) \
+                or (no_step and k.startswith("breakdown.")):
             continue
         t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
     make_console().print(t)
     return 0
+
+
+def _changes_text(changes: dict) -> str:
+    """One line per change; a per-rank change as `rank 3: compute x 0.435 ...` (not a Python dict)."""
+    lines = []
+    for key, value in changes.items():
+        name = key.replace("_", " ")
+        if isinstance(value, dict):
+            lines += [f"{name}: rank {k}: {v}" for k, v in value.items()]
+        else:
+            lines.append(f"{name}: {value}")
+    return "\n".join(lines)
 
 
 def main_list(args) -> int:
@@ -378,7 +394,7 @@ def main_trace(args) -> int:
     t.add_column("what-if", justify="right")
     t.add_row("step time ms", f"{res.baseline_step_us / 1000:.3f}", f"{res.step_us / 1000:.3f}")
     t.add_row("speed-up", "", f"{res.speedup:.3f}x")
-    t.add_row("change", "", res.describe())
+    t.add_row("change", "", _changes_text(res.changes))
     console.print(t)
     for note in res.notes:
         console.print(note)

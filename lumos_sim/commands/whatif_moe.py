@@ -86,6 +86,8 @@ def scenario_from_args(args):
 def result_json(pred) -> dict:
     """The prediction's JSON with the MoE figures at the top level."""
     out = pred.to_json()
+    if not any(out.get("breakdown", {}).values()):   # inference what-ifs simulate no step: no breakdown
+        out.pop("breakdown", None)
     out.update({k: v for k, v in pred.metrics.items()})
     out.update(pred.detail or {})
     return out
