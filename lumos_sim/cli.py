@@ -73,9 +73,21 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return "\n".join(out)
 
 
+_LONG_CHOICES = 30  # a {a,b,c} list longer than this would not wrap in the usage line: named instead
+
+
 def _use_formatter(parser: argparse.ArgumentParser) -> None:
-    """Every parser and sub-parser (nested ones too) formats its help with `HelpFormatter`."""
+    """Every parser and sub-parser (nested ones too) formats its help with `HelpFormatter`; an option
+    with a long list of choices shows a name in the usage and lists the choices in its help (which
+    wraps), so usage lines fit the width."""
     parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if action.choices and action.option_strings and action.metavar is None \
+                and not isinstance(action, argparse._SubParsersAction) \
+                and len(",".join(map(str, action.choices))) > _LONG_CHOICES:
+            action.metavar = action.dest.upper()
+            listed = ", ".join(map(str, action.choices))
+            action.help = f"{action.help} (one of: {listed})" if action.help else f"one of: {listed}"
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):

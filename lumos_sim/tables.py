@@ -104,12 +104,22 @@ def column_widths(words: Sequence[int], natural: Sequence[int], room: int) -> li
         return list(natural)
     if sum(words) > room:
         return None
-    widths = list(words)
-    spare = room - sum(words)
-    want = [max(0, n - w) for n, w in zip(natural, words)]
-    total = sum(want)
-    for i, w in enumerate(want):
-        widths[i] += spare * w // total if total else 0
+    # water-filling: the highest cap such that every column at min(natural, max(word, cap)) fits, so
+    # narrow columns keep their whole lines and the widest ones wrap
+    def total(cap: int) -> int:
+        return sum(min(n, max(w, cap)) for n, w in zip(natural, words))
+    lo, hi = 0, max(natural)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if total(mid) <= room else (lo, mid - 1)
+    widths = [min(n, max(w, lo)) for n, w in zip(natural, words)]
+    spare = room - sum(widths)
+    for i in sorted(range(len(widths)), key=lambda i: widths[i] - natural[i]):   # the leftover columns
+        if spare <= 0:
+            break
+        add = min(spare, natural[i] - widths[i])
+        widths[i] += add
+        spare -= add
     return widths
 
 
@@ -150,3 +160,14 @@ def stacked(t: Table) -> Text:
                 out.append(line)
                 out.append("\n")
     return out
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """A status line (`wrote PATH`) on stderr, wrapped at spaces to the output width; a word (a path)
+    longer than the width stays whole on its own line."""
+    import textwrap
+
+    out = file or sys.stderr
+    width = output_width(out)
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    print("\n".join(lines), file=out)

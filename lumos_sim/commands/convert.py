@@ -13,6 +13,7 @@ import os
 import sys
 
 from lumos_sim.progress import progress_bar
+from lumos_sim.tables import say
 
 
 def register(subparsers) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         summaries = convert(args.et, args.kineto, args.output, progress=cb)
     _remove_stale_ranks(args.output, {s["rank"] for s in summaries})
     for s in summaries:
-        print(f"wrote {s['output']}", file=sys.stderr)
+        say(f"wrote {s['output']}")
     try:
         if args.json:
             json.dump(summaries, sys.stdout, indent=2)

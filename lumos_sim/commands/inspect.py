@@ -20,7 +20,7 @@ from lumos_sim.progress import progress_bar
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="summarize .et graphs (counts, collectives, steps, validation)",
                        description="Summarize a Chakra .et file or every rank of PREFIX.<rank>.et.")
-    p.add_argument("trace", metavar="FILE.et|PREFIX")
+    p.add_argument("trace", metavar="FILE.et|PREFIX", help="one .et file, or the PREFIX of PREFIX.<rank>.et")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=main)
 

@@ -2,6 +2,7 @@
 `lumos_sim.sweeps` for the spec format), locally or on Ray, into one results table."""
 from __future__ import annotations
 
+import os
 import sys
 
 import orjson
@@ -9,17 +10,27 @@ import orjson
 from lumos_sim.commands.whatif import add_set_argument
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="evaluate a sweep spec (base scenario + axes) into a parquet/CSV table",
                        description="Evaluate every point of SPEC.toml: a [scenario] table plus [[axes]] "
                                    "(grid, zip, list, search) combined by product. Points already in the "
                                    "output file are not evaluated again (resume after Ctrl-C by re-running).")
-    p.add_argument("spec", metavar="SPEC.toml")
+    p.add_argument("spec", metavar="SPEC.toml", help="the sweep spec: [scenario] + [[axes]]")
     p.add_argument("-o", "--output", required=True, metavar="RESULTS.parquet",
                    help="results table (.parquet or .csv); also the cache of finished points")
-    p.add_argument("--executor", default="local", choices=("local", "ray"))
-    p.add_argument("--workers", type=int, default=1,
-                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep")
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local process pool (default) or Ray tasks")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep "
+                        f"(default: the CPUs this process may use, {cpu_count()} here)")
     p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
     p.add_argument("--fresh", action="store_true", help="ignore points already in the output file")
@@ -43,7 +54,7 @@ def main(args) -> int:
             print(f"{pt.index:6d}  {pt.key}  {pt.label}")
         return 0
     try:
-        df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
+        df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers or cpu_count(),
                    ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
                    flush_every_s=args.flush_every)
     except SweepInterrupted as e:

@@ -57,7 +57,7 @@ def register(sub) -> None:
 
     sc = wsub.add_parser("scenario", help="evaluate a scenario TOML file with any registered what-if")
     sc.add_argument("file", metavar="SCENARIO.toml", help="a scenario table (see `lumos-sim sweep --help`)")
-    sc.add_argument("--json", action="store_true")
+    sc.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(sc)
     sc.set_defaults(func=main_scenario)
 
@@ -86,9 +86,11 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    parser.add_argument("--recompute", default="none", help="none | selective | full")
-    parser.add_argument("--zero", type=int, default=1, help="0 DDP, 1 distributed optimizer, 2, 3 FSDP")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="GEMM precision (default bf16)")
+    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                        help="activation recomputation (default none)")
+    parser.add_argument("--zero", type=int, default=1, choices=(0, 1, 2, 3),
+                        help="ZeRO stage: 0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
     parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
 

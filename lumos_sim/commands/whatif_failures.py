@@ -38,7 +38,8 @@ def register(wsub) -> None:
                    help="failure-model preset (llama3-405b, ft-hsdp-100k) or TOML file (default: llama3-405b)")
     f.add_argument("--distribution", choices=("exponential", "weibull"), default=None,
                    help="time between failures (default: the failure model's, exponential)")
-    f.add_argument("--strategy", default="sync", help="sync | ft-hsdp (default: sync)")
+    f.add_argument("--strategy", default="sync", choices=("sync", "ft-hsdp"),
+                   help="recovery: synchronous restart or FT-HSDP replicas (default: sync)")
     f.add_argument("--replicas", type=int, default=None, metavar="K",
                    help="FT-HSDP replicas (default: plan DP / dp_shard with a model, else 12)")
     f.add_argument("--detection-min", type=float, default=None, help="failure detection / timeout (default: 1)")

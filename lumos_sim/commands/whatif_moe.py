@@ -33,24 +33,27 @@ def register_moe(wsub) -> None:
                                                          "when only loads are known")
     p.add_argument("--ep", type=int, required=True, help="expert-parallel degree (GPUs of the EP group)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the hardware preset's)")
-    p.add_argument("--placement", default="contiguous", choices=list(PLACEMENTS))
+    p.add_argument("--placement", default="contiguous", choices=list(PLACEMENTS),
+                   help="expert placement on the EP ranks (default contiguous)")
     p.add_argument("--redundant-experts", type=int, default=0, help="eplb: extra physical expert slots")
     p.add_argument("--group-by", choices=["none", "domain"], default="none",
                    help="micro-batch grouping: batch requests of one domain together")
-    p.add_argument("--phase", choices=["prefill", "decode", "train"], default="decode")
+    p.add_argument("--phase", choices=["prefill", "decode", "train"], default="decode",
+                   help="inference prefill / decode, or an EP training step (default decode)")
     p.add_argument("--tokens", type=int, default=0, help="routed tokens per GPU per forward "
                                                          "(default 4096 prefill, 128 decode)")
     p.add_argument("--context", type=int, default=4096, help="inference: prompt / KV-cache length")
     p.add_argument("--fit", choices=["first-half", "prefill", "all"], default="first-half",
                    help="which tokens the placement is fitted on (evaluated on the others)")
     p.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    p.add_argument("--precision", default="bf16", help="bf16 | fp8 (fp8: FP8 dispatch, BF16 combine)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="fp8: FP8 dispatch, BF16 combine (default bf16)")
     train = p.add_argument_group("training (--phase train)")
     train.add_argument("--dp", type=int, help="data-parallel degree (default: --ep)")
-    train.add_argument("--pp", type=int, default=1)
-    train.add_argument("--seq-len", type=int, default=4096)
+    train.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (default 1)")
+    train.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     train.add_argument("--global-batch", type=int, help="sequences per step (default: 2 x dp)")
-    train.add_argument("--micro-batch", type=int, default=1)
+    train.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(p)
     p.set_defaults(func=main_moe)
