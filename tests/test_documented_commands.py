@@ -43,7 +43,6 @@ SKIPPED = {
     "lumos-sim check tests/accuracy": "the accuracy suites (minutes): CI runs this command verbatim first",
     "command -v chromium": "installs Debian's chromium when missing (root, package registry): .ci/run runs it verbatim",
     "apt-get install": "the second half of the chromium install line above",
-    "torchrun": "launches one process per GPU rank (needs torch.distributed on GPUs)",
     "lumos-sim collect train.py": "train.py stands for the reader's own training script "
                                   "(examples/train_moe.py is the runnable one)",
 }
@@ -74,6 +73,13 @@ CAPS = {
     "python examples/sweeps/moe_placement.py": "--quick",
     "lumos-sim whatif parallelism --model llama3-8b --gpus 64 --seq-len 8192 --global-batch 512 --search": "--top-k 2",
     "lumos-sim sweep examples/sweeps/nic_bandwidth.toml": "--set 'axes.1.grid.hardware.network.nic_gbps=[200,800]'",
+}
+
+# step prefix -> the defect that makes it fail today; run as a strict xfail, so the test fails (and this
+# entry must go) once it is fixed
+KNOWN_BROKEN = {
+    "python examples/sweeps/failures_ettr.py --model none": "fails with 'failure.gpus=1024 differs from the "
+                                                            "plan's 128 GPUs' (examples/sweeps/failures_ettr.py)",
 }
 
 NEEDS_TORCH = ("lumos-sim collect", "python examples/collect_", "python $C", "python examples/train_moe.py")
@@ -210,7 +216,7 @@ def test_documentation_has_commands_and_every_skip_and_cap_names_a_real_step():
     commands = [s.command for s in STEPS]
     assert any(c.startswith("lumos-sim convert") for c in commands)
     assert any(s.source.startswith("docs/") for s in STEPS) and any(s.source.startswith("examples/") for s in STEPS)
-    for prefix in [*SKIPPED, *CAPS]:
+    for prefix in [*SKIPPED, *CAPS, *KNOWN_BROKEN]:
         assert any(c.startswith(prefix) for c in commands), f"'{prefix}' is listed here but documented nowhere"
 
 
@@ -224,7 +230,13 @@ def test_a_synopsis_is_told_apart_from_a_command():
         assert not _PLACEHOLDER.search(command), command
 
 
-@pytest.mark.parametrize("step", RUN, ids=[s.id for s in RUN])
+def _param(step: Step):
+    broken = next((why for prefix, why in KNOWN_BROKEN.items() if step.command.startswith(prefix)), None)
+    marks = [pytest.mark.xfail(reason=broken, strict=True)] if broken else []
+    return pytest.param(step, id=step.id, marks=marks)
+
+
+@pytest.mark.parametrize("step", [_param(s) for s in RUN])
 def test_documented_command_runs_verbatim(scratch, step):
     cap = next((extra for prefix, extra in CAPS.items() if step.command.startswith(prefix)), "")
     command = f"{step.command} {cap}".strip()
