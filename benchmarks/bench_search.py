@@ -1,4 +1,4 @@
-"""Speed and quality of the parallelism-plan search (`estimators.plan_search`): every valid plan ranked by
+"""Speed and quality of the parallelism-plan search (`estimators.parallelism.search`): every valid plan ranked by
 the analytic estimate, the top 10 simulated with the replay engine. Target: >= 100,000 candidate plans
 of Llama 3 70B on 1,024 H100 ranked in <= 60 s on one core, top 10 simulated.
 
@@ -22,9 +22,9 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from estimators.model_config import load_model  # noqa: E402
-from estimators.plan_search import rank_plans  # noqa: E402
+from estimators.parallelism.search import rank_plans  # noqa: E402
 from estimators.scenario import Scenario  # noqa: E402
-from estimators.whatifs.parallelism import simulate_ranked  # noqa: E402
+from estimators.parallelism.whatif import simulate_ranked  # noqa: E402
 
 CASES = [  # model, GPUs, sequence length, global batch (sequences)
     ("llama3-70b", 1024, 8192, 2048),   # 16M tokens per step, the Llama 3 pre-training batch

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from estimators.model_config import load_model
-from estimators.plan import ParallelPlan
-from estimators.whatif_parallel import predict
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.evaluate import predict
 
 
 def run(gpus_label: str, plan: ParallelPlan) -> None:

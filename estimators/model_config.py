@@ -1,14 +1,29 @@
 """Typed model architecture (`ModelConfig`), loaded from TOML (the model zoo in `estimators/zoo/` or a
-user file), with parameter and FLOP counts derived from the architecture.
+user file) or a Hugging Face config.json (`estimators.hf_config`), with parameter and FLOP counts derived
+from the architecture.
 
 Counting rules (per layer, no biases unless `bias = true`):
 - attention, GQA/MHA: q = h*H*d, k = v = h*K*d, o = H*d*h  (H query heads, K kv heads, d head dim)
 - attention, MLA (DeepSeek V2/V3): q_a = h*q_lora, q_b = q_lora*H*(nope+rope), kv_a = h*(kv_lora+rope),
   kv_b = kv_lora*H*(nope+v), o = H*v*h, plus the two latent norms
-- FFN: gelu = 2*h*f, swiglu = 3*h*f; MoE layer = router h*E + E routed + S shared experts
+- FFN: gelu / squared_relu = 2*h*f, swiglu = 3*h*f; MoE layer = router h*E + E routed + S shared experts
+  (shared expert width `moe.shared_ffn`); attention sinks add H per layer; MTP modules are counted apart
+  (`mtp_params`), as the published totals leave them out
 - embeddings: vocab*h, doubled when the output projection is untied; learned positions add seq*h.
-Training FLOPs follow the usual 2 FLOPs per multiply-add: forward = 2 * active matmul params * tokens
-plus attention scores/values 4 * tokens * seq_kv * H * d (full square, as Narayanan et al. 2021 count it).
+
+Model FLOPs per token follow ONE convention, Megatron-Core's (`megatron_flops_per_token`; Megatron-LM
+`num_floating_point_operations`, which Megatron-Bridge 25.09+ / NeMo 25.09+ report as "model TFLOP/s"):
+2 FLOPs per multiply-add, training = 3 x forward; per token and layer the active matmul weights (attention
+projections, dense FFN or top-k routed + shared experts) and attention scores / values against the mean
+causal context (seq/2 keys per query: the causal half; sliding-window layers their exact mean), MTP
+modules counted, the output projection counted, no embedding lookup, norms, router or biases.
+`ModelConfig.model_flops_per_token` is this convention.  NeMo 24.07 (nemo/utils/flops_formulas.py) counts
+the attention over the FULL square (12 s h per layer, as Narayanan et al. 2021) and no MTP / windows:
+`nemo_2407_flops_per_token`.  The two differ by 1.4-21% on the shared published rows (GPT-3 175B at 2K:
+1.4%; Llama 2 7B at 4K: 7%; Llama 3 8B at 8K: 12.5%; Qwen3-30B-A3B at 4K: 21%).  `RELEASE_FLOP_CONVENTION` maps a release to its convention, checked
+against every published row that gives both TFLOP/s and tokens/s (tests/test_model_configs.py).
+Hardware FLOPs (what the kernels execute: unfused attention computes the full square) are
+`full_square_flops_per_token`.
 """
 from __future__ import annotations
 
@@ -27,28 +42,62 @@ else:  # pragma: no cover
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
+# FFN activations: gated ones (SwiGLU: gate, up, down) have 3 weight matrices, the others 2 (GELU: GPT-3;
+# squared ReLU, relu(x)^2: Nemotron-4, So et al. 2021 "Primer").
+ACTIVATIONS = ("swiglu", "gelu", "squared_relu")
+GATED_ACTIVATIONS = ("swiglu",)
+ROUTER_SCORING = ("softmax", "sigmoid")
+
 
 @dataclass(frozen=True)
 class MoEConfig:
     num_experts: int                  # routed experts
     top_k: int                        # routed experts per token
-    expert_ffn: int                   # hidden size of one expert's FFN
-    shared_experts: int = 0           # always-active experts of the same size
+    expert_ffn: int                   # hidden size of one routed expert's FFN (HF moe_intermediate_size)
+    shared_experts: int = 0           # always-active experts (HF n_shared_experts)
     layer_freq: int = 1               # MoE every `layer_freq` layers (Maverick: 2)
-    first_dense_layers: int = 0       # leading dense layers (DeepSeek V3: 3)
+    first_dense_layers: int = 0       # leading dense layers, FFN width `ModelConfig.ffn` (DeepSeek V3: 3)
     # With layer_freq 2, which layers are MoE: layer i (0-based, after the dense prefix) is MoE when
     # i % layer_freq == layer_offset.  Maverick interleaves dense and MoE layers starting with dense.
     layer_offset: int = 0
+    # Width of one shared expert when it differs from `expert_ffn` (Qwen2-MoE shared_expert_intermediate_size);
+    # 0: same as `expert_ffn` (DeepSeek V3, Kimi K2, Llama 4).  `shared_ffn` gives the effective width.
+    shared_expert_ffn: int = 0
+    # Node-limited (group-limited) routing: experts are split into `groups` equal groups and a token's
+    # top-k experts come from at most `groups_per_token` of them (HF n_group / topk_group; DeepSeek V3:
+    # 8 groups, 4 per token, so with EP over 8 nodes a token reaches at most 4 nodes).  1 / 1: unrestricted.
+    groups: int = 1
+    groups_per_token: int = 1
+    router: str = "softmax"           # router scoring: "softmax" (Mixtral, Qwen3) | "sigmoid" (DeepSeek V3)
 
     def __post_init__(self) -> None:
-        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq"):
+        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq", "groups", "groups_per_token"):
             check_number(f"'moe.{key}'", getattr(self, key), 1, integer=True)
-        for key in ("shared_experts", "first_dense_layers", "layer_offset"):
+        for key in ("shared_experts", "first_dense_layers", "layer_offset", "shared_expert_ffn"):
             check_number(f"'moe.{key}'", getattr(self, key), 0, integer=True)
         if self.top_k > self.num_experts:
             raise TraceInputError(None, "'moe.top_k' must be between 1 and 'moe.num_experts'")
         if self.layer_offset >= self.layer_freq:
             raise TraceInputError(None, "'moe.layer_freq' must be >= 1 and 'moe.layer_offset' < it")
+        if self.num_experts % self.groups:
+            raise TraceInputError(None, f"'moe.num_experts' ({self.num_experts}) must be a multiple of "
+                                        f"'moe.groups' ({self.groups})")
+        if self.groups_per_token > self.groups:
+            raise TraceInputError(None, "'moe.groups_per_token' must be between 1 and 'moe.groups'")
+        if self.top_k > self.groups_per_token * self.experts_per_group:
+            raise TraceInputError(None, f"'moe.top_k' ({self.top_k}) exceeds the experts of "
+                                        f"'moe.groups_per_token' groups ({self.groups_per_token * self.experts_per_group})")
+        if self.router not in ROUTER_SCORING:
+            raise TraceInputError(None, f"'moe.router' must be one of {', '.join(ROUTER_SCORING)}, got {self.router!r}")
+
+    @property
+    def shared_ffn(self) -> int:
+        """FFN width of one shared expert."""
+        return self.shared_expert_ffn or self.expert_ffn
+
+    @property
+    def experts_per_group(self) -> int:
+        return self.num_experts // self.groups
 
 
 @dataclass(frozen=True)
@@ -74,16 +123,30 @@ class ModelConfig:
     vocab: int
     kv_heads: int = 0                  # 0 -> same as heads (MHA)
     head_dim: int = 0                  # 0 -> hidden // heads
-    activation: str = "swiglu"         # "swiglu" | "gelu"
+    activation: str = "swiglu"         # "swiglu" | "gelu" | "squared_relu" (ACTIVATIONS)
     norm: str = "rmsnorm"              # "rmsnorm" | "layernorm"
     tied_embeddings: bool = False
     position: str = "rope"             # "rope" | "learned"
     max_seq: int = 0                   # learned position table length
     bias: bool = False                 # linear-layer biases (GPT-3)
     display_name: str = ""
+    aliases: tuple[str, ...] = ()      # other names published tables use ("Nemotron-340B"); matched like names
     source: str = ""                   # where the architecture facts come from
     published_params_b: float = 0.0    # published total parameters (billions), for checks
     published_active_params_b: float = 0.0
+    # Multi-token prediction (DeepSeek V3: 1): extra modules after the last layer, each one transformer
+    # layer of the last layer's kind + a 2h -> h projection + 2 norms, sharing the embedding and the output
+    # head.  Trained (their forward / backward count in the step) but not part of the published totals.
+    mtp_layers: int = 0
+    # Sliding-window attention: a windowed layer attends to at most `sliding_window` previous tokens
+    # (0: every layer attends to the whole sequence).  `window_pattern` says which layers, cycled over the
+    # layers: "S" windowed, "F" full ("SF": GPT-OSS alternates windowed / full starting windowed; "SSSSSF":
+    # Gemma 3); a string as long as `layers` lists every layer; empty: every layer windowed (Mistral 7B).
+    sliding_window: int = 0
+    window_pattern: str = ""
+    # Attention sinks (GPT-OSS): one learned logit per head added to the softmax denominator; `heads`
+    # parameters per layer, no matmul.
+    attention_sinks: bool = False
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
 
@@ -108,9 +171,37 @@ class ModelConfig:
         return self.n_kv * self.d_head
 
     @property
+    def gated(self) -> bool:
+        """Gated FFN (SwiGLU): the first projection is 2 x ffn wide (gate and up)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
     def ffn_mats(self) -> int:
-        """Weight matrices per FFN: 3 for SwiGLU (gate, up, down), 2 for GELU."""
-        return 3 if self.activation == "swiglu" else 2
+        """Weight matrices per FFN: 3 for SwiGLU (gate, up, down), 2 for GELU and squared ReLU."""
+        return 3 if self.gated else 2
+
+    def is_window_layer(self, i: int) -> bool:
+        """Layer `i` (0-based) uses sliding-window attention."""
+        if self.sliding_window <= 0:
+            return False
+        pat = self.window_pattern or "S"
+        return pat[i % len(pat)] == "S"
+
+    @property
+    def window_layers(self) -> int:
+        return sum(self.is_window_layer(i) for i in range(self.layers))
+
+    def attention_span(self, i: int, seq: int) -> int:
+        """Keys a query of layer `i` can attend to at most: the window, or the whole sequence."""
+        return min(seq, self.sliding_window) if self.is_window_layer(i) else seq
+
+    def mean_causal_context(self, i: int, seq: int) -> float:
+        """Mean number of keys per query of layer `i` under the causal mask for a `seq`-token sequence:
+        (seq + 1) / 2 with full attention; with a window W < seq, (W (W + 1) / 2 + (seq - W) W) / seq."""
+        w = self.attention_span(i, seq)
+        if w >= seq:
+            return (seq + 1) / 2.0
+        return (w * (w + 1) / 2.0 + (seq - w) * w) / seq
 
     def is_moe_layer(self, i: int) -> bool:
         m = self.moe
@@ -142,6 +233,8 @@ class ModelConfig:
         p = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.bias:
             p += self.q_dim + 2 * self.kv_dim + h
+        if self.attention_sinks:
+            p += self.heads
         return p
 
     def ffn_params(self, f: int) -> int:
@@ -162,10 +255,20 @@ class ModelConfig:
             return base + f, base + f
         m = self.moe
         e = self.ffn_params(m.expert_ffn)
+        shared = m.shared_experts * self.ffn_params(m.shared_ffn)
         router = self.hidden * m.num_experts
-        total = base + router + (m.num_experts + m.shared_experts) * e
-        active = base + router + (m.top_k + m.shared_experts) * e
+        total = base + router + m.num_experts * e + shared
+        active = base + router + m.top_k * e + shared
         return total, active
+
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction modules (not in `param_count`): per module one layer of
+        the last layer's kind, the 2h -> h projection and its two input norms (the embedding and output
+        head are shared with the main model)."""
+        if not self.mtp_layers:
+            return 0
+        per = self.layer_params(self.layers - 1)[0] + 2 * self.hidden * self.hidden + 2 * self.hidden
+        return self.mtp_layers * per
 
     def embedding_params(self) -> int:
         p = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
@@ -176,8 +279,13 @@ class ModelConfig:
     def param_count(self) -> int:
         return self.embedding_params() + sum(self.layer_params(i)[0] for i in range(self.layers))
 
-    def active_param_count(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i)[1] for i in range(self.layers))
+    def active_param_count(self, input_embedding: bool = True) -> int:
+        """Parameters a token uses (MoE: top-k + shared experts).  `input_embedding=False` leaves out the
+        input embedding table (a lookup, no matmul), as the GPT-OSS model card counts "active" parameters."""
+        p = self.embedding_params() + sum(self.layer_params(i)[1] for i in range(self.layers))
+        if not input_embedding and not self.tied_embeddings:
+            p -= self.vocab * self.hidden
+        return p
 
     # ------------------------------------------------------------ FLOPs
     def matmul_params_active(self) -> int:
@@ -196,10 +304,121 @@ class ModelConfig:
         qk, v = self.attn_score_dims
         return 2.0 * seq * self.heads * (qk + v) * self.layers
 
-    def model_flops_per_token(self, seq: int) -> float:
-        """Training (forward + backward) model FLOPs per token, no recomputation:
-        6 x active matmul params + 3 x attention forward."""
+    def full_square_flops_per_token(self, seq: int) -> float:
+        """Training FLOPs per token as the workload generator executes them with unfused attention:
+        6 x active matmul params + 3 x full-square attention forward (the basis of hardware FLOPs)."""
         return 6.0 * self.matmul_params_active() + 3.0 * self.attention_flops_fwd_per_token(seq)
+
+    def model_flops_per_token(self, seq: int) -> float:
+        """Training (forward + backward) model FLOPs per token, no recomputation, in the project's one
+        convention: Megatron-Core's (`megatron_flops_per_token`, see the module docstring)."""
+        return megatron_flops_per_token(self, seq)
+
+    # matmul shapes per layer, as the FLOP conventions count them (no biases, router, norms or sinks)
+    def attn_matmul_params(self) -> int:
+        """Attention projection weights of one layer (MLA: with its two latent norms, as Megatron counts)."""
+        if self.mla:
+            return self.attn_params()
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+
+    def ffn_matmul_params_active(self, i: int) -> int:
+        """FFN weights a token goes through in layer `i`: the dense FFN, or top-k routed + shared experts."""
+        if not self.is_moe_layer(i):
+            return self.ffn_mats * self.hidden * self.ffn
+        m = self.moe
+        return self.ffn_mats * self.hidden * (m.top_k * m.expert_ffn + m.shared_experts * m.shared_ffn)
+
+
+# ------------------------------------------------------------------ FLOP conventions
+def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows: bool, mtp: bool,
+                              logits_vocab: int, attention_seq: float | None, frozen: bool) -> float:
+    """Training FLOPs per token at 2 FLOPs per multiply-add: matmuls of the layers a token passes through
+    and the output projection (once per MTP module too) 3 x their forward (forward, data gradient, weight
+    gradient; 2 x with `frozen` weights, LoRA: no weight gradient), attention scores / values 3 x their
+    forward against the mean context.  `attention_seq` is the sequence length the attention term sees
+    (packed SFT: sum s_i^2 / sum s_i over the packed sub-sequences); default `seq`.  Nothing for norms,
+    router, biases, the embedding lookup or LoRA adapters."""
+    qk, v = m.attn_score_dims
+    s_att = float(attention_seq or seq)
+    n_layers = m.layers + (m.mtp_layers if mtp else 0)
+    weights, scores = 0.0, 0.0                   # forward FLOPs per token
+    for i in range(n_layers):
+        j = min(i, m.layers - 1)                 # MTP modules repeat the last layer's kind
+        if causal:
+            # Megatron counts a full causal layer as seq/2 keys per query (not (seq+1)/2)
+            ctx = m.mean_causal_context(j, s_att) if windows and m.is_window_layer(j) else s_att / 2.0
+        else:
+            ctx = s_att
+        weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))
+        scores += 2.0 * ctx * m.heads * (qk + v)
+    if mtp and m.mtp_layers:
+        weights += m.mtp_layers * 2.0 * (2 * m.hidden * m.hidden)    # the 2h -> h projection
+    weights += 2.0 * m.hidden * logits_vocab * (1 + (m.mtp_layers if mtp else 0))
+    return (2.0 if frozen else 3.0) * weights + 3.0 * scores
+
+
+def megatron_padded_vocab(vocab: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP (the embedding
+    and output layers really are that wide)."""
+    step = divisible_by * tp
+    return -(-vocab // step) * step
+
+
+def megatron_flops_per_token(m: ModelConfig, seq: int, padded_vocab: int | None = None, *,
+                             attention_seq: float | None = None, frozen: bool = False) -> float:
+    """Model FLOPs per token, Megatron-Core convention (megatron/training `num_floating_point_operations`,
+    as Megatron-Bridge 25.09+ reports "model TFLOP/s"): causal attention counted as half the square
+    (seq/2 keys per query; sliding-window layers by their exact mean causal context), MTP modules counted
+    (one more layer of the last kind + the 2h -> h projection + one more output projection each), output
+    projection counted at the padded vocabulary (`megatron_padded_vocab`; default the real vocab), no
+    embedding lookup, norms, router or biases.  Packed SFT: `attention_seq` = sum s_i^2 / sum s_i (Megatron-
+    Bridge accumulates the squared sub-sequence lengths); LoRA: `frozen` (Megatron-Bridge counts the frozen
+    matmuls at 2/3: no weight gradient)."""
+    return _training_flops_per_token(m, seq, causal=True, windows=True, mtp=True, logits_vocab=padded_vocab or m.vocab,
+                                     attention_seq=attention_seq, frozen=frozen)
+
+
+def nemo_2407_flops_per_token(m: ModelConfig, seq: int, vocab: int | None = None, *,
+                              attention_seq: float | None = None, frozen: bool = False) -> float:
+    """Model FLOPs per token, NeMo 24.07 convention (nemo/utils/flops_formulas.py: gpt3, llama2, llama3,
+    nemotron, mixtral; the NeMo 24.07 performance summary): attention scores / values over the FULL
+    square (seq keys per query, 12 s h per layer), no sliding windows, no MTP, output projection at the
+    family's vocabulary (LLM_VOCAB_SIZE_MAP: gpt3 51200, llama2 32000, llama3 128256, nemotron 256000,
+    mixtral 32000; default the model's), no embedding lookup, norms, router or biases.  The 24.07 SFT and
+    LoRA rows are reproduced only with `attention_seq` (the packed SQuAD sub-sequences) and, for LoRA,
+    `frozen`; the pre-training rows with neither."""
+    return _training_flops_per_token(m, seq, causal=False, windows=False, mtp=False, logits_vocab=vocab or m.vocab,
+                                     attention_seq=attention_seq, frozen=frozen)
+
+
+# name -> function(model, seq) -> training FLOPs per token
+FLOP_CONVENTIONS = {"megatron": megatron_flops_per_token, "nemo-24.07": nemo_2407_flops_per_token}
+
+# Which convention a published table's "model TFLOP/s" uses, by release (prefix of the release string in
+# ../shared/reference/training-throughput.csv).  Checked: published TFLOP/s / tokens/s per GPU reproduces
+# the convention's FLOPs per token within 0.5% on every row with both figures (tests/test_model_configs.py),
+# except GPT-OSS 120B in 25.11 (see FLOP_CONVENTION_NOTES).
+RELEASE_FLOP_CONVENTION = {
+    "NeMo 24.03": "nemo-24.07",   # long-sequence table: TFLOP/s only; inferred (4K row = the 24.07 7B figure)
+    "NeMo 24.07": "nemo-24.07",   # NVIDIA/NeMo docs/source/performance/performance_summary.md (rev 9c5c5e9709)
+    "NeMo 25.09": "megatron",     # Megatron-Bridge docs/performance-summary-archive.md
+    "NeMo 25.11": "megatron",
+    "Megatron-Bridge": "megatron",
+}
+FLOP_CONVENTION_NOTES = (
+    "Megatron-Bridge 25.11 counts GPT-OSS 120B with every layer as full causal attention (no window) and "
+    "its experts as 2-matrix FFNs (its clamped GLU is not recognised as SwiGLU): published 153 TFLOP/s at "
+    "5630 tokens/s = 2.72e10 FLOPs/token, vs 3.26e10 in the convention as documented."
+)
+
+
+def release_flop_convention(release: str) -> str:
+    """The FLOP convention of a published release string ("NeMo 24.07 (rev ...)", "NeMo 25.11")."""
+    for prefix, name in RELEASE_FLOP_CONVENTION.items():
+        if release.startswith(prefix):
+            return name
+    raise TraceInputError(None, f"no known FLOP convention for release {release!r} "
+                                f"(known: {', '.join(RELEASE_FLOP_CONVENTION)})")
 
 
 # ------------------------------------------------------------------ loading
@@ -223,8 +442,12 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
             missing = [f.name for f in fields(cls) if f.name not in value and f.default is MISSING]
             if missing:
                 raise TraceInputError(path, f"missing key '{key}.{missing[0]}'")
+            sub_types = {f.name: str(f.type) for f in fields(cls)}
             for k, v in value.items():
-                if not isinstance(v, int) or isinstance(v, bool):
+                if sub_types[k] == "str":
+                    if not isinstance(v, str):
+                        raise TraceInputError(path, f"'{key}.{k}' must be a string, got {v!r}")
+                elif not isinstance(v, int) or isinstance(v, bool):
                     raise TraceInputError(path, f"'{key}.{k}' must be an integer, got {v!r}")
             try:
                 kwargs[key] = cls(**value)
@@ -232,6 +455,11 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
                 raise with_path(e, path) from None
             continue
         want = types[key]
+        if key == "aliases":
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                raise TraceInputError(path, f"'aliases' must be a list of names, got {value!r}")
+            kwargs[key] = tuple(value)
+            continue
         ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str),
@@ -262,8 +490,14 @@ def _validate(cfg: ModelConfig) -> None:
         check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
     for key in ("published_params_b", "published_active_params_b"):
         check_number(f"'{key}'", getattr(cfg, key), 0)
-    if cfg.activation not in ("swiglu", "gelu"):
-        bad(f"'activation' must be 'swiglu' or 'gelu', got {cfg.activation!r}")
+    if cfg.activation not in ACTIVATIONS:
+        bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
+    for key in ("mtp_layers", "sliding_window"):
+        check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
+    if not isinstance(cfg.window_pattern, str) or set(cfg.window_pattern) - {"S", "F"}:
+        bad(f"'window_pattern' must be a string of 'S' (windowed) and 'F' (full) layers, got {cfg.window_pattern!r}")
+    if cfg.window_pattern and cfg.sliding_window <= 0:
+        bad("'window_pattern' needs 'sliding_window' (the window in tokens) > 0")
     if cfg.norm not in ("rmsnorm", "layernorm"):
         bad(f"'norm' must be 'rmsnorm' or 'layernorm', got {cfg.norm!r}")
     if cfg.position not in ("rope", "learned"):
@@ -279,7 +513,11 @@ def _validate(cfg: ModelConfig) -> None:
 
 
 def load_model_file(path: str | os.PathLike) -> ModelConfig:
+    """A model TOML file, or a Hugging Face config.json (`estimators.hf_config`)."""
     p = Path(path)
+    if p.suffix == ".json":
+        from estimators.hf_config import load_hf_config
+        return load_hf_config(p)
     try:
         with open(p, "rb") as f:
             data = tomllib.load(f)
@@ -303,8 +541,12 @@ def _norm(name: str) -> str:
 
 
 def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
-    """A zoo model by name (case and punctuation ignored: "Llama 3 8B", "llama3-8b") or a TOML path."""
+    """A zoo model by name (case and punctuation ignored: "Llama 3 8B", "llama3-8b"), a model TOML path, or a
+    Hugging Face config.json path (or a directory holding one)."""
     s = str(name_or_path)
+    if s.endswith(".json") or (Path(s).is_dir() and (Path(s) / "config.json").is_file()):
+        from estimators.hf_config import load_hf_config
+        return load_hf_config(s)
     if s.endswith(".toml") or os.sep in s or Path(s).is_file():
         return load_model_file(s)
     want = _norm(s)
@@ -314,6 +556,6 @@ def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
             return load_model_file(cfg_path)
     for stem in zoo_names():  # display names ("Llama 3 405B")
         cfg = load_model_file(ZOO_DIR / f"{stem}.toml")
-        if _norm(cfg.display_name) == want or _norm(cfg.name) == want:
+        if want in {_norm(cfg.display_name), _norm(cfg.name), *map(_norm, cfg.aliases)}:
             return cfg
-    raise TraceInputError(None, f"unknown model '{s}' (zoo: {', '.join(zoo_names())}; or give a .toml path)")
+    raise TraceInputError(None, f"unknown model '{s}' (zoo: {', '.join(zoo_names())}; or give a model .toml or a Hugging Face config.json path)")

@@ -1,7 +1,7 @@
 """`Scenario`: everything one what-if evaluation depends on, as one typed, frozen value.
 
 A scenario names the what-if that evaluates it (`whatif`, a key of the registry in
-`estimators.whatifs`) and carries its inputs: the model, the parallel plan (which also holds precision,
+`estimators.registry`) and carries its inputs: the model, the parallel plan (which also holds precision,
 recomputation, ZeRO stage, micro-batch size...), the hardware, the timing mode, optional trace inputs,
 and per-what-if option sections (`failure`, `moe`: frozen dataclasses owned by those what-ifs).
 
@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from chakra_schema.errors import TraceInputError, reject_unknown_keys
 from estimators.model_config import ModelConfig, load_model
-from estimators.plan import ParallelPlan
+from estimators.parallelism.plan import ParallelPlan
 from replay.hardware.config import HardwareConfig, get_hardware
 
 TIMING_MODES = ("model", "trace")
@@ -47,7 +47,7 @@ class TraceSpec:
     `inputs`: .et files / prefixes or raw traces (as `lumos-sim replay INPUT`); `et`/`kineto`: raw
     Execution Trace / Kineto patterns with `{rank}`. `dp`, `layers`: the new data-parallel degree and
     layer count (None: unchanged). `source_hardware`: the GPU it was recorded on, when the trace does not
-    say. `balance`: bring slow ranks' compute to the median rank's (`estimators.rank_balance`): the
+    say. `balance`: bring slow ranks' compute to the median rank's (`estimators.trace.balance`): the
     ranks in `balance_ranks`, or (empty) every rank computing more than `balance_threshold` above it."""
 
     inputs: tuple[str, ...] = ()
@@ -201,8 +201,8 @@ def plan_label(p: ParallelPlan) -> str:
 # ---------------------------------------------------------------------- option sections
 def _option_section_types() -> dict[str, type]:
     """Dataclass types of the option sections, declared by what-ifs that own them (see
-    `estimators.whatifs.register_options`)."""
-    from estimators.whatifs import option_sections
+    `estimators.registry.register_options`)."""
+    from estimators.registry import option_sections
     return option_sections()
 
 

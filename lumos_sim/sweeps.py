@@ -134,7 +134,7 @@ class ListAxis(Axis):
 @dataclass(frozen=True)
 class SearchAxis(Axis):
     """Every valid parallel plan of each GPU count that fits in memory, best-ranked first (the analytic
-    ranking of `estimators.whatif_parallel.rank_candidate_plans`); `max_plans` keeps the top ones.
+    ranking of `estimators.parallelism.evaluate.rank_candidate_plans`); `max_plans` keeps the top ones.
     Sequence length, global batch and precision come from the scenario's plan."""
 
     gpus: tuple[int, ...]
@@ -142,7 +142,7 @@ class SearchAxis(Axis):
     kind = "search"
 
     def expand(self, s, path):
-        from estimators.whatif_parallel import rank_candidate_plans
+        from estimators.parallelism.evaluate import rank_candidate_plans
 
         if s.model is None or s.hardware is None:
             raise TraceInputError(path, "a search axis needs 'model' and 'hardware' in the scenario")
@@ -340,7 +340,7 @@ def _set_spec_value(data: dict[str, Any], parts: list[str], value: Any, path: st
 # ============================================================================ evaluation of one point
 def evaluate_point(scenario: Scenario) -> dict[str, Any]:
     """Status plus prediction columns of one point; any failure is recorded, never raised (a sweep goes on)."""
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     try:
         p = evaluate(scenario)

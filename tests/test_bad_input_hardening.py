@@ -325,7 +325,7 @@ def test_bad_values_read_from_toml_name_file_and_field(tmp_path, capsys, body, n
 
 def test_model_and_plan_values_set_in_code_are_checked():
     from estimators.model_config import MoEConfig, load_model
-    from estimators.plan import ParallelPlan
+    from estimators.parallelism.plan import ParallelPlan
     m = load_model("llama3-8b")
     with pytest.raises(TraceInputError, match="'layers' must be >= 1"):
         dataclasses.replace(m, layers=0)
@@ -340,7 +340,7 @@ def test_model_and_plan_values_set_in_code_are_checked():
 
 
 def test_plan_field_checks_stay_cheap():
-    from estimators.plan import ParallelPlan
+    from estimators.parallelism.plan import ParallelPlan
     t0 = time.perf_counter()
     for _ in range(20000):
         ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)
@@ -453,12 +453,12 @@ def test_directory_as_input_says_so(tmp_path, capsys, argv):
 # --------------------------------------------------------------------------- 10. arguments first
 def test_bad_arguments_fail_before_any_conversion(job, monkeypatch, capsys):
     import chakra_schema.inputs
-    import estimators.whatifs.trace
+    import estimators.trace.whatif
     import lumos_sim.commands.replay
 
     def no_conversion(*a, **k):
         raise AssertionError("converted before checking the arguments")
-    for module in (chakra_schema.inputs, estimators.whatifs.trace, lumos_sim.commands.replay):
+    for module in (chakra_schema.inputs, estimators.trace.whatif, lumos_sim.commands.replay):
         monkeypatch.setattr(module, "load_graphs", no_conversion)
     one_line_error(capsys, cli("replay", "--kineto", KINETO, "--hardware", "no-such-gpu"), "unknown hardware")
     one_line_error(capsys, cli("replay", "--kineto", KINETO, "--timing", "model"), "--hardware")

@@ -81,8 +81,8 @@ def test_tp_and_dp_collectives_on_one_nic_share_it_by_half(tmp_path):
 
 def test_generated_tp_and_dp_traffic_slow_each_other_on_a_shared_nic(tmp_path):
     from estimators.model_config import model_from_dict
-    from estimators.plan import ParallelPlan
-    from estimators.workload import generate
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.workload import generate
 
     hw = _one_gpu_nodes(tmp_path)
     model = model_from_dict(dict(name="tiny", layers=2, hidden=1024, heads=8, ffn=4096, vocab=8000))
@@ -126,8 +126,8 @@ def test_link_sharing_never_stretches_a_stream_of_sends_past_its_share():
     links' shares allow; it once let the sends pile up at their uncontended start times (a 278x stretch,
     a 473 s step against 40 s without sharing)."""
     from estimators.model_config import load_model
-    from estimators.plan import ParallelPlan
-    from estimators.workload import generate
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.workload import generate
 
     hw = "h100-sxm"
     plan = ParallelPlan(tp=8, cp=8, dp=1, seq_len=8192, global_batch=8, recompute="full", zero=3)

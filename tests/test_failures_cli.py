@@ -20,9 +20,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_seed_figures_and_json_keys():
-    sync = json.loads(_cli(*SEED, "--strategy", "sync", "--stall-min", "10", "--json").stdout)
-    ft = json.loads(_cli(*SEED, "--strategy", "ft-hsdp", "--stall-min", "3", "--json").stdout)
-    assert abs(sync["ettr"] - 0.44) < 0.05 and abs(ft["ettr"] - 0.80) < 0.05
+    # the published accounting (FT-HSDP paper: 44% / 80%) is the queue semantics (docs/failures.md)
+    sync = json.loads(_cli(*SEED, "--strategy", "sync", "--stall-min", "10", "--restart-semantics", "queue",
+                           "--json").stdout)
+    ft = json.loads(_cli(*SEED, "--strategy", "ft-hsdp", "--stall-min", "3", "--restart-semantics", "queue",
+                         "--json").stdout)
+    assert abs(sync["ettr"] - 0.444) < 0.005 and abs(ft["ettr"] - 0.80) < 0.01
+    assert sync["restart_semantics"] == "queue"
     assert abs(sync["ettr_mc"] - sync["ettr"]) < 0.03 and sync["ettr_p05"] <= sync["ettr_mc"] <= sync["ettr_p95"]
     for key in ("mttf_h", "ettr", "ettr_mc", "ettr_p05", "ettr_p95", "checkpoint_interval_min",
                 "optimal_checkpoint_interval_min", "expected_failures", "time_lost_h", "defaults"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from estimators.memory import GIB, estimate_memory, layer_activation_bytes
+from estimators.parallelism.memory import GIB, estimate_memory, layer_activation_bytes
 from estimators.model_config import load_model
-from estimators.plan import ParallelPlan
-from estimators.workload import build_rank_graph
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import build_rank_graph
 from replay.hardware import ComputeModel, get_hardware
 
 

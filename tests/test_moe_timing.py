@@ -7,8 +7,8 @@ import pytest
 
 from chakra_schema.graph import CommType
 from estimators.model_config import load_model
-from estimators.plan import ParallelPlan
-from estimators.workload import MoELoads, generate
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import MoELoads, generate
 from replay.hardware.compute import ComputeModel
 from replay.hardware.network import NetworkModel
 

@@ -1,4 +1,4 @@
-"""The fast plan search (estimators/plan_search.py): its candidate space is exactly the valid plans
+"""The fast plan search (estimators/parallelism/search.py): its candidate space is exactly the valid plans
 (up to equivalent duplicates), its vectorized memory equals `estimate_memory`, its closed-form
 collectives equal the network model, its estimate ranks plans as the replay does, and simulating its top
 few finds the plan a brute-force simulation of every plan finds."""
@@ -14,12 +14,12 @@ import pytest
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
-from estimators.memory import estimate_memory
+from estimators.parallelism.memory import estimate_memory
 from estimators.model_config import load_model, model_from_dict
-from estimators.plan import RECOMPUTE, ParallelPlan, validate_plan
-from estimators.plan_search import (CollectiveLine, SearchSpace, enumerate_candidates, memory_gib, plan_of_row,
+from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, validate_plan
+from estimators.parallelism.search import (CollectiveLine, SearchSpace, enumerate_candidates, memory_gib, plan_of_row,
                                     rank_plans)
-from estimators.whatif_parallel import predict, rank_candidate_plans
+from estimators.parallelism.evaluate import predict, rank_candidate_plans
 from replay.hardware.network import NetworkModel
 
 SMALL = model_from_dict(dict(name="small", layers=8, hidden=1024, heads=16, kv_heads=4, ffn=3584, vocab=32000))

@@ -78,7 +78,7 @@ def test_clocks_that_disagree_fall_back_to_start_with_a_note():
 
 
 def test_balancing_the_heavy_rank_predicts_the_measured_speedup_within_5_percent():
-    from estimators.rank_balance import balance_ranks
+    from estimators.trace.balance import balance_ranks
 
     heavy = list(_graphs("heavy"))
     what = balance_ranks(heavy)
@@ -91,7 +91,7 @@ def test_balancing_the_heavy_rank_predicts_the_measured_speedup_within_5_percent
 
 
 def test_scaled_compute_with_factor_one_changes_nothing():
-    from estimators.rank_balance import ScaledCompute, scale_compute
+    from estimators.trace.balance import ScaledCompute, scale_compute
     from replay.trace_timing import TraceTiming
 
     graphs = list(_graphs("heavy"))

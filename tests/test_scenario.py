@@ -12,7 +12,7 @@ import pytest
 from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario, TraceSpec
-from estimators.whatifs import evaluate, register_whatif, whatifs
+from estimators.registry import evaluate, register_whatif, whatifs
 from replay.results import Breakdown
 
 from conftest import DATA, ROOT

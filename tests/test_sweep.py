@@ -66,7 +66,7 @@ grid = { hardware.network.nic_gbps = [200, 400] }
 
 def test_search_axis_gives_the_ranked_plans_of_each_gpu_count():
     from estimators.model_config import load_model
-    from estimators.whatif_parallel import rank_candidate_plans
+    from estimators.parallelism.evaluate import rank_candidate_plans
     from replay.hardware.config import get_hardware
 
     spec = {"scenario": {**BASE, "model": "llama3-70b", "plan": {"seq_len": 8192, "global_batch": 512}},

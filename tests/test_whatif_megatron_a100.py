@@ -16,8 +16,8 @@ from __future__ import annotations
 import csv
 
 from estimators.model_config import ModelConfig
-from estimators.plan import ParallelPlan
-from estimators.whatif_parallel import narayanan_hw_flops, predict
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.evaluate import narayanan_hw_flops, predict
 from conftest import require_shared
 
 

@@ -14,7 +14,7 @@ from estimators.moe.evaluate import Layout, evaluate_placements, fit_stats
 from estimators.moe.placement import PlacementOptions, fit_placement
 from estimators.moe.synthetic import SyntheticSource, SyntheticSpec
 from estimators.scenario import Scenario
-from estimators.whatifs import evaluate
+from estimators.registry import evaluate
 from lumos_sim.cli import main
 
 SMALL = "synthetic:tokens=8192"

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from estimators.model_config import load_model, model_from_dict
-from estimators.plan import ParallelPlan
-from estimators.whatif_parallel import predict
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.evaluate import predict
 from replay.fabric import IdealFabric
 from replay.model_timing import ModelTiming
 

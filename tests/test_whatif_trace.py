@@ -6,7 +6,7 @@ import pytest
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, GraphBuilder, NodeType, OpKind, ResourceKind
-from estimators.whatif_trace import change_layers, dp_collectives, find_layers, whatif_trace
+from estimators.trace.evaluate import change_layers, dp_collectives, find_layers, whatif_trace
 from conftest import require_shared
 
 LAYERS = 4

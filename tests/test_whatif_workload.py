@@ -7,11 +7,11 @@ import pytest
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, NodeType
-from estimators.memory import estimate_memory
+from estimators.parallelism.memory import estimate_memory
 from estimators.model_config import load_model, model_from_dict
-from estimators.plan import ParallelPlan, stage_layers, validate_plan
-from estimators.whatif_parallel import hw_flops_per_step, predict
-from estimators.workload import STREAMS, COMPUTE, generate, pipeline_schedule
+from estimators.parallelism.plan import ParallelPlan, stage_layers, validate_plan
+from estimators.parallelism.evaluate import hw_flops_per_step, predict
+from estimators.parallelism.workload import STREAMS, COMPUTE, generate, pipeline_schedule
 
 TINY = model_from_dict(dict(name="tiny", layers=8, hidden=512, heads=8, ffn=2048, vocab=1000))
 GPT = model_from_dict(dict(name="gpt-small", layers=8, hidden=1024, heads=16, ffn=4096, vocab=51200,

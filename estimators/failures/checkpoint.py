@@ -80,7 +80,10 @@ class CheckpointPlan:
             return 0.0
         if tau == 0.0:
             return math.exp(-lam * self.persist)
-        return lam * tau * math.exp(-lam * self.persist) / math.expm1(lam * (tau + self.blocking))
+        x = lam * (tau + self.blocking)
+        if x > 700.0:      # e^x overflows a float: nothing survives that long between rollbacks
+            return 0.0
+        return lam * tau * math.exp(-lam * self.persist) / math.expm1(x)
 
 
 # ---------------------------------------------------------------------- interval policies
@@ -103,8 +106,8 @@ def optimal_interval(blocking: float, persist: float, rollback_mttf: float) -> f
 
 @register_interval_policy("fixed")
 def _fixed(interval: float | None, blocking: float, persist: float, rollback_mttf: float) -> float:
-    if interval is None or not interval > 0:
-        raise TraceInputError(None, f"checkpoint interval must be > 0, got {interval!r}")
+    if interval is None or not 0 < interval < math.inf:
+        raise TraceInputError(None, f"checkpoint interval must be a finite number > 0, got {interval!r}")
     return interval
 
 
@@ -116,14 +119,13 @@ def _optimal(interval: float | None, blocking: float, persist: float, rollback_m
 def plan_checkpoints(interval: float | None, write: float, asynchronous: bool, rollback_mttf: float,
                      snapshot: float = 0.0, horizon: float = math.inf) -> CheckpointPlan:
     """The checkpoint schedule: `interval` hours (None: optimal) with writes of `write` hours, blocking
-    or asynchronous (then only `snapshot` hours block). An interval longer than the horizon means no
-    checkpoint is ever taken."""
+    or asynchronous (then only `snapshot` hours block). An interval longer than the horizon is kept as
+    given: no checkpoint completes within the horizon, and the finite-horizon ETTR prices that
+    (`closed_form.expected_kept_hours`)."""
     blocking, persist = (snapshot, write) if asynchronous else (write, 0.0)
     policy = "optimal" if interval is None else "fixed"
     best = optimal_interval(blocking, persist, rollback_mttf)
     tau = _POLICIES[policy](interval, blocking, persist, rollback_mttf)
-    if tau >= horizon:
-        tau = math.inf
     if asynchronous and tau < persist:
         tau = persist  # a write cannot start before the previous one has persisted
     return CheckpointPlan(policy=policy, interval=tau, blocking=blocking, persist=persist, optimal_interval=best)

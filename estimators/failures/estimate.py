@@ -20,7 +20,9 @@ from estimators.failures.options import FailureOptions
 from estimators.failures.recovery import (DEFAULTS, H_PER_S, FailureClass, Job, RecoveryTimes, cold_restart_s,
                                           failure_classes)
 
-DEFAULT_REPLICAS_WITHOUT_MODEL = 12   # FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): ~12 data-parallel replicas at ~100K GPUs
+MAX_DRAWN_FAILURES = 10_000_000      # trials x failures per trial the Monte Carlo may hold (~400 MB)
+PUBLISHED_RATE_RANGE = (2.3, 6.5)    # per 1,000 node-days: FT-HSDP paper (2.3 at 32K GPUs, ~6.5 at 98K), Llama 3 (3.8)
+DEFAULT_REPLICAS_WITHOUT_MODEL = 12   # Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): ~12 data-parallel replicas at ~100K GPUs
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class FailureInputs:
     checkpoint_write_h: float
     horizon_h: float
     defaults: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)   # inputs outside their sources' measured range
 
 
 @dataclass(frozen=True)
@@ -69,24 +72,61 @@ def resolve(opts: FailureOptions, healthy: HealthyJob = HealthyJob()) -> Failure
         model = FailureModel(**{**model.__dict__, "distribution": opts.distribution})
     write_h = _checkpoint_write_h(opts, healthy, defaults)
     times = _recovery_times(opts, job, healthy, write_h, defaults)
-    return FailureInputs(opts, job, model, times, write_h, opts.horizon_days * 24.0, defaults)
+    inputs = FailureInputs(opts, job, model, times, write_h, opts.horizon_days * 24.0, defaults,
+                           _warnings(opts, job, model, defaults))
+    _check_simulation_size(inputs)
+    return inputs
+
+
+def _warnings(opts: FailureOptions, job: Job, model: FailureModel, defaults: dict[str, str]) -> list[str]:
+    """Every default or input taken outside the range its source measured."""
+    out = [f"failures are per node: {job.gpus:,} GPUs run on {job.nodes:,} nodes of {job.gpus_per_node} GPUs, "
+           f"each failing at the model's per-node rate"]
+    lo, hi = PUBLISHED_RATE_RANGE
+    rate = model.rate_per_1000_node_days
+    if not lo <= rate <= hi:
+        out.append(f"warning: failure rate {rate:.3g} per 1,000 node-days is outside the published {lo}-{hi} "
+                   f"(FT-HSDP paper, Llama 3 paper)")
+    points = DEFAULTS.cold_restart_points
+    if "restart_min" in defaults and not points[0][0] <= job.gpus <= points[-1][0]:
+        out.append(f"warning: the cold restart at {job.gpus:,} GPUs is extrapolated beyond the published points "
+                   f"({points[0][0]:,}-{points[-1][0]:,} GPUs, FT-HSDP paper); give --restart-min")
+    if "replicas" in defaults and opts.strategy == "ft-hsdp" and "plan DP" not in defaults["replicas"] \
+            and not 50_000 <= job.gpus <= 200_000:
+        out.append(f"warning: {job.replicas} replicas is the FT-HSDP paper's count at ~100K GPUs; give --replicas "
+                   f"or a model and plan for {job.gpus:,} GPUs")
+    if defaults.get("checkpoint_write_min", "").endswith("(no model to size the checkpoint)"):
+        out.append("warning: the checkpoint write time is an assumption (no model to size the checkpoint); give "
+                   "--model and a plan, or --checkpoint-write-min")
+    return out
+
+
+def _check_simulation_size(inputs: FailureInputs) -> None:
+    """The Monte Carlo holds every failure of every trial: refuse a run that would not fit in memory."""
+    expected = inputs.job.rate_per_h(inputs.failure_model.rate_per_1000_node_days) * inputs.horizon_h
+    drawn = inputs.options.trials * (expected + 6.0 * math.sqrt(expected) + 1.0)
+    if drawn > MAX_DRAWN_FAILURES:
+        raise TraceInputError(None, f"the Monte Carlo would draw ~{drawn:,.0f} failures ({inputs.options.trials:,} "
+                                    f"trials x {expected:,.0f} expected): at most {MAX_DRAWN_FAILURES:,}; lower "
+                                    f"--trials or --horizon-days, or use --trials 0 (closed form only)")
 
 
 def estimate(inputs: FailureInputs, healthy: HealthyJob = HealthyJob(),
              progress: Callable[[int, int], None] | None = None) -> FailureEstimate:
     opts = inputs.options
     classes = failure_classes(opts.strategy, inputs.job, inputs.failure_model, inputs.times)
-    rollback_rate = effective_rollback_rate(classes)
+    rollback_rate = effective_rollback_rate(classes, opts.restart_semantics)
     rollback_mttf = 1.0 / rollback_rate if rollback_rate > 0 else math.inf
     interval = opts.checkpoint_interval_min / 60.0 if opts.checkpoint_interval_min is not None else None
     ckpt = plan_checkpoints(interval, inputs.checkpoint_write_h, opts.checkpoint_async, rollback_mttf,
                             snapshot=opts.checkpoint_snapshot_min / 60.0, horizon=inputs.horizon_h)
-    closed = closed_form(classes, ckpt, inputs.horizon_h, inputs.times)
+    closed = closed_form(classes, ckpt, inputs.horizon_h, inputs.times, semantics=opts.restart_semantics)
     mc = None
     if opts.trials > 0:
         mc = simulate(classes, ckpt, inputs.horizon_h, trials=opts.trials, seed=opts.seed,
                       distribution=inputs.failure_model.distribution, weibull_shape=opts.weibull_shape,
-                      times=inputs.times, engine=opts.engine, progress=progress)
+                      times=inputs.times, engine=opts.engine, progress=progress,
+                      semantics=opts.restart_semantics, replicas=inputs.job.replicas)
     return FailureEstimate(inputs, tuple(classes), ckpt, closed, mc,
                            young_interval(ckpt.blocking, rollback_mttf), healthy)
 
@@ -121,7 +161,7 @@ def _replicas(opts: FailureOptions, healthy: HealthyJob, gpus: int, per_node: in
         defaults["replicas"] = f"{r} (plan DP {dp}" + (f" / dp_shard {healthy.dp_shard})" if healthy.dp_shard else ")")
     else:
         r = max(1, min(DEFAULT_REPLICAS_WITHOUT_MODEL, gpus // per_node))
-        defaults["replicas"] = f"{r} (~12 replicas at ~100K GPUs, FT-HSDP paper, arXiv:2602.00277)"
+        defaults["replicas"] = f"{r} (~12 replicas at ~100K GPUs, FT-HSDP paper)"
     if r > gpus:
         raise TraceInputError(None, f"failure.replicas={r} exceeds the job's {gpus} GPUs")
     return r

@@ -6,11 +6,18 @@ model preset, or the documented recovery defaults in `estimators.failures.recove
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from chakra_schema.errors import TraceInputError
 
 STRATEGIES = ("sync", "ft-hsdp")   # mirrors estimators.failures.recovery's registry (checked there too)
+RESTART_SEMANTICS = ("restart-over", "queue")   # see estimators.failures.closed_form
+MAX_GPUS = 1 << 20                 # the largest job any what-if accepts (1,048,576 GPUs)
+MAX_MINUTES = 10 * 365 * 24 * 60.0  # any duration: ten years
+MAX_HORIZON_DAYS = 10 * 365.0
+MAX_RATE = 1e5                     # failures per 1,000 node-days: one per node every 15 minutes
+MAX_TRIALS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,7 @@ class FailureOptions:
     distribution: str | None = None                # exponential | weibull (None: the failure model's)
     weibull_shape: float = 0.7                     # Schroeder & Gibson (DSN 2006): 0.7-0.8 between HPC failures
     strategy: str = "sync"                         # sync | ft-hsdp
+    restart_semantics: str = "restart-over"        # a failure inside a stall: restart-over | queue
     replicas: int | None = None                    # FT-HSDP replicas (None: plan DP / dp_shard, or 12 without a model)
     detection_min: float | None = None             # None: 1 min (all-reduce timeout)
     restart_min: float | None = None               # sync: whole-job restart; ft-hsdp: a replica's restart
@@ -43,15 +51,24 @@ class FailureOptions:
     engine: str = "vector"                         # Monte Carlo engine: vector | simpy
 
     def __post_init__(self) -> None:
-        _positive_int(self, "gpus", allow_none=True)
-        _positive_int(self, "gpus_per_node", allow_none=True)
-        _positive_int(self, "replicas", allow_none=True)
-        for name in ("rate_per_1000_node_days", "detection_min", "restart_min", "stall_min", "checkpoint_write_min",
-                     "checkpoint_load_min", "checkpoint_snapshot_min", "replacement_min"):
-            _non_negative(self, name)
-        for name in ("checkpoint_interval_min", "weibull_shape", "storage_write_gbs", "checkpoint_bytes_per_param",
-                     "horizon_days", "node_repair_h"):
-            _positive(self, name)
+        _positive_int(self, "gpus", allow_none=True, high=MAX_GPUS)
+        _positive_int(self, "gpus_per_node", allow_none=True, high=1024)
+        _positive_int(self, "replicas", allow_none=True, high=MAX_GPUS)
+        for name in ("detection_min", "restart_min", "stall_min", "checkpoint_write_min", "checkpoint_load_min",
+                     "checkpoint_snapshot_min", "replacement_min"):
+            _non_negative(self, name, MAX_MINUTES)
+        _non_negative(self, "rate_per_1000_node_days", MAX_RATE)
+        _positive(self, "checkpoint_interval_min", MAX_MINUTES)
+        _positive(self, "horizon_days", MAX_HORIZON_DAYS)
+        _positive(self, "node_repair_h", MAX_MINUTES / 60.0)
+        _positive(self, "weibull_shape", 100.0)
+        _positive(self, "storage_write_gbs", 1e9)
+        _positive(self, "checkpoint_bytes_per_param", 1e3)
+        if self.restart_semantics not in RESTART_SEMANTICS:
+            raise TraceInputError(None, f"failure.restart_semantics must be one of {', '.join(RESTART_SEMANTICS)}, "
+                                        f"got {self.restart_semantics!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise TraceInputError(None, f"failure.seed must be an integer from 0 to 2^63-1, got {self.seed!r}")
         if self.strategy not in STRATEGIES:
             raise TraceInputError(None, f"failure.strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.distribution not in (None, "exponential", "weibull"):
@@ -60,8 +77,8 @@ class FailureOptions:
             raise TraceInputError(None, f"failure.engine must be vector or simpy, got {self.engine!r}")
         if self.spares is not None and (isinstance(self.spares, bool) or self.spares < 0):
             raise TraceInputError(None, f"failure.spares must be an integer >= 0, got {self.spares!r}")
-        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
-            raise TraceInputError(None, f"failure.trials must be an integer >= 0, got {self.trials!r}")
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or not 0 <= self.trials <= MAX_TRIALS:
+            raise TraceInputError(None, f"failure.trials must be an integer from 0 to {MAX_TRIALS:,}, got {self.trials!r}")
         if self.gpus is not None and self.replicas is not None and self.replicas > self.gpus:
             raise TraceInputError(None, f"failure.replicas={self.replicas} exceeds the job's {self.gpus} GPUs")
 
@@ -73,21 +90,22 @@ def _value(opts: FailureOptions, name: str):
     return v
 
 
-def _positive_int(opts: FailureOptions, name: str, allow_none: bool = False) -> None:
+def _positive_int(opts: FailureOptions, name: str, allow_none: bool = False, high: int | None = None) -> None:
     v = getattr(opts, name)
     if v is None and allow_none:
         return
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise TraceInputError(None, f"failure.{name} must be an integer >= 1, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (high is not None and v > high):
+        limit = f" and <= {high:,}" if high is not None else ""
+        raise TraceInputError(None, f"failure.{name} must be an integer >= 1{limit}, got {v!r}")
 
 
-def _non_negative(opts: FailureOptions, name: str) -> None:
+def _non_negative(opts: FailureOptions, name: str, high: float) -> None:
     v = _value(opts, name)
-    if v is not None and not v >= 0:
-        raise TraceInputError(None, f"failure.{name} must be >= 0, got {v!r}")
+    if v is not None and not 0 <= v <= high:
+        raise TraceInputError(None, f"failure.{name} must be >= 0 and <= {high:g}, got {v!r}")
 
 
-def _positive(opts: FailureOptions, name: str) -> None:
+def _positive(opts: FailureOptions, name: str, high: float) -> None:
     v = _value(opts, name)
-    if v is not None and not v > 0:
-        raise TraceInputError(None, f"failure.{name} must be > 0, got {v!r}")
+    if v is not None and not (0 < v <= high and math.isfinite(v)):
+        raise TraceInputError(None, f"failure.{name} must be > 0 and <= {high:g}, got {v!r}")

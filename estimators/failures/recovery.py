@@ -69,8 +69,9 @@ class Job:
     replicas: int = 1
 
     @property
-    def nodes(self) -> float:
-        return self.gpus / self.gpus_per_node
+    def nodes(self) -> int:
+        """Failures are per node: a job on part of a node still runs on (and fails with) the whole node."""
+        return math.ceil(self.gpus / self.gpus_per_node)
 
     def rate_per_h(self, rate_per_1000_node_days: float) -> float:
         return self.nodes * rate_per_1000_node_days / 1000.0 / 24.0
@@ -163,20 +164,20 @@ class RecoveryDefaults:
 
 
 SOURCES = {
-    "detection_s": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): the fault-tolerant all-reduce times out after ~60 s; used for both strategies",
-    "cold_restart_points": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): synchronous cold recovery ~200 s at 16K GPUs, ~300 s at 22K, ~600 s at "
+    "detection_s": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): the fault-tolerant all-reduce times out after ~60 s; used for both strategies",
+    "cold_restart_points": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): synchronous cold recovery ~200 s at 16K GPUs, ~300 s at 22K, ~600 s at "
                            "64K, ~900 s at 98K (communicator initialisation included); log-log interpolation, "
                            "power-law extrapolation outside",
-    "ft_reconfigure_s": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): stall ~3 min = timeout ~60 s + redo ~20 s + rejoin ~100 s, which "
+    "ft_reconfigure_s": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): FT-HSDP stall ~3 min = timeout ~60 s + redo ~20 s + rejoin ~100 s, which "
                         "leaves ~0 s for the CPU-driven reconfiguration itself",
-    "ft_redo_step_s": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): redoing the in-flight step ~20 s (the model's step time when a model is given)",
-    "ft_rejoin_s": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): the job stalls ~100 s when the recovering replica rejoins",
-    "replica_restart_s": "FT-HSDP paper (Salpekar et al. 2026, arXiv:2602.00277): the job runs at 11/12 throughput for ~7 min while the replica restarts "
+    "ft_redo_step_s": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): redoing the in-flight step ~20 s (the model's step time when a model is given)",
+    "ft_rejoin_s": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): the job stalls ~100 s when the recovering replica rejoins",
+    "replica_restart_s": "Salpekar et al. 2026, Training LLMs with Fault Tolerant HSDP on 100,000 GPUs (arXiv:2602.00277): the job runs at 11/12 throughput for ~7 min while the replica restarts "
                          "(capped at the whole job's restart)",
     "checkpoint_bytes_per_param": "ZeRO paper (Rajbhandari et al. 2020) mixed-precision Adam state: 2 B bf16 "
                                   "weights + 12 B fp32 master weights, momentum and variance per parameter",
     "storage_write_gbs": "Llama 3 paper (Dubey et al. 2024, sec. 3.3.1): Tectonic storage sustains 2 TB/s",
-    "checkpoint_write_min_without_model": "worked checkpoint examples with delta = 5 min (Young 1974; Daly 2006)",
+    "checkpoint_write_min_without_model": "assumption (no model to size the checkpoint): 5 min, the write time of Daly's and Young's worked examples",
     "node_repair_h": "assumption (no published figure): a failed node is out for a day",
     "replacement_min": "assumption (no published figure): 30 min to get a node when no hot spare is free",
 }

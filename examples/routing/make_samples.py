@@ -2,7 +2,7 @@
 (`estimators.moe.synthetic`), so that the documented `whatif moe --routing` commands run on a fresh
 clone:
 
-    python examples/routing/make_samples.py
+    python examples/routing/make_samples.py  # doc-test: skip (rewrites the shipped samples in the checkout)
 
 - `deepseek-v3.npy`: vLLM's routed-experts form, uint8 [1,024 tokens, 58 MoE layers, top-8] of DeepSeek-V3's
   256 experts (8 request domains, cluster affinity 0.5), 475 KB: with `--tokens 16` per GPU one EP32 batch

@@ -6,7 +6,7 @@ self-contained HTML plot (plotly.js inlined: opens offline).
     python examples/sweeps/failures_ettr.py --model none -o ettr_only.html     # ETTR only, no step time
 
 The grid and the base scenario are those of `failures_ettr.toml` beside this script (the spec that
-`lumos-sim sweep` runs); each point goes through `estimators.whatifs.evaluate`.
+`lumos-sim sweep` runs); each point goes through `estimators.registry.evaluate`.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def points(base, sizes, strategies, intervals, trials: int | None):
 
 
 def evaluate_grid(base, sizes, strategies, intervals, trials=None, progress=None) -> list[dict]:
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     todo = list(points(base, sizes, strategies, intervals, trials))
     rows = []

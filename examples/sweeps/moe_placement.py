@@ -1,5 +1,5 @@
 """Evaluate the MoE placement sweep (examples/sweeps/moe_placement.toml) point by point through
-`estimators.whatifs.evaluate` and write a self-contained HTML report (plotly.js inlined):
+`estimators.registry.evaluate` and write a self-contained HTML report (plotly.js inlined):
 
     python examples/sweeps/moe_placement.py -o moe_placement.html [--csv moe.csv] [--set KEY=VALUE ...]
     python examples/sweeps/moe_placement.py --quick -o quick.html     # 2 MoE layers, small routing trace
@@ -53,7 +53,7 @@ def run(spec_path: Path, sets: list[str], progress=print):
     import pandas as pd
 
     from estimators.scenario import Scenario, parse_assignments
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     spec = tomllib.loads(spec_path.read_text())
     base = Scenario.from_dict(spec["scenario"], str(spec_path)).override(parse_assignments(sets))

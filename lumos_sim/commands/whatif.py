@@ -102,7 +102,7 @@ def add_set_argument(parser) -> None:
 
 
 def evaluate_with_progress(scenario, label: str = "simulating"):
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
     with progress_bar(label) as cb:
         return evaluate(scenario, progress=cb)
 
@@ -121,13 +121,13 @@ def scenario_from_args(args):
                  simulation="all" if args.full_simulation else "symmetric")
     s = s.override_strings(args.overrides)
     if args.overrides:
-        from estimators.plan import validate_plan
+        from estimators.parallelism.plan import validate_plan
         validate_plan(s.model, s.plan)
     return s
 
 
 def _plan_from_args(args, model):
-    from estimators.plan import ParallelPlan, validate_plan
+    from estimators.parallelism.plan import ParallelPlan, validate_plan
 
     if args.gpus < 1:
         raise TraceInputError(None, "--gpus must be >= 1")
@@ -147,7 +147,7 @@ def _plan_from_args(args, model):
 
 def _check_counts(**counts) -> None:
     """Counts checked before any work: a typo such as 10000000000 GPUs must not allocate first."""
-    from estimators.plan import MAX_GPUS
+    from estimators.parallelism.plan import MAX_GPUS
     for name, v in counts.items():
         if v is not None and not 1 <= v <= MAX_GPUS:
             flag = "--top-k (--max-plans)" if name == "top_k" else f"--{name.replace('_', '-')}"
@@ -170,8 +170,8 @@ def main_parallelism(args) -> int:
 def _main_search(args) -> int:
     from estimators.model_config import load_model
     from estimators.scenario import Scenario
-    from estimators.plan_search import SearchSpace, rank_plans
-    from estimators.whatifs.parallelism import simulate_ranked
+    from estimators.parallelism.search import SearchSpace, rank_plans
+    from estimators.parallelism.whatif import simulate_ranked
     from replay.hardware.config import get_hardware
 
     model = load_model(args.model)
@@ -250,7 +250,7 @@ def _changes_text(changes: dict) -> str:
 
 
 def main_list(args) -> int:
-    from estimators.whatifs import whatifs
+    from estimators.registry import whatifs
     from lumos_sim.tables import console, table
     t = table(None, ["what-if", "what it does"])
     for name, w in sorted(whatifs().items()):
@@ -270,7 +270,7 @@ def _plan_text(p) -> str:
 
 
 def _print_prediction(r) -> None:
-    from estimators.whatif_parallel import legacy_breakdown_json
+    from estimators.parallelism.evaluate import legacy_breakdown_json
     from lumos_sim.tables import console as make_console
     from rich.table import Table
 
@@ -380,7 +380,7 @@ def main_trace(args) -> int:
                         hardware=get_hardware(args.hardware) if args.hardware else None)
     scenario = scenario.override_strings(args.overrides)
     with progress_bar("converting") as cb:
-        from estimators.whatifs.trace import trace_graphs
+        from estimators.trace.whatif import trace_graphs
         trace_graphs(scenario.trace, progress=cb)
     res = evaluate_with_progress(scenario, "replaying").detail
     if args.json:

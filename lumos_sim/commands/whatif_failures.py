@@ -38,8 +38,10 @@ def register(wsub) -> None:
                    help="failure-model preset (llama3-405b, ft-hsdp-100k) or TOML file (default: llama3-405b)")
     f.add_argument("--distribution", choices=("exponential", "weibull"), default=None,
                    help="time between failures (default: the failure model's, exponential)")
-    f.add_argument("--strategy", default="sync", choices=("sync", "ft-hsdp"),
-                   help="recovery: synchronous restart or FT-HSDP replicas (default: sync)")
+    f.add_argument("--strategy", default="sync", metavar="{sync,ft-hsdp}", help="recovery strategy (default: sync)")
+    f.add_argument("--restart-semantics", default="restart-over", metavar="{restart-over,queue}",
+                   help="a failure during a restart: restart-over starts the restart again (default, physical); "
+                        "queue adds a whole restart after it (the published (MTBF - stall) / MTBF accounting)")
     f.add_argument("--replicas", type=int, default=None, metavar="K",
                    help="FT-HSDP replicas (default: plan DP / dp_shard with a model, else 12)")
     f.add_argument("--detection-min", type=float, default=None, help="failure detection / timeout (default: 1)")
@@ -72,6 +74,7 @@ def scenario_from_args(args):
     opts = FailureOptions(
         gpus=None if args.model else args.gpus, gpus_per_node=args.gpus_per_node, failure_model=args.failure_model,
         rate_per_1000_node_days=args.failure_rate, distribution=args.distribution, strategy=args.strategy,
+        restart_semantics=args.restart_semantics,
         replicas=args.replicas, detection_min=args.detection_min, restart_min=args.restart_min,
         stall_min=args.stall_min, checkpoint_interval_min=_interval(args.checkpoint_interval_min),
         checkpoint_write_min=args.checkpoint_write_min, checkpoint_async=args.checkpoint_async, spares=args.spares,
@@ -88,7 +91,7 @@ def scenario_from_args(args):
     s = Scenario(whatif="failures", model=model, hardware=get_hardware(args.hardware),
                  plan=_plan_from_args(args, model), failure=opts).override_strings(args.overrides)
     if args.overrides:
-        from estimators.plan import validate_plan
+        from estimators.parallelism.plan import validate_plan
         validate_plan(s.model, s.plan)
     return s
 
@@ -103,7 +106,7 @@ def _interval(text: str) -> float | None:
 
 
 def main_failures(args) -> int:
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     scenario = scenario_from_args(args)
     with progress_bar("simulating failures") as cb:

@@ -1,6 +1,6 @@
 """`lumos-sim whatif moe`: expert routing, expert placement and micro-batch grouping -> all-to-all bytes
 (intra / inter node), per-GPU load, MoE layer latency, prefill/decode latency and throughput, or the
-EP training step time (see `estimators.whatifs.moe`)."""
+EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
 import sys
@@ -62,9 +62,9 @@ def register_moe(wsub) -> None:
 def scenario_from_args(args):
     """The `moe` scenario of the flags, with --set overrides on top."""
     from estimators.model_config import load_model
-    from estimators.plan import ParallelPlan
+    from estimators.parallelism.plan import ParallelPlan
     from estimators.scenario import Scenario
-    from estimators.whatifs import option_sections
+    from estimators.registry import option_sections
     from replay.hardware.config import get_hardware
 
     if args.ep < 2:

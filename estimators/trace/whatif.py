@@ -1,5 +1,5 @@
 """Trace what-ifs: a real (converted) trace replayed as recorded, translated to other hardware, or
-edited (data-parallel degree, layer count) and replayed -- see `estimators.whatif_trace`.
+edited (data-parallel degree, layer count) and replayed -- see `estimators.trace.evaluate`.
 
 - `replay`: the trace under the scenario's timing (`trace`: recorded durations, translated when
   `hardware` is set; `model`: every node re-timed by the hardware models).
@@ -17,8 +17,8 @@ from chakra_schema.graph import ExecutionGraph
 from chakra_schema.inputs import load_graphs
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario, TraceSpec
-from estimators.whatif_trace import whatif_trace
-from estimators.whatifs import register_whatif
+from estimators.trace.evaluate import whatif_trace
+from estimators.registry import register_whatif
 from replay.api import make_timing, replay
 from replay.results import Breakdown, ReplayResult
 
@@ -107,7 +107,7 @@ def edit_trace(scenario: Scenario, progress=None) -> Prediction:
                                     "alone, not with trace.dp, trace.layers or hardware")
     graphs = trace_graphs(spec)
     if spec.balance:
-        from estimators.rank_balance import balance_ranks
+        from estimators.trace.balance import balance_ranks
         res = balance_ranks(graphs, spec.balance_ranks or None, spec.balance_threshold, progress=progress)
     else:
         res = whatif_trace(graphs, dp=spec.dp, layers=spec.layers, hardware=scenario.hardware,

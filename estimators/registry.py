@@ -1,16 +1,16 @@
 """The what-if registry: every estimator is a function `Scenario -> Prediction` registered by name.
 
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
     from estimators.scenario import Scenario
     p = evaluate(Scenario.build(model="llama3-70b", hardware="h100-sxm", plan={"tp": 8, "dp": 8, ...}))
 
 Adding a what-if is one module plus one decorator:
 
-1. Create `estimators/whatifs/<name>.py` with a function that reads what it needs from the scenario
+1. Create `estimators/<name>/whatif.py` with a function that reads what it needs from the scenario
    (`scenario.model`, `.plan`, `.hardware`, `.timing`, `.trace`, or an option section of its own) and
    returns a `estimators.prediction.Prediction` (its own figures in `metrics`, units in their names):
 
-       from estimators.whatifs import register_whatif
+       from estimators.registry import register_whatif
 
        @register_whatif("my-whatif", needs=("model", "hardware"))
        def my_whatif(scenario: Scenario, progress=None) -> Prediction: ...
@@ -21,8 +21,11 @@ Adding a what-if is one module plus one decorator:
    `__post_init__`, and register it as a scenario section: `register_options("my_section", MyOptions)`.
    The section must also be a field of `Scenario` (`failure`, `moe` are); dotted overrides such as
    `--set my_section.rate=3` then work with no further code.
-3. Add the module name to `_MODULES` below (modules are imported on first use, so a broken optional
-   what-if cannot break the others).
+3. Add the package name to `_MODULES` below (`estimators.<name>.whatif` is imported on first use, so a
+   broken optional what-if cannot break the others).
+
+Each what-if is one package of the same shape: its inputs (options, plans, routing), its model, `evaluate`
+(inputs -> figures) and `whatif.py` (the registration that maps a `Scenario` onto `evaluate`).
 
 `evaluate` checks `needs` (one clear line when the scenario lacks an input), times the call, and fills
 `scenario_key`/`wall_s`. Sweeps (`lumos_sim.sweep`) and every CLI what-if go through it.
@@ -40,7 +43,7 @@ from estimators.scenario import Scenario
 
 WhatIfFn = Callable[..., Prediction]   # (scenario, progress=None) -> Prediction
 
-# modules that register what-ifs, imported lazily by `_load_all`
+# packages whose `whatif` module registers a what-if, imported lazily by `_load_all`
 _MODULES = ("parallelism", "trace", "failures", "moe")
 
 
@@ -82,9 +85,9 @@ def _load_all() -> None:
     _loaded = True
     for mod in _MODULES:
         try:
-            importlib.import_module(f"estimators.whatifs.{mod}")
+            importlib.import_module(f"estimators.{mod}.whatif")
         except ModuleNotFoundError as e:  # a what-if not written yet must not break the others
-            if e.name != f"estimators.whatifs.{mod}":
+            if e.name not in (f"estimators.{mod}", f"estimators.{mod}.whatif"):
                 raise
 
 

@@ -27,7 +27,7 @@ from estimators.moe.routing import MaskedSource, RoutingSource, check_against_mo
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
-from estimators.whatifs import register_options, register_whatif
+from estimators.registry import register_options, register_whatif
 
 PHASES = ("prefill", "decode", "train")
 FITS = ("first-half", "prefill", "all")
@@ -327,14 +327,14 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
 
 # ------------------------------------------------------------------------------------------ training
 def moe_loads(cost: PlacementCost):
-    from estimators.workload import MoELoads
+    from estimators.parallelism.workload import MoELoads
     return MoELoads(cost.pair_tokens.copy(), cost.slot_tokens.copy())
 
 
 def _train_step(scenario: Scenario, cost: PlacementCost, pred: Prediction) -> None:
     """EP training step through the workload generator with the measured per-pair all-to-all sizes and
     per-expert loads of each micro-batch, next to the balanced-routing step of today's EP path."""
-    from estimators.whatif_parallel import predict
+    from estimators.parallelism.evaluate import predict
     model, plan, hw = scenario.model, scenario.plan, scenario.hardware
     if plan.tp != 1:
         raise TraceInputError(None, "the MoE training what-if models EP groups of consecutive ranks: use tp = 1")

@@ -1,16 +1,17 @@
 """What-if parallelism: model + plan + hardware -> predicted step time, throughput, MFU, memory.
 
-The prediction is a replay: `estimators.workload.generate` builds per-rank graphs (one representative
+The prediction is a replay: `estimators.parallelism.workload.generate` builds per-rank graphs (one representative
 rank per pipeline stage by default), `replay.api.replay` runs them with the hardware's model timing
 (`replay.model_timing.ModelTiming`), and the step time is the slowest simulated rank's makespan.
 No per-configuration fitting: every efficiency comes from the hardware preset.
 
 FLOP conventions (per step):
-- model FLOPs = tokens x (6 x active matmul parameters + 3 x attention forward), no recomputation
-  (models.md; "active" = MoE routed experts counted top-k times). Gives `tflops_per_gpu` and `mfu`.
-- hardware FLOPs = model FLOPs + the recomputed forward (full: every layer's matmuls and attention;
-  selective: the attention core), i.e. Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for
-  GPT with full recomputation. Gives `hw_tflops_per_gpu`.
+- model FLOPs = tokens x `ModelConfig.model_flops_per_token` (the project's one convention, Megatron-Core's:
+  causal attention as half the square, MTP counted; estimators/model_config.py). Gives `tflops_per_gpu`, `mfu`.
+- hardware FLOPs = tokens x (6 x active matmul parameters + 3 x full-square attention forward) + the
+  recomputed forward (full: every layer's matmuls and attention; selective: the attention core), i.e.
+  Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for GPT with full recomputation. Gives
+  `hw_tflops_per_gpu`.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
-from estimators.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
+from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import COMM_KINDS, Breakdown, union_intervals
 from estimators.model_config import ModelConfig
-from estimators.plan import ParallelPlan, validate_plan
-from estimators.workload import STREAM_KIND, STREAMS, generate
+from estimators.parallelism.plan import ParallelPlan, validate_plan
+from estimators.parallelism.workload import STREAM_KIND, STREAMS, generate
 
 _STREAM_KIND_BY_ID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
 
@@ -79,7 +80,7 @@ def model_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
 
 def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     tokens = plan.global_batch * plan.seq_len
-    f = model_flops_per_step(model, plan)
+    f = tokens * model.full_square_flops_per_token(plan.seq_len)  # as executed (unfused: the full square)
     if plan.recompute == "full":
         layer_matmul = model.matmul_params_active() - model.vocab * model.hidden
         f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
@@ -219,7 +220,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
             extrapolate: bool = True, moe_loads: Any = None) -> PlanPrediction:
     """Generate, replay, and summarize one plan. `mode`: "symmetric" (one rank per stage) or "all".
     With `extrapolate`, many micro-batches are simulated as two short runs and extrapolated linearly
-    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.workload.MoELoads`)
+    (see `steady_state_micro_batches`). `moe_loads`: measured routing (`estimators.parallelism.workload.MoELoads`)
     for the EP layers instead of balanced routing."""
     validate_plan(model, plan)
     t0 = time.perf_counter()
@@ -267,7 +268,7 @@ def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: 
                          precision: str = "bf16", max_plans: int | None = 24) -> list[ParallelPlan]:
     """The `max_plans` most promising valid plans of `gpus` that fit in memory, best first (every one of
     them for `max_plans=None`): the whole plan space (TP, PP, VP, CP, DP, EP, micro-batch, recompute,
-    ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.plan_search`'s analytic
+    ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.parallelism.search`'s analytic
     step-time estimate."""
-    from estimators.plan_search import rank_plans
+    from estimators.parallelism.search import rank_plans
     return rank_plans(model, hardware, gpus, seq_len, global_batch, precision).plans(max_plans)

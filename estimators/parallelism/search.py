@@ -9,17 +9,17 @@ Passes, top-down:
    there is a pipeline, async TP when TP runs without SP) as boolean masks over arrays. Equivalent
    plans are not repeated: selective recomputation with flash attention recomputes nothing (flash
    attention already drops the scores), ZeRO stages without a DP group shard nothing, SP without TP does
-   nothing. The rules are those of `estimators.plan.validate_plan`, vectorized.
+   nothing. The rules are those of `estimators.parallelism.plan.validate_plan`, vectorized.
 2. Unit costs (`CostModel.pass_table`, `GroupComm`): the per-micro-batch time of one layer's forward / backward / recomputation,
    of the embedding and of the output layer, for each distinct (tp, cp, ep, micro-batch, SP, async TP)
    that occurs -- a few hundred -- by scheduling the generator's own op templates
-   (`estimators.workload`) on a compute stream and comm streams with the hardware's compute model (GEMM
+   (`estimators.parallelism.workload`) on a compute stream and comm streams with the hardware's compute model (GEMM
    tiles, flash-attention efficiency) and network model (TP all-gather / reduce-scatter inside the node,
    CP ring exchange, EP all-to-all). Collectives of the DP and PP groups, whose sizes vary per plan, use
    the network model in closed form per group (intra-node NVLink or inter-node NIC paths, as the group's
    ranks sit): each (algorithm, protocol) pair is a line latency + bytes / bandwidth, and the time is
    the lowest line (`CollectiveLine`, `P2PLine`).
-3. Memory (`memory_gib`): `estimators.memory.estimate_memory` in closed form over the candidate arrays,
+3. Memory (`memory_gib`): `estimators.parallelism.memory.estimate_memory` in closed form over the candidate arrays,
    stage by stage (weights, gradients, optimizer states under the ZeRO stage, activations in flight).
 4. Step time (`estimate_step_s`): per pipeline stage the work of one micro-batch W_s (its layers, the
    embedding / output layer, exposed ZeRO-3 parameter gathers); the pipeline takes m * max W + the
@@ -28,7 +28,7 @@ Passes, top-down:
    the optimizer step and the ZeRO-1/2 parameter all-gather (`StageTail`).
 5. Rank (`rank_plans`): drop plans that do not fit in the GPU's memory, sort by estimated step time;
    `RankedPlans.plans(k)` / `top(k)` build `ParallelPlan` objects for the best k only
-   (`estimators.whatifs.parallelism.simulate_ranked` evaluates them as scenarios).
+   (`estimators.parallelism.whatif.simulate_ranked` evaluates them as scenarios).
 
 The estimate is no substitute for the replay (it does not see stage imbalance interplay, link sharing
 or exact overlap); `tests/test_plan_search.py` checks that it ranks plans as the simulation does.
@@ -43,9 +43,9 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
-from estimators.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
+from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
 from estimators.model_config import ModelConfig
-from estimators.plan import RECOMPUTE, ParallelPlan, stage_layers
+from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, stage_layers
 
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
@@ -231,7 +231,7 @@ def _template_span_us(tpl, rank: int, timing) -> float:
     deps are done and its stream is free. An op with no deps at all (a CP ring receive) is posted ahead
     of the pass, during earlier ones: it only bounds the pass by its stream's total busy time.
     Returns the pass's span (us)."""
-    from estimators.workload import ENTRY
+    from estimators.parallelism.workload import ENTRY
     ends: list[float] = []
     free: dict[int, float] = {}
     ahead: dict[int, float] = {}
@@ -272,7 +272,7 @@ class PassTimes:
 
 def pass_times(model: ModelConfig, plan: ParallelPlan, timing, gpus_per_node: int) -> PassTimes:
     """The generator's per-pass templates for this plan's shapes, each scheduled alone."""
-    from estimators.workload import _RankBuilder
+    from estimators.parallelism.workload import _RankBuilder
     rb = _RankBuilder(model, plan, 0, gpus_per_node)
     kinds = [next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None) for moe in (False, True)]
 
@@ -404,7 +404,7 @@ class CostModel:
     shape, collective lines per distinct group."""
 
     def __init__(self, model: ModelConfig, hardware, seq_len: int, precision: str, attention: str = "flash"):
-        from estimators.whatif_parallel import default_timing, resolve_hardware
+        from estimators.parallelism.evaluate import default_timing, resolve_hardware
         self.model, self.hw = model, resolve_hardware(hardware)
         self.seq_len, self.precision, self.attention = seq_len, precision, attention
         self.gpn = self.hw.node.gpus_per_node
@@ -734,7 +734,7 @@ class RankedPlans:
 def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_batch: int,
                precision: str = "bf16", space: SearchSpace = SearchSpace()) -> RankedPlans:
     """Enumerate every valid plan of `gpus`, estimate its memory and step time, rank those that fit."""
-    from estimators.whatif_parallel import resolve_hardware
+    from estimators.parallelism.evaluate import resolve_hardware
     if gpus < 1 or seq_len < 1 or global_batch < 1:
         raise TraceInputError(None, "the search needs gpus, seq_len and global_batch >= 1")
     t0 = time.perf_counter()

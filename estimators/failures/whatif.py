@@ -16,7 +16,7 @@ from estimators.failures import FailureEstimate, FailureOptions, HealthyJob, est
 from estimators.failures.closed_form import LOST_KEYS
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
-from estimators.whatifs import evaluate, register_options, register_whatif
+from estimators.registry import evaluate, register_options, register_whatif
 
 register_options("failure", FailureOptions)
 
@@ -60,7 +60,8 @@ def failure_metrics(est: FailureEstimate) -> dict:
     """The flat metrics of a failure estimate (units in the names; `time_lost_<cause>_h` flattened)."""
     cf, ck, inp = est.closed, est.checkpoint, est.inputs
     m = {
-        "strategy": inp.options.strategy, "failure_model": inp.failure_model.name,
+        "strategy": inp.options.strategy, "restart_semantics": inp.options.restart_semantics,
+        "failure_model": inp.failure_model.name,
         "failure_rate_per_1000_node_days": inp.failure_model.rate_per_1000_node_days,
         "gpus": inp.job.gpus, "nodes": inp.job.nodes, "replicas": inp.job.replicas,
         "mttf_h": cf.mttf_h, "ettr": cf.ettr,
@@ -95,7 +96,7 @@ def _mean_stall_min(est: FailureEstimate) -> float:
 def _prediction(est: FailureEstimate, healthy: Prediction | None) -> Prediction:
     m = failure_metrics(est)
     ettr = est.closed.ettr
-    notes = [f"default {k} = {v}" for k, v in est.inputs.defaults.items()]
+    notes = [f"default {k} = {v}" for k, v in est.inputs.defaults.items()] + list(est.inputs.warnings)
     p = Prediction(whatif="failures", scenario_key="", step_time_s=m.get("effective_step_time_s", math.nan),
                    gpus=est.inputs.job.gpus, metrics=m, notes=notes, detail=est)
     if healthy is not None:

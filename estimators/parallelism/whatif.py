@@ -1,6 +1,6 @@
 """What-if `parallelism`: a model trained with a parallel plan on a hardware preset -> step time,
 throughput, MFU, memory per GPU (a generated workload replayed with the hardware models; see
-`estimators.whatif_parallel`)."""
+`estimators.parallelism.evaluate`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +10,8 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
-from estimators.whatif_parallel import PlanPrediction, predict
-from estimators.whatifs import register_whatif
+from estimators.parallelism.evaluate import PlanPrediction, predict
+from estimators.registry import register_whatif
 
 
 def prediction_of_plan(r: PlanPrediction) -> Prediction:
@@ -39,9 +39,9 @@ def parallelism(scenario: Scenario, progress=None) -> Prediction:
 def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int, precision: str = "bf16",
                      max_plans: int = 24, progress=None) -> list[Prediction]:
     """Every valid plan of `gpus` for the base scenario's model, ranked by the analytic estimate
-    (`estimators.plan_search`); the best `max_plans` that fit in memory are evaluated (through
+    (`estimators.parallelism.search`); the best `max_plans` that fit in memory are evaluated (through
     `evaluate`) and returned by simulated throughput."""
-    from estimators.plan_search import SearchSpace, rank_plans
+    from estimators.parallelism.search import SearchSpace, rank_plans
 
     ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision,
                         SearchSpace(attention=base.plan.attention))
@@ -49,10 +49,10 @@ def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int,
 
 
 def simulate_ranked(base: Scenario, ranked, top_k: int, progress=None) -> list[Prediction]:
-    """Evaluate the best `top_k` distinct plans of a `plan_search.RankedPlans` (see `RankedPlans.top`) as
+    """Evaluate the best `top_k` distinct plans of a `search.RankedPlans` (see `RankedPlans.top`) as
     scenarios, fastest first. Each prediction keeps its analytic estimate and its rank among the plans
     that fit (`metrics.analytic_step_time_s`, `metrics.analytic_rank`)."""
-    from estimators.whatifs import evaluate
+    from estimators.registry import evaluate
 
     rows = ranked.top(top_k)
     out = []

@@ -43,7 +43,7 @@ import numpy as np
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
 from estimators.model_config import ModelConfig
-from estimators.plan import ParallelPlan, stage_layers, validate_plan
+from estimators.parallelism.plan import ParallelPlan, stage_layers, validate_plan
 
 # stream slots -> (stream id, name)
 COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B = range(11)
@@ -892,7 +892,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
         rb.node("param_allgather", DP_AG, coll(CommType.ALL_GATHER, params * 2, rb.shard_g, pg_dp), [opt])
         if expert_params and len(rb.edp_g) > 1:
             rb.node("expert_param_allgather", DP_AG, coll(CommType.ALL_GATHER, expert_params * 2, rb.edp_g, pg_edp), [opt])
-    rb.g.metadata.update({"generator": "estimators.workload", "model": model.name, "stage": stage,
+    rb.g.metadata.update({"generator": "estimators.parallelism.workload", "model": model.name, "stage": stage,
                           "pp": p.pp, "tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
                           "micro_batches": p.micro_batches})
     return rb.g.build(dedupe_edges=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimators.model_config import ModelConfig
-from estimators.plan import ParallelPlan, stage_layers
+from estimators.parallelism.plan import ParallelPlan, stage_layers
 
 GIB = 1024 ** 3
 

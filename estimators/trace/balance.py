@@ -27,7 +27,7 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph, NodeType, OpKind
-from estimators.whatif_trace import TraceWhatIf
+from estimators.trace.evaluate import TraceWhatIf
 
 _GPU_WORK = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET))
 _COMM_TYPES = (int(NodeType.COMM_COLL_NODE), int(NodeType.COMM_SEND_NODE), int(NodeType.COMM_RECV_NODE))
