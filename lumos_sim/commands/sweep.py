@@ -54,7 +54,7 @@ def main(args) -> int:
             print(f"{pt.index:6d}  {pt.key}  {pt.label}")
         return 0
     try:
-        df = sweep(spec, output=args.output, executor=args.executor, 
+        df = sweep(spec, output=args.output, executor=args.executor,
                    workers=args.workers if args.workers is not None else cpu_count(),
                    ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
                    flush_every_s=args.flush_every)
