@@ -97,7 +97,8 @@ _IO_KEYS = {key for _, fields in _IO_ATTRS.values() for key in fields.values()}
 _STEP_ATTRS = ("lumos_step_names", "lumos_step_nodes", "lumos_step_start_us", "lumos_step_dur_us")
 _RES_ATTRS = ("lumos_res_kind", "lumos_res_device", "lumos_res_index", "lumos_res_name")
 _META_COLUMNS = {"rank", "world_size", *_STEP_ATTRS, *_RES_ATTRS}
-_META_NOT_WRITTEN = {"source", "et_version"}  # set by the reader, describe the file read
+# set by the reader, describe the file read (file_*_deps: the dep ids as stored, order deps included)
+_META_NOT_WRITTEN = {"source", "et_version", "file_data_deps", "file_ctrl_deps"}
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+")
@@ -559,6 +560,7 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
     dep_kinds: list[list[int] | None] = []
     attrs: dict[int, dict[str, Any]] = {}
     decode = _AttrDecoder(path)
+    file_data = file_ctrl = 0
     cpu_thread, gpu_stream = int(ResourceKind.CPU_THREAD), int(ResourceKind.GPU_STREAM)
     for i, node in enumerate(messages):
         a: dict[str, Any] = dict(map(decode, node.attr))  # type: ignore[union-attr]
@@ -594,6 +596,8 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
         # copies: holding upb containers would keep every parsed message alive
         ctrl.append(list(node.ctrl_deps))  # type: ignore[union-attr]
         data = list(node.data_deps)  # type: ignore[union-attr]
+        file_ctrl += len(ctrl[-1])
+        file_data += len(data)
         if type(n_order) is int and 0 < n_order <= len(data):
             # the resource order written out for Chakra consumers: implicit in our graph
             del data[len(data) - n_order:]
@@ -686,6 +690,8 @@ def read_graph(path: PathLike, rank: int | None = None, world_size: int | None =
             b.metadata[key] = value
     b.metadata["source"] = str(path)
     b.metadata["et_version"] = md.version
+    b.metadata["file_data_deps"] = file_data
+    b.metadata["file_ctrl_deps"] = file_ctrl
     if dropped_deps:
         b.metadata["dropped_deps"] = dropped_deps
     if dropped_ctrl:

@@ -26,11 +26,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+except ImportError as e:  # one line, not a traceback: this example needs the optional PyTorch
+    print(f"{Path(__file__).name}: error: needs PyTorch ({e}); install torch, e.g. pip install -e '.[collect]'",
+          file=sys.stderr)
+    sys.exit(2)
 
 from lumos_sim.collect import profile_steps
 

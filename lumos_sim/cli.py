@@ -49,9 +49,53 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help as wide as the output (`lumos_sim.tables.output_width`: the terminal, $COLUMNS, else 80).
+    Descriptions keep their authors' line breaks, but a line wider than that wraps at spaces, its
+    continuation indented like the line (commands' examples stay readable at 80 columns)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 30,
+                 width: int | None = None) -> None:
+        from lumos_sim.tables import output_width
+        super().__init__(prog, indent_increment, max_help_position, width or output_width() - 2)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+        out = []
+        for line in text.splitlines():
+            lead = line[:len(line) - len(line.lstrip())]
+            if len(indent + line) <= width or not line.strip():
+                out.append(indent + line)
+                continue
+            out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent + lead,
+                                     subsequent_indent=indent + lead + "    ", break_long_words=False,
+                                     break_on_hyphens=False))
+        return "\n".join(out)
+
+
+_LONG_CHOICES = 30  # a {a,b,c} list longer than this would not wrap in the usage line: named instead
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    """Every parser and sub-parser (nested ones too) formats its help with `HelpFormatter`; an option
+    with a long list of choices shows a name in the usage and lists the choices in its help (which
+    wraps), so usage lines fit the width."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if action.choices and action.option_strings and action.metavar is None \
+                and not isinstance(action, argparse._SubParsersAction) \
+                and len(",".join(map(str, action.choices))) > _LONG_CHOICES:
+            action.metavar = action.dest.upper()
+            listed = ", ".join(map(str, action.choices))
+            action.help = f"{action.help} (one of: {listed})" if action.help else f"one of: {listed}"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _use_formatter(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lumos-sim", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="lumos-sim", description=DESCRIPTION, formatter_class=HelpFormatter)
     from lumos_sim import __version__
     parser.add_argument("--version", action="version", version=f"lumos-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -66,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _READS_TRACES:
         if name in sub.choices:
             add_input_limit_option(sub.choices[name])
+    _use_formatter(parser)
     return parser
 
 

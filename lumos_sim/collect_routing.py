@@ -68,32 +68,41 @@ class RoutingRecorder:
 
     def save(self, directory: str | os.PathLike) -> list[Path]:
         """Write one parquet file per router; rows must align across layers."""
-        out = Path(directory)
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise TraceInputError(out, "writing parquet routing needs pyarrow: pip install pyarrow") from None
-        out.mkdir(parents=True, exist_ok=True)
         counts = {sum(len(a) for a in chunks) for chunks in self.indices}
         if counts == {0}:
-            raise TraceInputError(out, "no router calls were recorded")
+            raise TraceInputError(Path(directory), "no router calls were recorded")
         if len(counts) != 1:
-            raise TraceInputError(out, f"routers saw different token counts {sorted(counts)}: rows would not align")
-        paths = []
-        k = self.top_k
-        for i, name in enumerate(self.names):
-            idx = np.concatenate(self.indices[i])
-            sc = np.concatenate(self.scores[i])
-            offsets = pa.array(np.arange(0, len(idx) * k + 1, k, dtype=np.int32))
-            table = pa.table({"indices": pa.ListArray.from_arrays(offsets, pa.array(idx.reshape(-1))),
-                              "scores": pa.ListArray.from_arrays(offsets, pa.array(sc.reshape(-1)))})
-            table = table.replace_schema_metadata({"module": name, "top_k": str(k)})
-            path = out / f"layer_{i:03d}.parquet"
-            with atomic_output(path) as f:   # the shared writer: the user's umask, never half a file
-                pq.write_table(table, f)
-            paths.append(path)
-        return paths
+            raise TraceInputError(Path(directory), f"routers saw different token counts {sorted(counts)}: "
+                                                   "rows would not align")
+        return write_routing_parquet(directory, [np.concatenate(c) for c in self.indices],
+                                     [np.concatenate(c) for c in self.scores], self.names, self.top_k)
+
+
+def write_routing_parquet(directory: str | os.PathLike, indices: list[np.ndarray], scores: list[np.ndarray],
+                          names: list[str], top_k: int) -> list[Path]:
+    """`layer_<i>.parquet` per MoE layer: list columns `indices` (int16 expert ids) and `scores` (float32
+    gate probabilities), [tokens, top_k] each, rows aligned across layers; metadata module name, top_k."""
+    out = Path(directory)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TraceInputError(out, "writing parquet routing needs pyarrow: pip install pyarrow") from None
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    k = top_k
+    for i, name in enumerate(names):
+        idx = np.asarray(indices[i], dtype=np.int16)
+        sc = np.asarray(scores[i], dtype=np.float32)
+        offsets = pa.array(np.arange(0, len(idx) * k + 1, k, dtype=np.int32))
+        table = pa.table({"indices": pa.ListArray.from_arrays(offsets, pa.array(idx.reshape(-1))),
+                          "scores": pa.ListArray.from_arrays(offsets, pa.array(sc.reshape(-1)))})
+        table = table.replace_schema_metadata({"module": name, "top_k": str(k)})
+        path = out / f"layer_{i:03d}.parquet"
+        with atomic_output(path) as f:   # the shared writer: the user's umask, never half a file
+            pq.write_table(table, f)
+        paths.append(path)
+    return paths
 
 
 def _find_top_k(model) -> int:

@@ -13,12 +13,13 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
-# per plot div: the number of drawn trace groups with at least one SVG path in them
+# per plot div: the number of drawn trace groups with at least one SVG path in them, and the x tick labels
 _PLOT_STATS_JS = """() => Array.from(document.querySelectorAll('div.plotly-graph-div')).map(d => ({
     id: d.id,
     svg: d.querySelectorAll('svg.main-svg').length,
     traces: Array.from(d.querySelectorAll('svg.main-svg g.trace')).filter(t => t.querySelector('path')).length,
     paths: d.querySelectorAll('svg.main-svg g.trace path').length,
+    xticks: Array.from(d.querySelectorAll('g.xtick text')).map(t => t.textContent),
 }))"""
 
 

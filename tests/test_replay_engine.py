@@ -133,5 +133,5 @@ def test_timeline_is_valid_chrome_trace(tmp_path):
     doc = json.loads(out.read_text())
     ev = doc["traceEvents"]
     assert {e["pid"] for e in ev if e["ph"] == "X"} == {0, 1}
-    flows = [e for e in ev if e["ph"] in ("s", "f")]
+    flows = [e for e in ev if e["ph"] in ("s", "f") and e["cat"] == "collective"]
     assert len(flows) == 2 and flows[0]["id"] == flows[1]["id"]

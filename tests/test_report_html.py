@@ -40,7 +40,7 @@ def test_sweep_report_renders_every_plot_in_chromium(tmp_path):
     write_sweep_report(df, out)
     text = out.read_text()
     assert "<script src=" not in text and "Plotly.newPlot" in text  # plotly.js inlined: opens offline
-    for heading in ("Throughput vs GPUs", "Step-time breakdown per point", "Pareto front", "Failed points (4)"):
+    for heading in ("Throughput vs GPUs", "Step-time breakdown per configuration", "Pareto front", "Failed points (4)"):
         assert heading in text
     assert_renders(out, "sweep_report", plots=3)
 

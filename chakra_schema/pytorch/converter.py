@@ -215,6 +215,7 @@ def summarize(graph: ExecutionGraph) -> dict[str, Any]:
         "rank": graph.rank, "world_size": graph.world_size, "nodes": len(graph),
         "nodes_by_kind": dict(sorted(kinds.items())), "gpu_ops": int(graph.is_gpu().sum()),
         "collectives": int(len(graph.collectives())), "steps": len(graph.steps), "edges": graph.num_edges,
+        "ctrl_deps": int((graph.parent >= 0).sum()),
         "edges_by_kind": dict(sorted(edges.items())),
     }
 

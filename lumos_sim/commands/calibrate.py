@@ -65,6 +65,7 @@ def load_labelled(inputs, progress=None):
 
 def main(args) -> int:
     from lumos_sim import __version__
+    from lumos_sim.tables import console as make_console
     from replay.hardware.calibration import calibrate_traces, write_preset
     from replay.hardware.config import get_hardware
 
@@ -91,9 +92,9 @@ def main(args) -> int:
     print_classes(classes, unknown_share, unknown)
     print_accuracy(result.by_trace, result.by_step)
     if result.sustained_tensor_fraction is not None:
-        print(f"sustained tensor throughput: {result.sustained_tensor_fraction:.3f} of dense peak "
+        make_console().print(f"sustained tensor throughput: {result.sustained_tensor_fraction:.3f} of dense peak "
               f"(preset {hw.name}: {hw.compute.sustained_tensor_fraction:.3f})")
-    print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
+    make_console().print(f"wrote {out}: {len(result.models)} kernel models from {len(samples)} kernels of "
           f"{len(samples.trace_names)} trace(s), extends {hw.name}")
     return 0
 

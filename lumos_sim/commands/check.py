@@ -13,7 +13,7 @@ def register(sub) -> None:
     p = sub.add_parser("check", help="run accuracy-regression suites (TOML); exit 1 on any regression",
                        description="Replay every case of the suites and compare predicted with measured step "
                                    "times. SUITE is a TOML file or a folder of them (see lumos_sim/check.py).")
-    p.add_argument("suites", nargs="+", metavar="SUITE")
+    p.add_argument("suites", nargs="+", metavar="SUITE", help="suite TOML file(s) or folder(s) of them")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="list every step")
     p.set_defaults(func=main)

@@ -50,9 +50,10 @@ def _option_parser(parser: argparse.ArgumentParser, defaults: bool) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("collect", help=HELP, description=DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
-                              usage="lumos-sim collect SCRIPT.py [--steps N] [--warmup W] -o OUT_DIR [-- SCRIPT_ARGS...]")
+                              usage="lumos-sim collect SCRIPT.py [--steps N] [--warmup W] -o OUT_DIR\n"
+                                    "                         [-- SCRIPT_ARGS...]")
     _option_parser(p, defaults=True)
-    p.add_argument("script", type=Path, metavar="SCRIPT.py")
+    p.add_argument("script", type=Path, metavar="SCRIPT.py", help="defines train_step(step) (and setup())")
     # argparse cannot mix options after a positional with a `--` tail, so everything after SCRIPT is
     # taken raw here and split in `run`: our options before `--`, the script's arguments after it.
     p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -13,6 +13,7 @@ import os
 import sys
 
 from lumos_sim.progress import progress_bar
+from lumos_sim.tables import say
 
 
 def register(subparsers) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         summaries = convert(args.et, args.kineto, args.output, progress=cb)
     _remove_stale_ranks(args.output, {s["rank"] for s in summaries})
     for s in summaries:
-        print(f"wrote {s['output']}", file=sys.stderr)
+        say(f"wrote {s['output']}")
     try:
         if args.json:
             json.dump(summaries, sys.stdout, indent=2)
@@ -67,22 +68,28 @@ def _remove_stale_ranks(prefix: str, ranks: set[int]) -> None:
               f"{', '.join(p.name for p in stale)}", file=sys.stderr)
 
 
+def _data_deps(s: dict) -> int:
+    """Data deps as written to the file: the graph's edges plus the thread/stream order deps the writer
+    adds for Chakra consumers (see chakra_schema.graph_io)."""
+    return int(s["edges"]) + int(s.get("order_deps", 0))
+
+
 def _print_table(summaries: list[dict]) -> None:
     """One column per rank (a row per figure) for a few ranks; a compact row per rank for many."""
     from lumos_sim.tables import console, table as new_table
 
     if len(summaries) > 3:
-        cols = ("rank", "nodes", "GPU ops", "collectives", "steps", "edges", "output")
+        cols = ("rank", "nodes", "GPU ops", "collectives", "steps", "data deps", "ctrl deps", "output")
         table = new_table("lumos-sim convert", cols, right=cols[:-1])
         for s in summaries:
             table.add_row(str(s["rank"]), f"{s['nodes']:,}", f"{s['gpu_ops']:,}", f"{s['collectives']:,}",
-                          str(s["steps"]), f"{s['edges']:,}", s["output"])
+                          str(s["steps"]), f"{_data_deps(s):,}", f"{s['ctrl_deps']:,}", s["output"])
         console().print(table)
         return
 
     table = new_table("lumos-sim convert", ["", *(f"rank {s['rank']}" for s in summaries)],
                       right=[f"rank {s['rank']}" for s in summaries])
-    rows = {"inputs": [], "nodes": [], "by kind": [], "GPU ops": [], "collectives": [], "steps": [], "edges": [],
+    rows = {"inputs": [], "nodes": [], "by kind": [], "GPU ops": [], "collectives": [], "steps": [], "data deps": [], "ctrl deps": [],
             "ET link": [], "output": []}
     for s in summaries:
         link = s.get("link")
@@ -92,7 +99,8 @@ def _print_table(summaries: list[dict]) -> None:
         rows["GPU ops"].append(f"{s['gpu_ops']:,}")
         rows["collectives"].append(f"{s['collectives']:,}")
         rows["steps"].append(str(s["steps"]))
-        rows["edges"].append(f"{s['edges']:,}")
+        rows["data deps"].append(f"{_data_deps(s):,}")
+        rows["ctrl deps"].append(f"{s['ctrl_deps']:,}")
         rows["ET link"].append(f"{link['key']}\n{100 * link['fraction']:.0f}% of {link['et_ops']} ET ops" if link else "-")
         rows["output"].append(s["output"])
     for label, values in rows.items():

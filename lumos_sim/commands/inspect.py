@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from chakra_schema.graph import CommType, ExecutionGraph, NodeType, OpKind
+from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, NodeType, OpKind
 from chakra_schema.graph_io import read_graphs
 from lumos_sim.progress import progress_bar
 
@@ -20,7 +20,7 @@ from lumos_sim.progress import progress_bar
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="summarize .et graphs (counts, collectives, steps, validation)",
                        description="Summarize a Chakra .et file or every rank of PREFIX.<rank>.et.")
-    p.add_argument("trace", metavar="FILE.et|PREFIX")
+    p.add_argument("trace", metavar="FILE.et|PREFIX", help="one .et file, or the PREFIX of PREFIX.<rank>.et")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=main)
 
@@ -62,6 +62,11 @@ def summarize(g: ExecutionGraph) -> dict[str, Any]:
         "source": g.metadata.get("source"),
         "nodes": len(g),
         "edges": g.num_edges,
+        "edges_by_kind": {_enum_name(EdgeKind, k): c for k, c in sorted(Counter(g.dep_kind.tolist()).items())},
+        # the dep ids as the file stores them (data deps include the thread/stream order deps written for
+        # Chakra consumers; ctrl deps are the call-stack parents), not the graph's deduplicated edges
+        "file_data_deps": g.metadata.get("file_data_deps"),
+        "file_ctrl_deps": g.metadata.get("file_ctrl_deps"),
         "node_types": {_enum_name(NodeType, t): c for t, c in sorted(types.items())},
         "op_kinds": {_enum_name(OpKind, k): c for k, c in sorted(kinds.items())},
         "resources": {"cpu_threads": len(g.resources) - n_gpu, "gpu_streams": n_gpu},
@@ -77,16 +82,19 @@ def summarize(g: ExecutionGraph) -> dict[str, Any]:
 
 
 def _print_tables(summaries: list[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from lumos_sim.tables import console as make_console
+
+    console = make_console()
     for s in summaries:
         head = Table(title=f"rank {s['rank']} / {s['world_size']}  ({s['source']})", show_header=False)
         head.add_column(style="bold")
         head.add_column()
         head.add_row("nodes", f"{s['nodes']:,}")
-        head.add_row("data deps", f"{s['edges']:,}")
+        if s["file_data_deps"] is not None:
+            head.add_row("in the file", f"{s['file_data_deps']:,} data deps, {s['file_ctrl_deps']:,} ctrl deps")
+        head.add_row("graph edges", f"{s['edges']:,}: " + ", ".join(f"{k} {v:,}" for k, v in s["edges_by_kind"].items()))
         head.add_row("node types", ", ".join(f"{k} {v:,}" for k, v in s["node_types"].items()))
         head.add_row("op kinds", ", ".join(f"{k} {v:,}" for k, v in s["op_kinds"].items()))
         head.add_row("resources", f"{s['resources']['cpu_threads']} CPU threads, "

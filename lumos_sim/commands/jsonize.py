@@ -24,7 +24,7 @@ def register(sub) -> None:
     p = sub.add_parser("jsonize", help="dump a Chakra .et file as JSON",
                        description="Write a Chakra .et (or .et.gz) file as one JSON document "
                                    '{"metadata": ..., "nodes": [...]}.')
-    p.add_argument("file", metavar="FILE.et")
+    p.add_argument("file", metavar="FILE.et", help="the .et (or .et.gz) file to write as JSON")
     p.add_argument("-o", "--output", metavar="OUT.json", help="write here (atomically) instead of stdout")
     p.set_defaults(func=main)
 
@@ -99,5 +99,6 @@ def main(args) -> int:
     refuse_overwriting_inputs(args.output, [args.file])
     with atomic_output(args.output) as f:
         n = write_json(args.file, f)
-    print(f"wrote {args.output} ({n} nodes)", file=sys.stderr)
+    from lumos_sim.tables import say
+    say(f"wrote {args.output} ({n} nodes)")
     return 0

@@ -17,7 +17,7 @@ def register(sub) -> None:
                        description="Replay execution graphs of all ranks. INPUT is an .et file, an .et prefix "
                                    "(PREFIX.<rank>.et), or raw Kineto / Execution Trace files ({rank} patterns and "
                                    "wildcards allowed), converted on the fly.")
-    p.add_argument("inputs", nargs="*", metavar="INPUT")
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help=".et file(s) or PREFIX, or raw trace patterns")
     p.add_argument("--et", help="Execution Trace pattern (raw input)")
     p.add_argument("--kineto", help="Kineto trace pattern (raw input)")
     p.add_argument("--timing", choices=TIMING_MODES, default="trace",

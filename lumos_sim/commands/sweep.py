@@ -2,6 +2,7 @@
 `lumos_sim.sweeps` for the spec format), locally or on Ray, into one results table."""
 from __future__ import annotations
 
+import os
 import sys
 
 import orjson
@@ -9,18 +10,27 @@ import orjson
 from lumos_sim.commands.whatif import add_set_argument
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="evaluate a sweep spec (base scenario + axes) into a parquet/CSV table",
                        description="Evaluate every point of SPEC.toml: a [scenario] table plus [[axes]] "
                                    "(grid, zip, list, search) combined by product. Points already in the "
                                    "output file are not evaluated again (resume after Ctrl-C by re-running).")
-    p.add_argument("spec", metavar="SPEC.toml")
+    p.add_argument("spec", metavar="SPEC.toml", help="the sweep spec: [scenario] + [[axes]]")
     p.add_argument("-o", "--output", required=True, metavar="RESULTS.parquet",
                    help="results table (.parquet or .csv); also the cache of finished points")
-    p.add_argument("--executor", default="local", choices=("local", "ray"))
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local process pool (default) or Ray tasks")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep "
-                        "(at most 1,024)")
+                        f"(at most 1,024; default: the CPUs this process may use, {cpu_count()} here)")
     p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001; "
                                                          "default: $RAY_ADDRESS, else a local instance)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
@@ -51,7 +61,8 @@ def main(args) -> int:
     if args.dry_run:
         return _dry_run(spec)
     try:
-        df = sweep(spec, output=args.output, executor=args.executor, workers=args.workers,
+        df = sweep(spec, output=args.output, executor=args.executor,
+                   workers=args.workers if args.workers is not None else cpu_count(),
                    ray_address=args.ray_address, csv=args.csv, fresh=args.fresh,
                    flush_every_s=args.flush_every)
     except SweepInterrupted as e:
@@ -101,10 +112,10 @@ def _dry_run(spec) -> int:
 
 
 def _print_summary(df, summary) -> None:
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     ok = df[df["status"] == "ok"]
     if "tokens_per_s" in ok.columns and len(ok):
         best = ok.sort_values("tokens_per_s", ascending=False).head(10)

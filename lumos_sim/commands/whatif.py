@@ -61,7 +61,7 @@ def register(sub) -> None:
 
     sc = wsub.add_parser("scenario", help="evaluate a scenario TOML file with any registered what-if")
     sc.add_argument("file", metavar="SCENARIO.toml", help="a scenario table (see `lumos-sim sweep --help`)")
-    sc.add_argument("--json", action="store_true")
+    sc.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(sc)
     sc.set_defaults(func=main_scenario)
 
@@ -96,9 +96,11 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
     parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
-    parser.add_argument("--precision", default="bf16", help="bf16 | fp8")
-    parser.add_argument("--recompute", default=None, help="none (default) | selective | full")
-    parser.add_argument("--zero", type=int, default=None, help="0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="GEMM precision (default bf16)")
+    parser.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
+                        help="activation recomputation (default none)")
+    parser.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3),
+                        help="ZeRO stage: 0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
     parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
     g = parser.add_argument_group("layout details (Megatron-Core / NeMo recipe options)")
@@ -291,25 +293,44 @@ def main_scenario(args) -> int:
     if args.json:
         _print_json(p.to_json())
         return 0
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
     t = Table(title=f"{scenario.describe()}")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for k, v in p.to_row().items():
-        if v is None or v == "" or k in ("scenario_key",):
+    row = p.to_row()
+    no_step = not any(v for k, v in row.items() if k.startswith("breakdown."))
+    for k, v in row.items():
+        # nothing to show: unset figures, NaN (a what-if without a step), an all-zero breakdown
+        if v is None or v == "" or k in ("scenario_key",) or (isinstance(v, float) and v != v) \
+                or (no_step and k.startswith("breakdown.")):
             continue
         t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
-    Console(width=None if sys.stdout.isatty() else 100).print(t)
+    make_console().print(t)
     return 0
+
+
+def _changes_text(changes: dict) -> str:
+    """One line per change; a per-rank change as `rank 3: compute x 0.435 ...` (not a Python dict)."""
+    lines = []
+    for key, value in changes.items():
+        name = key.replace("_", " ")
+        if isinstance(value, dict):
+            lines += [f"{name}: rank {k}: {v}" for k, v in value.items()]
+        else:
+            lines.append(f"{name}: {value}")
+    return "\n".join(lines)
 
 
 def main_list(args) -> int:
     from estimators.registry import whatifs
+    from lumos_sim.tables import console, table
+    t = table(None, ["what-if", "what it does"])
     for name, w in sorted(whatifs().items()):
         needs = f" (needs {', '.join(w.needs)})" if w.needs else ""
-        print(f"{name:14s} {w.doc}{needs}")
+        t.add_row(name, f"{w.doc}{needs}")
+    console().print(t)
     return 0
 
 
@@ -324,10 +345,10 @@ def _plan_text(p) -> str:
 
 def _print_prediction(r) -> None:
     from estimators.parallelism.evaluate import legacy_breakdown_json
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 80)
+    console = make_console()
     p = r.plan
     t = Table(title=f"{r.model} on {p.gpus} x {r.hardware}: {_plan_text(p)}, seq {p.seq_len}, "
                     f"global batch {p.global_batch} ({p.micro_batches} micro-batches)")
@@ -439,17 +460,17 @@ def main_trace(args) -> int:
     if args.json:
         _print_json(res.to_json())
         return 0
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 80)
+    console = make_console()
     t = Table(title="trace what-if")
     t.add_column("")
     t.add_column("baseline", justify="right")
     t.add_column("what-if", justify="right")
     t.add_row("step time ms", f"{res.baseline_step_us / 1000:.3f}", f"{res.step_us / 1000:.3f}")
     t.add_row("speed-up", "", f"{res.speedup:.3f}x")
-    t.add_row("change", "", res.describe())
+    t.add_row("change", "", _changes_text(res.changes))
     console.print(t)
     for note in res.notes:
         console.print(note)

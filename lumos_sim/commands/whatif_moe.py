@@ -39,14 +39,16 @@ def register_moe(wsub) -> None:
                                                          "placement balances them, costs use their expected counts")
     p.add_argument("--ep", type=int, help="expert-parallel degree (GPUs of the EP group)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the hardware preset's)")
-    p.add_argument("--placement", choices=list(PLACEMENTS), help="default contiguous")
+    p.add_argument("--placement", choices=list(PLACEMENTS),
+                   help="expert placement on the EP ranks (default contiguous)")
     p.add_argument("--redundant-experts", type=int, help="eplb: extra physical expert slots (routed + "
                                                          "redundant must divide over EP)")
     p.add_argument("--groups", type=int, help="expert groups of node-limited routing (default: the model's)")
     p.add_argument("--groups-per-token", type=int, help="groups a token's experts come from (default: the model's)")
     p.add_argument("--group-by", choices=["none", "domain"],
                    help="micro-batch grouping: batch requests of one domain together")
-    p.add_argument("--phase", choices=["prefill", "decode", "train"], help="default decode")
+    p.add_argument("--phase", choices=["prefill", "decode", "train"],
+                   help="inference prefill / decode, or an EP training step (default decode)")
     p.add_argument("--tokens", type=int, help="routed tokens per GPU per forward "
                                               "(default 4096 prefill, 128 decode; decode with MTP: "
                                               "sequences x (1 + draft tokens))")
@@ -59,13 +61,14 @@ def register_moe(wsub) -> None:
     p.add_argument("--fit", choices=["first-half", "prefill", "all"],
                    help="which tokens the placement is fitted on (evaluated on the others)")
     p.add_argument("--hardware", help="hardware preset name or TOML path (default h100-sxm)")
-    p.add_argument("--precision", help="bf16 | fp8 (fp8: FP8 GEMMs and dispatch, BF16 combine)")
+    p.add_argument("--precision", choices=("bf16", "fp8"),
+                   help="fp8: FP8 GEMMs and dispatch, BF16 combine (default bf16)")
     train = p.add_argument_group("training (--phase train)")
     train.add_argument("--dp", type=int, help="data-parallel degree (default: --ep)")
-    train.add_argument("--pp", type=int, default=1)
-    train.add_argument("--seq-len", type=int, default=4096)
+    train.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (default 1)")
+    train.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     train.add_argument("--global-batch", type=int, help="sequences per step (default: 2 x dp)")
-    train.add_argument("--micro-batch", type=int, default=1)
+    train.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_set_argument(p)
     p.set_defaults(func=main_moe)
@@ -134,6 +137,8 @@ def scenario_from_args(args):
 def result_json(pred) -> dict:
     """The prediction's JSON with the MoE figures at the top level."""
     out = pred.to_json()
+    if not any(out.get("breakdown", {}).values()):   # inference what-ifs simulate no step: no breakdown
+        out.pop("breakdown", None)
     out.update({k: v for k, v in pred.metrics.items()})
     out.update(pred.detail or {})
     return out
@@ -152,11 +157,11 @@ def main_moe(args) -> int:
 
 
 def _print_table(scenario, pred) -> None:
-    from rich.console import Console
+    from lumos_sim.tables import console as make_console
     from rich.table import Table
 
     m, opts = pred.metrics, scenario.moe
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = make_console()
     slots = (f" ({m['routed_slots_per_gpu']} routed" + (f" incl. {m['redundant_experts']} redundant over EP"
                                                          if m['redundant_experts'] else "")
              + f" + {m['shared_experts_per_gpu']} shared per GPU)")
