@@ -81,6 +81,7 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
     with a long list of choices shows a name in the usage and lists the choices in its help (which
     wraps), so usage lines fit the width."""
     parser.formatter_class = HelpFormatter
+    _one_line_errors(parser)
     for action in parser._actions:
         if action.choices and action.option_strings and action.metavar is None \
                 and not isinstance(action, argparse._SubParsersAction) \
@@ -92,6 +93,14 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
                 _use_formatter(sub)
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad flag (unknown, missing, not one of its choices) is one line and exit 2, like every other bad
+    input; the usage it would print is a `--help` away."""
+    def error(message: str) -> None:
+        parser.exit(2, f"{parser.prog}: error: {message} (see --help)\n")
+    parser.error = error
 
 
 def build_parser() -> argparse.ArgumentParser:
