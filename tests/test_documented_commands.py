@@ -48,12 +48,6 @@ SKIPPED = {
 }
 # Until the README names the shipped samples (the lead's README update replaces these lines by
 # examples/routing/deepseek-v3.npy and examples/train_moe.py), the old lines name files that do not exist.
-SKIPPED.update({
-    "lumos-sim whatif moe --model deepseek-v3 --routing routing.npy": "names routing.npy; the shipped sample is "
-        "examples/routing/deepseek-v3.npy (README update pending)",
-    "lumos-sim collect train_moe.py": "names train_moe.py; the shipped script is examples/train_moe.py "
-        "(README update pending)",
-})
 
 # step prefix -> arguments appended so a long step runs in seconds (the same command on fewer points)
 CAPS = {
