@@ -71,10 +71,7 @@ CAPS = {
 
 # step prefix -> the defect that makes it fail today; run as a strict xfail, so the test fails (and this
 # entry must go) once it is fixed
-KNOWN_BROKEN = {
-    "python examples/sweeps/failures_ettr.py --model none": "fails with 'failure.gpus=1024 differs from the "
-                                                            "plan's 128 GPUs' (examples/sweeps/failures_ettr.py)",
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 NEEDS_TORCH = ("lumos-sim collect", "python examples/collect_", "python $C", "python examples/train_moe.py")
 _MARK = re.compile(r"#\s*doc-test:\s*skip\s*\((.*)\)")

@@ -40,10 +40,8 @@ def points(base, sizes, strategies, intervals, trials: int | None):
                 changes = {"failure.strategy": strategy, "failure.checkpoint_interval_min": interval}
                 if trials is not None:
                     changes["failure.trials"] = trials
-                if base.model is not None:
-                    changes.update({"plan.global_batch": batch, "plan.gpus": gpus})
-                else:
-                    changes["failure.gpus"] = gpus
+                # the plan carries the job size either way (without a model it gives the GPUs and DP degree)
+                changes.update({"plan.global_batch": batch, "plan.gpus": gpus})
                 yield gpus, strategy, interval, base.override(changes)
 
 
