@@ -11,9 +11,10 @@ from replay.engine import ALIGN_MODES
 from replay.results import ReplayResult
 
 
-def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str | None,
-                           steps: int | None) -> None:
-    """The argument checks that need no trace: run before any conversion so mistakes show at once."""
+def check_replay_arguments(mode: str, hardware, source_hardware, steps: int | None) -> tuple:
+    """The argument checks that need no trace: run before any conversion so mistakes show at once. Returns
+    the hardware presets resolved (None where not given): the boundary resolves a name once and passes the
+    typed `HardwareConfig` on."""
     if steps is not None and steps < 1:
         raise TraceInputError(None, f"--steps must be >= 1, got {steps}")
     if mode not in TIMING_MODES:
@@ -21,9 +22,7 @@ def check_replay_arguments(mode: str, hardware: str | None, source_hardware: str
     if mode == "model" and not hardware:
         raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim list hardware`)")
     from replay.hardware.config import get_hardware
-    for name in (hardware, source_hardware):
-        if name:
-            get_hardware(name)
+    return tuple(get_hardware(name) if name else None for name in (hardware, source_hardware))
 
 
 def require_recorded_durations(graphs: Sequence[ExecutionGraph], mode: str) -> None:
@@ -53,10 +52,10 @@ def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[Execut
     return out, reports
 
 
-def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware: str | None = None,
-               source_hardware: str | None = None, steps: int | None = None, progress=None,
-               align: str = "recorded") -> ReplayResult:
-    check_replay_arguments(mode, hardware, source_hardware, steps)
+def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware=None, source_hardware=None,
+               steps: int | None = None, progress=None, align: str = "recorded") -> ReplayResult:
+    """`hardware` / `source_hardware`: a preset name, a TOML path or a resolved `HardwareConfig`."""
+    hardware, source_hardware = check_replay_arguments(mode, hardware, source_hardware, steps)
     if align not in ALIGN_MODES:
         raise TraceInputError(None, f"unknown alignment '{align}' (choose from {', '.join(ALIGN_MODES)})")
     require_recorded_durations(graphs, mode)

@@ -40,7 +40,7 @@ def main(args) -> int:
         print("lumos-sim replay: error: give at least one INPUT (or --et/--kineto)", file=sys.stderr)
         return 2
     # wrong arguments are reported before seconds of conversion, not after
-    check_replay_arguments(args.timing, args.hardware, args.source_hardware, args.steps)
+    hardware, source_hardware = check_replay_arguments(args.timing, args.hardware, args.source_hardware, args.steps)
     for out in (args.timeline, args.report):
         if out:
             prepare_output(out)
@@ -48,7 +48,7 @@ def main(args) -> int:
     with progress_bar("converting") as cb:
         graphs = load_graphs(args.inputs, et_pattern=args.et, kineto_pattern=args.kineto, progress=cb)
     with progress_bar("replaying") as cb:
-        result = run_replay(graphs, args.timing, args.hardware, args.source_hardware, args.steps, progress=cb,
+        result = run_replay(graphs, args.timing, hardware, source_hardware, args.steps, progress=cb,
                             align=args.align)
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
