@@ -51,3 +51,28 @@ def test_causal_attention_counts_only_the_unmasked_query_key_pairs():
 def test_gemm_flops_are_two_per_multiply_add():
     """2*m*n*k (Narayanan et al. 2021): 96 x 80 x 64, batch 3 -> 2,949,120 FLOPs."""
     assert ComputeModel(H100).gemm(96, 80, 64, batch=3).flops == 2 * 96 * 80 * 64 * 3 == 2_949_120
+
+
+def test_mla_attention_counts_qk_at_the_key_width_and_pv_at_the_value_width():
+    """MLA (DeepSeek-V2/V3, Liu et al. 2024): scores use 192-wide query/key heads (128 nope + 64 rope),
+    the value product 128-wide heads: forward 2*s^2*(192 + 128) FLOPs per head (b=1, h=2, s=64:
+    2 x 64^2 x 320 x 2 = 5,242,880), not 4*s^2*192 (6,291,456)."""
+    est = ComputeModel(H100).attention(1, 2, 64, 64, 192, v_head_dim=128)
+    assert est.flops == 2 * 64 * 64 * (192 + 128) * 2 == 5_242_880
+    assert ComputeModel(H100).attention(1, 2, 64, 64, 192, v_head_dim=128, backward=True).flops == 2.5 * 5_242_880
+
+
+def test_generated_mla_attention_node_is_timed_on_its_own_flop_count():
+    """A DeepSeek-V3 attention node of the workload generator (qk 192, v 128, causal): the compute model
+    times it on 2*b*h*(s^2/2)*(192+128) FLOPs (FlashAttention-2's causal half), within the s(s+1)/2
+    diagonal: b=1, 16 heads per TP8 rank, s=4096 -> 85,899,345,920 FLOPs forward."""
+    from estimators.model_config import load_model
+    from estimators.plan import ParallelPlan
+    from estimators.workload import generate
+    g = generate(load_model("deepseek-v3"), ParallelPlan(tp=8, dp=4, ep=4, seq_len=4096, global_batch=4),
+                 "symmetric")[0]
+    fwd = next(a for a in g.attrs.values() if a.get("op") == "attention" and not a["backward"])
+    hand = 2.0 * 1 * 16 * 4096 * 4096 / 2 * (192 + 128)
+    assert fwd["flops"] == hand == 85_899_345_920
+    diag = 2.0 * 16 * (4096 * 4097 / 2) * (192 + 128)
+    assert ComputeModel(H100).roofline_op_estimate(fwd).flops == pytest.approx(diag, rel=1e-12)
