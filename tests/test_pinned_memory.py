@@ -238,3 +238,64 @@ def test_breakdown_json_and_out_of_memory_flag():
     big = estimate_memory(LLAMA, ParallelPlan(dp=8, zero=1, seq_len=128, global_batch=8), total * 0.99)
     assert big.oom and big.breakdown_gib()["headroom"] < 0
     assert estimate_memory(LLAMA, ParallelPlan(seq_len=128, global_batch=1)).breakdown_gib()["headroom"] is None
+
+
+def test_unfused_attention_without_dropout_keeps_2_bytes_per_score():
+    """Llama-style (no dropout), unfused attention, no recompute: the softmax output only, 2 B per score:
+    2 a s / t bytes per token on top of the layer terms (Korthikanti's 5as/h without the 3 B of dropout)."""
+    plan = ParallelPlan(tp=2, seq_len=1024, global_batch=1, attention="unfused")
+    expected = 1024 * (_per_token(512, 512, 128, 1536, 3072, 0, 2, True) + 2 * 8 / 2 * 1024)
+    assert layer_activation_bytes(GQA, plan, 0) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("norm,act", [("layernorm", "gelu"), ("rmsnorm", "gelu")])
+def test_moe_layer_of_a_gelu_model_keeps_f_wide_fc1_outputs_and_its_dropout_masks(norm, act):
+    """GELU experts: f_in = f (one up projection); GPT-style (LayerNorm + GELU) layers add the h-byte
+    dropout masks after attention and after the MoE block. 8 experts of 256, top-2, no shared, TP1."""
+    h, f = 512, 256
+    m = model_from_dict(dict(name="moe-gelu", layers=2, hidden=h, heads=8, ffn=1024, vocab=1000, norm=norm,
+                             activation=act, moe=dict(num_experts=8, top_k=2, expert_ffn=f)))
+    mask = 1 if norm == "layernorm" else 0
+    plan = ParallelPlan(dp=2, ep=2, seq_len=256, global_batch=2)
+    attn = 2 * (h + h) + 2 * h + 2 * h + 2 * h + mask * h
+    mlp = 2 * h + 2 * (2 * h + 2 * f + 2 * f) + mask * h
+    assert layer_activation_bytes(m, plan, 0) == pytest.approx(256 * (attn + mlp + 4 * h), rel=1e-12)
+
+
+def test_context_parallel_step_holds_s_over_c_tokens_of_embedding_output_and_logits():
+    """CP2, PP1 (selective): s/c = 1024 tokens per rank for the layers, the embedding output and the fp32
+    logits (4 (s/c) b V / t)."""
+    est = estimate_memory(GPT, _plan(cp=2, recompute="selective"))
+    s = S / 2
+    expected = L * 34 * s * B * H / 4 + 2 * s * B * H / 4 + 4 * s * B * 51200 / 4
+    assert est.activations_gib * GIB == pytest.approx(expected, rel=1e-12)
+
+
+def test_last_stage_keeps_its_copy_of_tied_embeddings_with_two_stages():
+    """Tied embeddings (RoPE), PP2, one micro-batch: the last stage (fp32 logits) is the fuller one and
+    holds its own V x h copy for the output layer: 4 layers / 2 (TP2) + V h / 2 parameters at 2 B."""
+    m = model_from_dict(dict(name="tied", layers=8, hidden=512, heads=8, ffn=2048, vocab=32000,
+                             tied_embeddings=True))
+    est = estimate_memory(m, ParallelPlan(tp=2, pp=2, seq_len=2048, global_batch=1))
+    layer = 4 * 512 * 512 + 3 * 512 * 2048 + 2 * 512
+    assert est.stage == 1
+    assert est.weights_gib * GIB == pytest.approx(2 * (4 * layer / 2 + 32000 * 512 / 2), rel=1e-12)
+
+
+def test_rope_model_holds_no_position_table_even_with_max_seq_set():
+    m = model_from_dict(dict(name="rope", layers=8, hidden=512, heads=8, ffn=2048, vocab=1000, max_seq=4096))
+    est = estimate_memory(m, ParallelPlan(seq_len=128, global_batch=1, zero=0))
+    assert est.weights_gib * GIB == pytest.approx(2 * LLAMA_PARAMS, rel=1e-12)
+
+
+def test_zero3_moe_working_buffer_is_two_whole_layers_per_tp_shard():
+    """ZeRO-3 with TP2 on a MoE model (first layer dense): the two gathered layers are the largest layer's
+    total parameters (all experts) / t, 2 B each, on top of the sharded weights."""
+    h, f = 512, 256
+    m = model_from_dict(dict(name="moe", layers=2, hidden=h, heads=8, ffn=1024, vocab=1000,
+                             moe=dict(num_experts=8, top_k=2, expert_ffn=f, first_dense_layers=1)))
+    est = estimate_memory(m, ParallelPlan(tp=2, dp=4, ep=4, zero=3, seq_len=256, global_batch=4))
+    dense_layer = 4 * h * h + 3 * h * 1024 + 2 * h
+    moe_layer = 4 * h * h + 2 * h + h * 8 + 8 * 3 * h * f
+    held = dense_layer / 2 + (moe_layer - 8 * 3 * h * f) / 2 + 8 * 3 * h * f / 4 + 2 * 1000 * h / 2
+    assert est.weights_gib * GIB == pytest.approx(held * 2 / 4 + 2 * max(dense_layer, moe_layer) / 2 * 2, rel=1e-12)
