@@ -92,6 +92,14 @@ def setup_cfg(target: Target) -> str:
     return "\n".join(lines)
 
 
+def mutant_glob(module: str, function: str) -> str:
+    """mutmut 3's mutant names: module.x_function__mutmut_N, module.xǁClassǁmethod__mutmut_N."""
+    if "." in function:
+        cls, meth = function.split(".", 1)
+        return f"{module}.xǁ{cls}ǁ{meth}__mutmut_*"
+    return f"{module}.x_{function}__mutmut_*"
+
+
 def run_target(name: str, target: Target, workdir: Path, functions: list[str], children: int) -> dict:
     work = workdir / name
     if work.exists():
@@ -101,7 +109,7 @@ def run_target(name: str, target: Target, workdir: Path, functions: list[str], c
     (work / "setup.cfg").write_text(setup_cfg(target))
     env = dict(os.environ, LUMOS_SIM_SHARED=os.environ.get("LUMOS_SIM_SHARED", str(ROOT.parent / "shared")))
     module = target.path[:-3].replace("/", ".")
-    names = [f"{module}.x{'ǁ*' if '.' in f else '_'}{f}__mutmut_*" for f in functions] if functions else []
+    names = [mutant_glob(module, f) for f in functions]
     t0 = time.perf_counter()
     cmd = ["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
