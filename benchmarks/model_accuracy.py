@@ -2,7 +2,9 @@
 
 1. Per kernel class, cross-validated: the uncalibrated preset's GMAE next to the kernel models fitted by
    `lumos-sim calibrate` on *other* data -- folds by trace (fit on the other traces of the same GPU) and by
-   step (fit on the other ProfilerSteps); a kernel is never in the fit that predicts it.
+   step (fit on the other ProfilerSteps) and by shape (every kernel of a shape held out together, so the
+   fit has not seen the held-out shapes; each A100 trace is a workload of its own, so by trace is also by
+   workload); a kernel is never in the fit that predicts it.
 2. GPU-bound step accuracy: per step the GPU-busy time (union of kernel / copy / collective intervals, so
    the recorded CPU gaps do not hide the GPU) recorded vs model-mode replay, uncalibrated and calibrated
    (calibrated on the trace's other steps + the other traces).
@@ -28,7 +30,7 @@ from replay.api import replay  # noqa: E402
 from replay.hardware.config import trace_hardware  # noqa: E402
 from replay.hardware.kernel_models import (KernelSamples, cross_validate, fit_class_models, folds_by_step,  # noqa: E402
                                            folds_by_trace, gmae, kernel_samples, predict_all)
-from replay.kernel_accuracy import gpu_busy_steps  # noqa: E402
+from replay.kernel_accuracy import folds_by_shape, gpu_busy_steps  # noqa: E402
 from replay.model_timing import ModelTiming  # noqa: E402
 
 TRACES = ["trace_diff_control_control.json.gz", "nccl_parser_config_nccl_data.json.gz",
@@ -53,7 +55,8 @@ def class_accuracy(samples: dict[str, KernelSamples]) -> list[dict]:
     out = []
     for hw_name, s in samples.items():
         for folds, rows in (("by trace", cross_validate(s, folds_by_trace(s))),
-                            ("by step", cross_validate(s, folds_by_step(s)))):
+                            ("by step", cross_validate(s, folds_by_step(s))),
+                            ("by shape", cross_validate(s, folds_by_shape(s)))):
             out += [{"hardware": hw_name, "folds": folds} | r.to_json() for r in rows]
     return out
 

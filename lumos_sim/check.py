@@ -17,6 +17,8 @@ A suite is a TOML file:
     measured_ms = {"ProfilerStep#5" = 219.7}   # optional: overrides the traces' ProfilerStep durations
     steps = ["ProfilerStep#4"]  # optional: only these steps
     ranks = [0]                 # optional: only these ranks
+    in_sample = true            # optional: the case's traces fitted its preset: a regression check, shown
+                                # as "in-sample" and not counted as accuracy
 
 `{shared}` is the shared data folder (LUMOS_SIM_SHARED, else a `shared/` folder beside an ancestor of
 the suite file); `{suite_dir}` is the suite's own folder; other relative paths are relative to it.
@@ -37,7 +39,7 @@ except ModuleNotFoundError:  # Python 3.10
 from chakra_schema.errors import TraceInputError, reject_unknown_keys
 
 CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
-             "mean_tolerance", "measured_ms", "steps", "ranks", "description", "kind", "csv", "rows"}
+             "mean_tolerance", "measured_ms", "steps", "ranks", "description", "kind", "csv", "rows", "in_sample"}
 
 
 @dataclass
@@ -57,6 +59,7 @@ class CaseSpec:
     description: str = ""
     kind: str = "replay"          # "published_training": rows of a published-throughput CSV (`csv`)
     csv: str | None = None
+    in_sample: bool = False
 
 
 @dataclass
@@ -146,7 +149,8 @@ def _typed(path: Path, what: str, value: Any, tp: type) -> Any:
     return value
 
 
-_TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", list: "a list", dict: "a table"}
+_TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", list: "a list", dict: "a table",
+               bool: "true or false"}
 
 
 def _fraction(path: Path, what: str, value: Any) -> float:
@@ -201,7 +205,8 @@ def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> Case
         mean_tolerance=(_fraction(path, f"'mean_tolerance' of {where}", raw["mean_tolerance"])
                         if "mean_tolerance" in raw else None),
         measured_ms={str(s): _fraction(path, f"'measured_ms.{s}' of {where}", v) for s, v in measured.items()},
-        steps=strings("steps"), ranks=ranks, description=text("description") or "")
+        steps=strings("steps"), ranks=ranks, description=text("description") or "",
+        in_sample=_typed(path, f"'in_sample' of {where}", raw.get("in_sample", False), bool))
 
 
 def _ranks(path: Path, what: str, value: Any) -> list[int]:
@@ -277,7 +282,7 @@ def collect_suites(paths: list[str]) -> list[Path]:
 def results_json(results: list[CaseResult]) -> dict[str, Any]:
     return {
         "cases": [{"suite": r.suite, "case": r.case.name, "timing": r.case.timing, "hardware": r.case.hardware,
-                   "passed": r.passed, "error": r.error, "tolerance": r.case.tolerance,
+                   "passed": r.passed, "in_sample": r.case.in_sample, "error": r.error, "tolerance": r.case.tolerance,
                    "mean_tolerance": r.case.mean_tolerance, "max_error": r.max_error, "mean_error": r.mean_error,
                    "seconds": r.seconds,
                    "steps": [{"rank": s.rank, "step": s.step, "measured_us": s.measured_us,
@@ -285,6 +290,9 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
                   for r in results],
         "passed": sum(r.passed for r in results),
         "failed": sum(not r.passed for r in results),
+        # accuracy = the cases whose traces did not fit their preset
+        "accuracy_passed": sum(r.passed for r in results if not r.case.in_sample),
+        "in_sample": sum(r.case.in_sample for r in results),
     }
 
 
@@ -305,9 +313,12 @@ def print_results(results: list[CaseResult], verbose: bool = False, file=None) -
             shown = r.case.name if timing in r.case.name else f"{r.case.name} [dim]({timing})[/dim]"
             case = shown + (
                 f"\n[red]{r.error}[/red]" if not r.passed and r.error else "")
+            if r.case.in_sample:
+                case += "\n[yellow]in-sample: not accuracy[/yellow]"
             t.add_row(case, str(len(r.steps)), "-" if r.max_error is None else f"{100 * r.max_error:.2f}%",
                       "-" if r.mean_error is None else f"{100 * r.mean_error:.2f}%", tol,
-                      "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]")
+                      ("[green]PASS[/green]" if r.passed else "[red]FAIL[/red]")
+                      + (" [yellow]in-sample[/yellow]" if r.case.in_sample else ""))
             if verbose:
                 for s in r.steps:
                     t.add_row(f"  rank {s.rank} {s.step}", "", f"{100 * s.error:+.2f}%", "",

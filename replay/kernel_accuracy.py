@@ -94,3 +94,39 @@ def gpu_busy_steps(graph: ExecutionGraph, timing: TimingSource, trace: str = "")
         b = by_name[st.name].breakdown
         out.append(BusyStep(trace, st.name, measured, b.compute_us))
     return out
+
+
+# ------------------------------------------------------------------------------------- held-out folds
+# Folds by step measure mostly run-to-run noise when the other steps ran the very same kernels. These hold
+# out what a new model would bring: kernels of shapes no fit has seen, or whole workloads.
+def shape_keys(s) -> np.ndarray:
+    """object [n]: one key per distinct kernel shape: class + dtype + the uncalibrated roofline time to
+    0.1% where the shapes were recorded (an MoE expert GEMM's M moves by a few tokens from step to step),
+    else the kernel name + launch configuration (grid, threads, shared memory per CTA)."""
+    shaped = s.shaped
+    roof = np.where(shaped, np.round(np.log(np.where(shaped, s.roofline_us, 1.0)), 3), 0.0)
+    return np.asarray([f"{c}|{d}|{r:.3f}" if ok else f"{c}|{n}|{g}|{t:g}|{m:g}"
+                       for c, d, r, ok, n, g, t, m in zip(s.cls, s.dtype, roof, shaped, s.name, s.grid.tolist(),
+                                                           s.threads, s.smem)], object)
+
+
+def folds_by_shape(s, k: int = 5, seed: int = 0) -> list[np.ndarray]:
+    """k folds over the distinct kernel shapes (`shape_keys`): every kernel of a shape, in whichever
+    trace or step it ran, is in the same fold, so a held-out kernel's shape is never in the fit.
+    Shapes go to folds in a seeded random order (not by size, which would hold out the largest)."""
+    keys = shape_keys(s)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    fold_of = np.empty(len(uniq), np.int64)
+    fold_of[order] = np.arange(len(uniq)) % k
+    ids = fold_of[inv.ravel()]
+    return [ids == j for j in range(min(k, len(uniq)))]
+
+
+def folds_by_workload(s, workload_of: dict[str, str]) -> list[np.ndarray]:
+    """One fold per workload: traces of the same model (same shapes at another batch / sequence split,
+    e.g. three Llama steps of one model) are held out together. `workload_of`: trace name -> workload;
+    a trace it does not name is a workload of its own."""
+    names = np.asarray([workload_of.get(n, n) for n in s.trace_names], object)
+    per_kernel = names[s.trace]
+    return [per_kernel == w for w in sorted(set(per_kernel.tolist()))] if len(set(per_kernel.tolist())) > 1 else []

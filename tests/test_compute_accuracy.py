@@ -115,3 +115,61 @@ def test_h100_gemm_and_attention_within_15_percent_cross_validated_by_step(h100)
     for cls in ("gemm", "attention"):
         r = rows[cls]
         assert r.after_kernels == r.kernels and r.after_gmae <= 0.15 < r.before_gmae, (cls, r)
+
+
+# Held out by shape and by workload (issue 25): folds by step let identical kernels of other steps predict
+# each other (three of the Llama traces are one 1.7B model, the same GEMM shapes). These folds hold out
+# every kernel of a shape, or whole workloads (the three Llama steps together, the two MoE steps together).
+H100_WORKLOADS = {"llama_b4_s2048": "llama-1.7b", "llama_b2_s4096": "llama-1.7b", "llama_b8_s1024": "llama-1.7b",
+                  "moe_t4096": "moe-layer", "moe_t16384": "moe-layer"}
+# measured 2026-11-25 (gemm / attention GMAE, uncalibrated 20.8% / 89.9%): by step 10.6% / 5.3%, by shape
+# 13.8% / 12.3%, by workload 30.6% / 11.2%; the bounds are today's figures rounded up, so a regression fails
+H100_BY_SHAPE = {"gemm": 0.15, "attention": 0.13}
+# by workload the GEMM family models do NOT beat the uncalibrated roofline (30.6% vs 20.8%): a held-out
+# sweep or model brings GEMM families the fit never saw with enough samples. Bounded, not claimed.
+H100_BY_WORKLOAD = {"gemm": 0.32, "attention": 0.12}
+
+
+def _gemm_attention(h100):
+    import numpy as np
+    _, _, samples = h100
+    s = KernelSamples.concat(list(samples.values()))
+    return s.subset(np.isin(s.cls, ["gemm", "attention"]))  # class models are fitted per class
+
+
+def test_h100_gemm_and_attention_on_shapes_no_fit_has_seen(h100):
+    """5 folds over the distinct kernel shapes: a held-out kernel's shape is in no fit, in any trace."""
+    from replay.kernel_accuracy import folds_by_shape
+    s = _gemm_attention(h100)
+    rows = {r.kernel_class: r for r in cross_validate(s, folds_by_shape(s))}
+    for cls, bound in H100_BY_SHAPE.items():
+        r = rows[cls]
+        assert r.after_kernels == r.kernels and r.after_gmae <= bound < r.before_gmae, (cls, r)
+
+
+def test_h100_gemm_and_attention_on_workloads_no_fit_has_seen(h100):
+    """One fold per workload (the three Llama 1.7B steps together, the two MoE steps together, each kernel
+    sweep alone). Attention transfers (11.2% vs 89.9% uncalibrated); GEMM does not (30.6% vs 20.8%)."""
+    from replay.kernel_accuracy import folds_by_workload
+    s = _gemm_attention(h100)
+    rows = {r.kernel_class: r for r in cross_validate(s, folds_by_workload(s, H100_WORKLOADS))}
+    for cls, bound in H100_BY_WORKLOAD.items():
+        assert rows[cls].after_kernels == rows[cls].kernels and rows[cls].after_gmae <= bound, (cls, rows[cls])
+    assert rows["attention"].after_gmae < rows["attention"].before_gmae
+
+
+def test_folds_by_shape_and_by_workload_never_share_a_shape_or_a_workload(h100):
+    import numpy as np
+    from replay.kernel_accuracy import folds_by_shape, folds_by_workload, shape_keys
+    s = _gemm_attention(h100)
+    keys = shape_keys(s)
+    folds = folds_by_shape(s)
+    assert np.array_equal(np.sum(folds, axis=0), np.ones(len(s)))         # every kernel in exactly one fold
+    for a in range(len(folds)):
+        for b in range(a + 1, len(folds)):
+            assert not set(keys[folds[a]].tolist()) & set(keys[folds[b]].tolist())
+    wl = folds_by_workload(s, H100_WORKLOADS)
+    assert len(wl) == 5               # GEMM bf16 / fp8 and SDPA sweeps, Llama, MoE (norm / elementwise: none)
+    llama = [f for f in wl if (s.trace_names.index("llama_b4_s2048") == s.trace[f]).any()][0]
+    assert {s.trace_names[t] for t in np.unique(s.trace[llama])} == {"llama_b4_s2048", "llama_b2_s4096",
+                                                                     "llama_b8_s1024"}

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from chakra_schema.errors import TraceInputError
+from estimators.failures.recovery import DEFAULTS
 
 STRATEGIES = ("sync", "ft-hsdp")   # mirrors estimators.failures.recovery's registry (checked there too)
 RESTART_SEMANTICS = ("restart-over", "queue")   # see estimators.failures.closed_form
@@ -40,11 +41,12 @@ class FailureOptions:
     checkpoint_async: bool = False                 # background writes: only a snapshot blocks
     checkpoint_snapshot_min: float = 0.0           # blocking part of an asynchronous write
     checkpoint_load_min: float | None = None       # None: the write time
-    storage_write_gbs: float = 2000.0              # aggregate checkpoint bandwidth, GB/s
-    checkpoint_bytes_per_param: float = 14.0
+    # the documented defaults (with their sources) live in recovery.DEFAULTS: one value, not two copies
+    storage_write_gbs: float = DEFAULTS.storage_write_gbs          # aggregate checkpoint bandwidth, GB/s
+    checkpoint_bytes_per_param: float = DEFAULTS.checkpoint_bytes_per_param
     spares: int | None = None                      # hot-spare nodes (None: a replacement is always ready)
-    node_repair_h: float = 24.0
-    replacement_min: float = 30.0                  # wait for a node when no hot spare is free
+    node_repair_h: float = DEFAULTS.node_repair_h
+    replacement_min: float = DEFAULTS.replacement_min  # wait for a node when no hot spare is free
     trials: int = 1000                             # Monte Carlo trials (0: closed form only)
     horizon_days: float = 30.0
     seed: int = 0

@@ -34,5 +34,6 @@ def main(args) -> int:
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
     else:
         print_results(results, verbose=args.verbose)
-        print(f"{doc['passed']} passed, {doc['failed']} failed")
+        print(f"{doc['passed']} passed, {doc['failed']} failed" + (f" ({doc['in_sample']} in-sample, not counted as "
+              f"accuracy: {doc['accuracy_passed']} accuracy cases passed)" if doc["in_sample"] else ""))
     return 0 if doc["failed"] == 0 else 1

@@ -206,16 +206,19 @@ class ComputeModel:
 
     def attention(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int,
                   causal: bool = False, backward: bool = False, dtype: str = "bf16",
-                  kv_heads: int | None = None, window: int = 0, kernel: str = "") -> OpEstimate:
-        """Flash attention; `window` > 0: sliding-window (causal) attention over at most that many keys;
-        `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates (CUDNN_ATTENTION_EFFICIENCY)
-        where this GPU has them, else the preset's (FlashAttention-2) efficiencies."""
+                  kv_heads: int | None = None, window: int = 0, kernel: str = "",
+                  v_head_dim: int | None = None) -> OpEstimate:
+        """Flash attention; `head_dim` is the query/key width, `v_head_dim` the value (and output) width when
+        it differs (MLA: 192 vs 128); `window` > 0: sliding-window (causal) attention over at most that many
+        keys; `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates
+        (CUDNN_ATTENTION_EFFICIENCY) where this GPU has them, else the preset's (FlashAttention-2) efficiencies."""
         return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
-                               bool(backward), dtype, int(kv_heads or heads), int(window), kernel)
+                               bool(backward), dtype, int(kv_heads or heads), int(window), kernel,
+                               int(v_head_dim or head_dim))
 
     @lru_cache(maxsize=16384)
     def _attention(self, b: int, h: int, sq: int, skv: int, d: int, causal: bool, backward: bool,
-                   dtype: str, kvh: int, window: int = 0, kernel: str = "") -> OpEstimate:
+                   dtype: str, kvh: int, window: int = 0, kernel: str = "", dv: int = 0) -> OpEstimate:
         c = self.hw.compute
         e = DTYPE_BYTES.get(dtype, 2)
         pairs = float(sq) * skv
@@ -225,7 +228,7 @@ class ComputeModel:
         elif causal:
             # queries see only earlier keys: about half the score matrix when seq_q == seq_kv
             pairs = float(sq) * skv - sq * (sq - 1) / 2.0 if sq <= skv else pairs / 2.0
-        fwd_flops = 4.0 * b * h * pairs * d                      # QK^T and PV
+        fwd_flops = 2.0 * b * h * pairs * (d + dv)               # QK^T (width d) and PV (width dv)
         flops = fwd_flops * (2.5 if backward else 1.0)           # backward: 5 matmuls vs 2
         eff = c.attention_bwd_efficiency if backward else c.attention_fwd_efficiency
         measured = CUDNN_ATTENTION_EFFICIENCY.get(self._gpu_key) if kernel == "cudnn" else None
@@ -236,8 +239,8 @@ class ComputeModel:
         waves_eff = blocks / (waves * self._sms)
         rate = self.hw.peak_flops(dtype) / 1e6 * min(eff * waves_eff, c.sustained_tensor_fraction)
         compute_us = flops / rate
-        q_o = 2.0 * b * h * sq * d * e
-        k_v = 2.0 * b * kvh * skv * d * e
+        q_o = 1.0 * b * h * sq * (d + dv) * e                   # Q (d) and O (dv)
+        k_v = 1.0 * b * kvh * skv * (d + dv) * e                 # K (d) and V (dv)
         nbytes = (q_o + k_v) * (2.5 if backward else 1.0)        # backward also reads dO, writes dQ dK dV
         return self._finish(compute_us, nbytes / self._bw, flops, nbytes, dtype, f"waves {waves}")
 
@@ -277,7 +280,7 @@ class ComputeModel:
                                   int(attrs.get("seq_kv", attrs["seq_q"])), int(attrs["head_dim"]),
                                   bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
                                   attrs.get("kv_heads"), int(attrs.get("window", 0) or 0),
-                                  str(attrs.get("kernel", "")))
+                                  str(attrs.get("kernel", "")), attrs.get("v_head_dim"))
         nbytes = float(attrs.get("bytes", 0.0))
         flops = float(attrs.get("flops", 0.0))
         if op == "memcpy":
