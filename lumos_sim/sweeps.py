@@ -60,8 +60,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 SPEC_KEYS = ("sweep", "scenario", "axes")
-from lumos_sim.sweep_executors import (STATUS_ERROR, STATUS_OK, STATUS_PENDING, check_executor, evaluate_point,
-                                       get_executor)
+from lumos_sim.sweep_executors import (STATUS_ERROR, STATUS_PENDING, check_executor,  # noqa: F401 (API)
+                                       evaluate_point, get_executor)
 META_COLUMNS = ("point", "status", "error")
 
 

@@ -28,6 +28,7 @@ from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_c
 from replay.results import COMM_KINDS, Breakdown, union_intervals
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
+from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
 from estimators.parallelism.workload import STREAM_KIND, STREAMS, generate
 
 _STREAM_KIND_BY_ID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
@@ -170,18 +171,6 @@ def legacy_breakdown_json(bd: StepBreakdown) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ prediction
-def default_timing(hardware):
-    from replay.model_timing import ModelTiming  # the project's TimingSource over the hardware models
-    return ModelTiming(hardware)
-
-
-def resolve_hardware(hardware):
-    """The preset for the generated workload: kernel models fitted on recorded kernels stay out
-    (`replay.hardware.config.for_generated_ops`)."""
-    from replay.hardware.config import for_generated_ops
-    return for_generated_ops(hardware)
-
-
 def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
     """Two micro-batch counts to simulate instead of `plan.micro_batches`, or None to simulate them all.
 

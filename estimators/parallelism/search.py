@@ -459,7 +459,7 @@ class CostModel:
     shape, collective lines per distinct group."""
 
     def __init__(self, model: ModelConfig, hardware, seq_len: int, precision: str, attention: str = "flash"):
-        from estimators.parallelism.evaluate import default_timing, resolve_hardware
+        from estimators.parallelism.timing import default_timing, resolve_hardware
         self.model, self.hw = model, resolve_hardware(hardware)
         self.seq_len, self.precision, self.attention = seq_len, precision, attention
         self.gpn = self.hw.node.gpus_per_node
@@ -790,7 +790,7 @@ class RankedPlans:
 def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_batch: int,
                precision: str = "bf16", space: SearchSpace = SearchSpace()) -> RankedPlans:
     """Enumerate every valid plan of `gpus`, estimate its memory and step time, rank those that fit."""
-    from estimators.parallelism.evaluate import resolve_hardware
+    from estimators.parallelism.timing import resolve_hardware
     if gpus < 1 or seq_len < 1 or global_batch < 1:
         raise TraceInputError(None, "the search needs gpus, seq_len and global_batch >= 1")
     t0 = time.perf_counter()

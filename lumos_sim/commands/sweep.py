@@ -7,7 +7,7 @@ import sys
 
 import orjson
 
-from lumos_sim.commands.whatif import add_set_argument
+from lumos_sim.commands.whatif_args import add_set_argument
 
 
 def cpu_count() -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import orjson
-
 from chakra_schema.errors import TraceInputError
+from lumos_sim.commands.whatif_args import (PLAN_DEFAULTS, add_plan_arguments, add_set_argument,  # noqa: F401
+                                            evaluate_with_progress, plan_from_args, print_json)
 from lumos_sim.progress import progress_bar
 
 
@@ -75,75 +75,6 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
-def add_plan_arguments(parser, required: bool = True) -> None:
-    """The model / plan flags of `whatif parallelism`, shared by what-ifs that take a training plan
-    (`required=False`: the model is optional, and so are --seq-len and --global-batch until one is given)."""
-    parser.add_argument("--model", required=required, help="zoo name (e.g. llama3-405b) or a model TOML path")
-    parser.add_argument("--hardware", default="h100-sxm", help="hardware preset name or TOML path")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (= tp*pp*cp*dp)")
-    # plan flags default to None so that `--search` can tell the ones given (its constraints) from the
-    # defaults (PLAN_DEFAULTS, filled in by _plan_from_args)
-    parser.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (GPUs sharing each layer, in a node; default 1)")
-    parser.add_argument("--pp", type=int, default=None, help="pipeline-parallel stages (default 1)")
-    parser.add_argument("--cp", type=int, default=None, help="context-parallel degree (sequence split across GPUs; default 1)")
-    parser.add_argument("--dp", type=int, default=None, help="default: gpus / (tp*pp*cp)")
-    parser.add_argument("--ep", type=int, default=None,
-                        help="expert-parallel degree (MoE models; ep*etp divides tp*cp*dp: the expert grid; default 1)")
-    parser.add_argument("--etp", type=int, default=1,
-                        help="expert-tensor-parallel degree: experts on their own etp x ep x edp grid over the "
-                             "same ranks (Megatron MoE parallel folding; default 1)")
-    parser.add_argument("--vp", type=int, default=None, help="virtual pipeline stages per rank (interleaved 1F1B; default 1)")
-    parser.add_argument("--seq-len", type=int, required=required, help="tokens per sequence")
-    parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
-    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="GEMM precision (default bf16)")
-    parser.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
-                        help="activation recomputation (default none)")
-    parser.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3),
-                        help="ZeRO stage: 0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
-    parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
-    parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
-    g = parser.add_argument_group("layout details (Megatron-Core / NeMo recipe options)")
-    g.add_argument("--first-stage-layers", type=int, default=0, help="layers of the first pipeline chunk (uneven PP)")
-    g.add_argument("--last-stage-layers", type=int, default=0, help="layers of the last pipeline chunk (uneven PP)")
-    g.add_argument("--pipeline-layout", type=_int_list, default=(), metavar="N,N,...",
-                   help="transformer layers of every pipeline chunk (pp*vp counts, in pipeline order)")
-    g.add_argument("--recompute-layers", type=int, default=0,
-                   help="with --recompute full: only the first N layers of each chunk (0: all)")
-    g.add_argument("--recompute-modules", type=_name_list, default=(), metavar="M,M",
-                   help="with --recompute selective: core_attn, mla_up_proj, mlp, moe, moe_act, shared_experts, "
-                        "layernorm")
-    g.add_argument("--moe-capacity-factor", type=float, default=0.0,
-                   help="token drop: each expert takes at most this x its mean tokens (padded); 0: dropless")
-    g.add_argument("--moe-unbalanced", action="store_true",
-                   help="dropless routing balanced only in expectation (default: force-balanced)")
-    g.add_argument("--moe-a2a", default="alltoall",
-                   help="alltoall (NCCL) | deepep (fused NVLink+RDMA dispatch/combine)")
-    g.add_argument("--fp8-recipe", default="delayed",
-                   help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
-    g.add_argument("--cuda-graphs", action="store_true", help="layers run as CUDA graphs: no per-kernel launch cost")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="pipeline TP all-gathers / reduce-scatters with the GEMMs (userbuffers)")
-    g.add_argument("--fsdp", default="megatron", help="with --zero 3: megatron (Megatron-FSDP) | fsdp2")
-    g.add_argument("--finetune", default="none", help="none | sft (packed sequences) | lora (frozen base)")
-    g.add_argument("--packed-doc-len", type=int, default=0, help="SFT: mean document length in a packed sequence")
-    g.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank")
-    g.add_argument("--attention-kernel", default="fa2",
-                   help="fa2 (FlashAttention-2) | cudnn (cuDNN fused flash attention, Transformer Engine 2.x)")
-
-
-def add_set_argument(parser) -> None:
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override any scenario field by its dotted name, e.g. plan.tp=4, "
-                             "hardware.network.nic_gbps=800, model.layers=40 (repeatable)")
-
-
-def evaluate_with_progress(scenario, label: str = "simulating"):
-    from estimators.registry import evaluate
-    with progress_bar(label) as cb:
-        return evaluate(scenario, progress=cb)
-
-
 # ------------------------------------------------------------------------------ parallelism
 def scenario_from_args(args):
     """The `parallelism` scenario of `whatif parallelism`'s flags, with --set overrides on top."""
@@ -155,61 +86,13 @@ def scenario_from_args(args):
 
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
-    plan = _plan_from_args(args, model, validate=False)
+    plan = plan_from_args(args, model, validate=False)
     s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan,
                  simulation=args.simulation)
     # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
     validate_plan(s.model, s.plan, args.gpus if not args.overrides else None)
     return s
-
-
-PLAN_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "vp": 1, "micro_batch": 1, "recompute": "none", "zero": 1}
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 4,8,8,4, got {text!r}") from None
-    if not out or min(out) < 0:
-        raise argparse.ArgumentTypeError(f"expected integers >= 0 like 4,8,8,4, got {text!r}")
-    return out
-
-
-def _name_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _plan_from_args(args, model, validate: bool = True):
-    from estimators.parallelism.plan import ParallelPlan, validate_plan
-
-    if args.gpus < 1:
-        raise TraceInputError(None, "--gpus must be >= 1")
-    for key, default in PLAN_DEFAULTS.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, default)
-    dp = args.dp
-    if dp is None:
-        denom = args.tp * args.pp * args.cp
-        if denom < 1 or args.gpus % denom:
-            raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
-        dp = args.gpus // denom
-    extra = {}
-    for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
-                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
-                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
-        if hasattr(args, key):
-            extra[key] = getattr(args, key)
-    if getattr(args, "moe_unbalanced", False):
-        extra["moe_force_balance"] = False
-    plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
-                        global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
-                        recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,
-                        sequence_parallel=not args.no_sequence_parallel, **extra)
-    if validate:
-        validate_plan(model, plan, args.gpus)
-    return plan
 
 
 def _check_counts(**counts) -> None:
@@ -228,7 +111,7 @@ def main_parallelism(args) -> int:
     scenario = scenario_from_args(args)
     result = evaluate_with_progress(scenario).detail
     if args.json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     else:
         _print_prediction(result)
     return 0
@@ -269,7 +152,7 @@ def _main_search(args) -> int:
                f"in {sim_s:.1f} s")
     results = [p.detail for p in preds]
     if args.json:
-        _print_json([r.to_json() for r in results])
+        print_json([r.to_json() for r in results])
         print(summary, file=sys.stderr)
     else:
         _print_search(results, summary)
@@ -291,7 +174,7 @@ def main_scenario(args) -> int:
     scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
     p = evaluate_with_progress(scenario, "evaluating")
     if args.json:
-        _print_json(p.to_json())
+        print_json(p.to_json())
         return 0
     from lumos_sim.tables import console as make_console
     from rich.table import Table
@@ -332,10 +215,6 @@ def main_list(args) -> int:
         t.add_row(name, f"{w.doc}{needs}")
     console().print(t)
     return 0
-
-
-def _print_json(obj) -> None:
-    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
 
 
 def _plan_text(p) -> str:
@@ -458,7 +337,7 @@ def main_trace(args) -> int:
         trace_graphs(scenario.trace, progress=cb)
     res = evaluate_with_progress(scenario, "replaying").detail
     if args.json:
-        _print_json(res.to_json())
+        print_json(res.to_json())
         return 0
     from lumos_sim.tables import console as make_console
     from rich.table import Table

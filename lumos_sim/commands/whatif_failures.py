@@ -17,14 +17,13 @@ The published FT-HSDP figures (100K GPUs, one failure per 18 min; 10-min synchro
 from __future__ import annotations
 
 import math
-import sys
 
 from chakra_schema.errors import TraceInputError
 from lumos_sim.progress import progress_bar
 
 
 def register(wsub) -> None:
-    from lumos_sim.commands.whatif import add_plan_arguments, add_set_argument
+    from lumos_sim.commands.whatif_args import add_plan_arguments, add_set_argument
 
     f = wsub.add_parser("failures", help="failures, checkpoints and recovery (sync / ft-hsdp) -> effective "
                                          "training time and goodput",
@@ -82,14 +81,14 @@ def scenario_from_args(args):
     if not args.model:
         return Scenario(whatif="failures", failure=opts).override_strings(args.overrides)
     from estimators.model_config import load_model
-    from lumos_sim.commands.whatif import _plan_from_args
+    from lumos_sim.commands.whatif_args import plan_from_args
     from replay.hardware.config import get_hardware
 
     if args.seq_len is None or args.global_batch is None:
         raise TraceInputError(None, "with --model, give --seq-len and --global-batch (the plan's step)")
     model = load_model(args.model)
     s = Scenario(whatif="failures", model=model, hardware=get_hardware(args.hardware),
-                 plan=_plan_from_args(args, model), failure=opts).override_strings(args.overrides)
+                 plan=plan_from_args(args, model), failure=opts).override_strings(args.overrides)
     if args.overrides:
         from estimators.parallelism.plan import validate_plan
         validate_plan(s.model, s.plan)
@@ -112,8 +111,8 @@ def main_failures(args) -> int:
     with progress_bar("simulating failures") as cb:
         p = evaluate(scenario, progress=cb)
     if args.json:
-        from lumos_sim.commands.whatif import _print_json
-        _print_json(failures_json(p))
+        from lumos_sim.commands.whatif_args import print_json
+        print_json(failures_json(p))
     else:
         _print_table(p)
     return 0

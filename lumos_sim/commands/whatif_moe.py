@@ -3,7 +3,6 @@
 EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
-import sys
 
 from chakra_schema.errors import TraceInputError
 
@@ -26,7 +25,7 @@ def register_moe(wsub) -> None:
     import argparse
 
     from estimators.moe.placement import PLACEMENTS
-    from lumos_sim.commands.whatif import add_set_argument
+    from lumos_sim.commands.whatif_args import add_set_argument
 
     p = wsub.add_parser("moe", help="MoE routing + expert placement -> all-to-all bytes, load, latency",
                         description=__doc__.splitlines()[0], epilog=EPILOG,
@@ -145,12 +144,12 @@ def result_json(pred) -> dict:
 
 
 def main_moe(args) -> int:
-    from lumos_sim.commands.whatif import _print_json, evaluate_with_progress
+    from lumos_sim.commands.whatif_args import print_json, evaluate_with_progress
 
     scenario = scenario_from_args(args)
     pred = evaluate_with_progress(scenario, "routing")
     if args.json:
-        _print_json(result_json(pred))
+        print_json(result_json(pred))
     else:
         _print_table(scenario, pred)
     return 0
