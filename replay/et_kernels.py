@@ -22,8 +22,14 @@ tests/test_et_only_kernels.py), never from per-trace figures:
   kernel per group of at most 320 blocks of 65536 elements and at most 110/64/48/36/30 tensors for 1..5
   tensor lists (aten/src/ATen/native/cuda/MultiTensorApply.cuh, kChunkSize, depth_to_max_tensors,
   depth_to_max_tensors_scalarlist); each kernel streams the elements of its group through every list.
+  Each launch's CTAs (one per chunk) fill the SMs in waves: model_timing scales its bandwidth time by
+  ceil(blocks / SMs) * SMs / blocks (320 chunks on 132 SMs: 1.24x).
 - Norms, softmax, reductions, embeddings, copies, everything else elementwise: one kernel of that class
-  moving its inputs' bytes plus its outputs' bytes (the output shapes are in the ET).
+  moving its inputs' bytes plus its outputs' bytes (the output shapes are in the ET). A softmax whose row
+  exceeds a block's shared memory streams the row once per pass (forward 3 reads + 1 write).
+- Elementwise ops and copies with a non-contiguous operand (the ET's strides: a transposed or sliced view)
+  or a broadcast operand run TensorIterator's generic, non-vectorized kernel: marked `strided`, timed by
+  the preset's pooled model of those kernels (kernel_models.STRIDED_KEY, ~half the vectorized bandwidth).
 - Copies between host and device are memcpys over PCIe.
 - Collectives keep their sizes and process groups from the trace and move to a GPU communication stream
   (a CPU trace's gloo transfers become the NCCL collectives a CUDA run would issue).

@@ -182,3 +182,15 @@ def test_cpu_gloo_trace_predicts_a_gpu_step_and_says_what_it_inferred():
     cpu = run_replay(load_graphs([], et_pattern=pattern,
                                  kineto_pattern=str(ROOT / "tests" / "data" / "cpu_ddp" / "device.{rank}.json.gz")))
     assert result.step_time_us < cpu.step_time_us
+
+
+def test_multi_tensor_apply_launches_are_timed_in_whole_waves_of_ctas():
+    """320 chunks (CTAs) on H100's 132 SMs: the SMs holding 3 chunks set the time, 3 * 132 / 320 = 1.2375x
+    the bandwidth time; 64 chunks (fewer than the SMs) are not scaled."""
+    from replay.hardware.compute import OpEstimate
+    from replay.model_timing import _wave_quantized
+    est = OpEstimate(time_us=100.0, compute_us=0.0, memory_us=100.0, bound="memory", flops=0.0, bytes=3e8)
+    assert _wave_quantized(est, {"blocks": 320}, 132).time_us == pytest.approx(123.75)
+    assert _wave_quantized(est, {"blocks": 64}, 132).time_us == pytest.approx(100.0)
+    ks = _foreach(40, 4 * 65536)   # 160 chunks, under the 320-chunk and tensor limits: one launch
+    assert [k.attrs["blocks"] for k in ks] == [160]
