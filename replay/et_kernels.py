@@ -22,8 +22,14 @@ tests/test_et_only_kernels.py), never from per-trace figures:
   kernel per group of at most 320 blocks of 65536 elements and at most 110/64/48/36/30 tensors for 1..5
   tensor lists (aten/src/ATen/native/cuda/MultiTensorApply.cuh, kChunkSize, depth_to_max_tensors,
   depth_to_max_tensors_scalarlist); each kernel streams the elements of its group through every list.
+  Each launch's CTAs (one per chunk) fill the SMs in waves: model_timing scales its bandwidth time by
+  ceil(blocks / SMs) * SMs / blocks (320 chunks on 132 SMs: 1.24x).
 - Norms, softmax, reductions, embeddings, copies, everything else elementwise: one kernel of that class
-  moving its inputs' bytes plus its outputs' bytes (the output shapes are in the ET).
+  moving its inputs' bytes plus its outputs' bytes (the output shapes are in the ET). A softmax whose row
+  exceeds a block's shared memory streams the row once per pass (forward 3 reads + 1 write).
+- Elementwise ops and copies with a non-contiguous operand (the ET's strides: a transposed or sliced view)
+  or a broadcast operand run TensorIterator's generic, non-vectorized kernel: marked `strided`, timed by
+  the preset's pooled model of those kernels (kernel_models.STRIDED_KEY, ~half the vectorized bandwidth).
 - Copies between host and device are memcpys over PCIe.
 - Collectives keep their sizes and process groups from the trace and move to a GPU communication stream
   (a CPU trace's gloo transfers become the NCCL collectives a CUDA run would issue).
@@ -181,12 +187,12 @@ def _count(shape: Any) -> int:
     return _numel(shape)
 
 
-def _mta_groups(numels: list[int], depth: int) -> list[int]:
-    """Elements per kernel launch of multi_tensor_apply over tensors of `numels` (per list): a launch
-    closes when it holds _MAX_BLOCKS chunks, or the tensor limit is reached at a tensor's last chunk
-    (a tensor split across launches continues in the next one)."""
+def _mta_groups(numels: list[int], depth: int) -> list[tuple[int, int]]:
+    """(elements, blocks) per kernel launch of multi_tensor_apply over tensors of `numels` (per list): a
+    launch closes when it holds _MAX_BLOCKS chunks (one CTA each), or the tensor limit is reached at a
+    tensor's last chunk (a tensor split across launches continues in the next one)."""
     max_tensors = _MAX_TENSORS.get(min(max(depth, 1), 5), 30)
-    groups: list[int] = []
+    groups: list[tuple[int, int]] = []
     tensors = blocks = elems = 0
     for n in numels:
         if n <= 0:
@@ -201,11 +207,11 @@ def _mta_groups(numels: list[int], depth: int) -> list[int]:
             c += take
             done = c == chunks
             if blocks == _MAX_BLOCKS or (done and tensors == max_tensors):
-                groups.append(elems)
+                groups.append((elems, blocks))
                 blocks = elems = 0
                 tensors = 0 if done else 1
     if elems:
-        groups.append(elems)
+        groups.append((elems, blocks))
     return groups
 
 
@@ -258,9 +264,10 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         if written and sum(numels):
             per_elem += sum(sum(lst) for lst in lists[:written]) * (in_bytes / max(sum(map(sum, lists)), 1)) \
                 / max(sum(numels), 1)
+        # `blocks`: the launch's CTAs, for its wave quantization (ComputeModel-independent, model_timing)
         return [KernelSpec("multi_tensor_apply_kernel", {"op": "optimizer", "dtype": dtype,
-                                                         "bytes": float(g * per_elem)})
-                for g in _mta_groups(numels, depth)]
+                                                         "bytes": float(g * per_elem), "blocks": nb})
+                for g, nb in _mta_groups(numels, depth)]
     if _ATTENTION.search(low):
         backward = "backward" in low
         qkv = tens[1:4] if backward and len(tens) >= 4 else tens[:3]
@@ -309,6 +316,7 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         cls, nbytes = "elementwise", out_bytes or in_bytes
     elif _SOFTMAX.search(low):
         cls = "softmax"
+        nbytes = _softmax_bytes(low, tens, types, in_bytes, out_bytes)
     elif _NORM.search(low) and not _REDUCTION.search(low):
         if "backward" in low and len(tens) >= 3:
             # the input-gradient pass, then the weight (and bias) gradient: a column reduction over
@@ -331,7 +339,76 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         cls = "copy"
     else:
         cls = "elementwise"
-    return [KernelSpec(cls, {"op": cls, "dtype": dtype, "bytes": float(nbytes)})]
+    attrs = {"op": cls, "dtype": dtype, "bytes": float(nbytes)}
+    if cls in ("elementwise", "copy") and _strided(a, tens, out_shapes):
+        # TensorIterator vectorizes (16-byte loads, `vectorized_elementwise_kernel`, `CatArrayBatchedCopy_
+        # vectorized`) only when every operand is contiguous; a transposed / sliced / broadcast operand takes
+        # the generic kernel (per-element offset arithmetic, scalar loads), timed by the preset's fitted
+        # model of those kernels (kernel_models.STRIDED_KEY)
+        attrs["strided"] = True
+    return [KernelSpec(cls, attrs)]
+
+
+def _contiguous(shape: Sequence[int], strides: Any) -> bool:
+    """Whether a tensor of `shape` with `strides` is laid out densely in row-major order (size-1 dims'
+    strides do not matter)."""
+    if not isinstance(strides, (list, tuple)) or len(strides) != len(shape):
+        return True   # not recorded: assume the common case
+    expect = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _strided(a: dict, tens: list[list[int]], out_shapes: Sequence[Any]) -> bool:
+    """An op whose plain tensor operands are not all contiguous and of one shape: a view (strides) or a
+    broadcast operand (an input with more than one element but fewer than the output)."""
+    shapes = a.get("input_shapes") or []
+    types = a.get("input_types") or []
+    strides = a.get("input_strides") or []
+    outs = [list(s) for s in out_shapes if isinstance(s, (list, tuple)) and s and all(isinstance(x, int) for x in s)]
+    out_n = max((_count(s) for s in outs), default=0)
+    for k, s in enumerate(shapes):
+        t = types[k] if k < len(types) else ""
+        if "Tensor(" not in str(t) or "GenericList" in str(t) or not isinstance(s, (list, tuple)) or not s \
+                or not all(isinstance(x, int) for x in s):
+            if "GenericList" in str(t) and k < len(strides) and isinstance(s, (list, tuple)):
+                # a tensor list (cat / stack inputs): any strided member
+                if any(isinstance(x, (list, tuple)) and not _contiguous(x, st)
+                       for x, st in zip(s, strides[k] if isinstance(strides[k], (list, tuple)) else [])):
+                    return True
+            continue
+        if k < len(strides) and not _contiguous(s, strides[k]):
+            return True
+        if 1 < _count(s) < out_n:
+            return True
+    ostr = a.get("output_strides") or []
+    return any(not _contiguous(s, ostr[k]) for k, s in enumerate(outs) if k < len(ostr))
+
+
+# dynamic shared memory a softmax block stages a row in without opting in (48 KiB, CUDA's default limit)
+_SOFTMAX_SMEM = 48 * 1024
+
+
+def _softmax_bytes(low: str, tens: list[list[int]], types: Sequence[Any], in_bytes: float, out_bytes: float) -> float:
+    """DRAM traffic of a (log_)softmax over the last dim. A row that fits in a block's shared memory is
+    read once and written once; a longer row (PyTorch's cunn_SoftMaxForward / Backward,
+    aten/src/ATen/native/cuda/SoftMax.cu) is streamed once per pass: forward reads it for the max, for
+    the sum of exponentials and for the output (3 reads + 1 write); backward reads grad for the row sum
+    (with the output too for softmax), then grad and output for the result (log_softmax: 3 reads + 1
+    write of the row, softmax: 4 + 1)."""
+    if not tens:
+        return in_bytes + out_bytes
+    e = _elem_bytes(types[0] if types else "")
+    row = tens[0][-1] * e
+    if row <= _SOFTMAX_SMEM:
+        return in_bytes + out_bytes
+    size = _count(tens[0]) * e
+    if "backward" in low:
+        return size * (4.0 if "log" in low else 5.0)
+    return size * 4.0
 
 
 def _copy_direction(low: str, a: dict) -> str:

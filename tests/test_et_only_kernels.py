@@ -52,6 +52,44 @@ def test_elementwise_op_streams_its_inputs_and_outputs():
     assert k[0].attrs["bytes"] == 3 * 1024 * 1024 * 2
 
 
+def test_transposed_or_broadcast_operands_take_the_strided_kernel():
+    """TensorIterator vectorizes only over contiguous operands: a transposed view ([4, 2048, 32, 64]
+    stored, seen as [4, 32, 2048, 64]: strides 8388608, 128, 4096, 1 as the Llama ET records RoPE's
+    slice) or a broadcast operand ([2048, 128] against [4, 32, 2048, 128]) makes the kernel strided."""
+    q = [4, 32, 2048, 64]
+    view = op_kernels("aten::neg", {"input_shapes": [q], "input_types": [BF16], "input_strides": [[8388608, 128, 4096, 1]],
+                                    "output_shapes": [q], "output_types": [BF16], "output_strides": [[4194304, 131072, 64, 1]]})
+    assert view[0].attrs.get("strided") is True
+    dense = op_kernels("aten::neg", {"input_shapes": [q], "input_types": [BF16], "input_strides": [[4194304, 131072, 64, 1]],
+                                     "output_shapes": [q], "output_types": [BF16], "output_strides": [[4194304, 131072, 64, 1]]})
+    assert not dense[0].attrs.get("strided")
+    bcast = op_kernels("aten::mul", {"input_shapes": [[4, 32, 2048, 128], [2048, 128]], "input_types": [BF16, BF16],
+                                     "output_shapes": [[4, 32, 2048, 128]], "output_types": [BF16]})
+    assert bcast[0].attrs.get("strided") is True
+    # a 0-dim scalar operand does not break vectorization
+    scalar = op_kernels("aten::mul", {"input_shapes": [[1024, 1024], []], "input_types": [BF16, "Tensor(float)"],
+                                      "output_shapes": [[1024, 1024]], "output_types": [BF16]})
+    assert not scalar[0].attrs.get("strided")
+
+
+def test_softmax_rows_longer_than_shared_memory_are_streamed_once_per_pass():
+    """A 32000-wide fp32 row (128 KB) exceeds a block's 48 KiB: the forward reads it 3 times and writes it
+    once; log_softmax's backward reads grad twice and the output once and writes once."""
+    rows, vocab = 8192, 32000
+    fwd = op_kernels("aten::_log_softmax", {"input_shapes": [[rows, vocab], [], []],
+                                           "input_types": ["Tensor(float)", "Int", "Bool"],
+                                           "output_shapes": [[rows, vocab]], "output_types": ["Tensor(float)"]})
+    assert fwd[0].attrs["bytes"] == 4 * rows * vocab * 4
+    bwd = op_kernels("aten::_log_softmax_backward_data", {
+        "input_shapes": [[rows, vocab], [rows, vocab], [], []], "input_types": ["Tensor(float)"] * 2 + ["Int", "Int"],
+        "output_shapes": [[rows, vocab]], "output_types": ["Tensor(float)"]})
+    assert bwd[0].attrs["bytes"] == 4 * rows * vocab * 4
+    # a 256-wide row fits: read once, written once
+    small = op_kernels("aten::_softmax", {"input_shapes": [[rows, 256], [], []], "input_types": ["Tensor(float)", "Int", "Bool"],
+                                          "output_shapes": [[rows, 256]], "output_types": ["Tensor(float)"]})
+    assert small[0].attrs["bytes"] == 2 * rows * 256 * 4
+
+
 def test_grouped_query_attention_backward_has_its_helper_passes():
     q, kv = [4, 32, 2048, 128], [4, 8, 2048, 128]
     fwd = op_kernels("aten::_scaled_dot_product_flash_attention", {"input_shapes": [q, kv, kv],
@@ -144,3 +182,15 @@ def test_cpu_gloo_trace_predicts_a_gpu_step_and_says_what_it_inferred():
     cpu = run_replay(load_graphs([], et_pattern=pattern,
                                  kineto_pattern=str(ROOT / "tests" / "data" / "cpu_ddp" / "device.{rank}.json.gz")))
     assert result.step_time_us < cpu.step_time_us
+
+
+def test_multi_tensor_apply_launches_are_timed_in_whole_waves_of_ctas():
+    """320 chunks (CTAs) on H100's 132 SMs: the SMs holding 3 chunks set the time, 3 * 132 / 320 = 1.2375x
+    the bandwidth time; 64 chunks (fewer than the SMs) are not scaled."""
+    from replay.hardware.compute import OpEstimate
+    from replay.model_timing import _wave_quantized
+    est = OpEstimate(time_us=100.0, compute_us=0.0, memory_us=100.0, bound="memory", flops=0.0, bytes=3e8)
+    assert _wave_quantized(est, {"blocks": 320}, 132).time_us == pytest.approx(123.75)
+    assert _wave_quantized(est, {"blocks": 64}, 132).time_us == pytest.approx(100.0)
+    ks = _foreach(40, 4 * 65536)   # 160 chunks, under the 320-chunk and tensor limits: one launch
+    assert [k.attrs["blocks"] for k in ks] == [160]

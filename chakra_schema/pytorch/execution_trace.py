@@ -87,6 +87,8 @@ class ExecutionTrace:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     rank: int | None = None         # this process's global rank when the trace tells it
     world_size: int | None = None
+    in_strides: list[Any] = field(default_factory=list)   # per node, strides per input (schema >= 1.0.2)
+    out_strides: list[Any] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -125,6 +127,12 @@ def op_attrs(et: ExecutionTrace, i: int) -> dict[str, Any]:
     if et.out_shapes[i]:
         a["output_shapes"] = et.out_shapes[i]
         a["output_types"] = et.out_types[i]
+    # strides tell a contiguous tensor from a view (transposed, sliced, broadcast): ET-only model mode
+    # times the kernels of strided operands apart (replay/et_kernels.py)
+    if i < len(et.in_strides) and et.in_strides[i]:
+        a["input_strides"] = et.in_strides[i]
+    if i < len(et.out_strides) and et.out_strides[i]:
+        a["output_strides"] = et.out_strides[i]
     return a
 
 
@@ -439,7 +447,7 @@ def _check_node(n: Any, k: int, path) -> None:
 def _empty_trace(path: str | os.PathLike) -> dict[str, list]:
     return {k: [] for k in ("ids", "names", "parent", "rf_id", "tid", "seq_id", "scope",
                             "op_schema", "in_values", "in_shapes", "in_types", "out_values", "out_shapes",
-                            "out_types")}
+                            "out_types", "in_strides", "out_strides")}
 
 
 def _finish(path, cols: dict[str, list], comm: dict, extra: dict) -> ExecutionTrace:
@@ -463,6 +471,7 @@ def _finish(path, cols: dict[str, list], comm: dict, extra: dict) -> ExecutionTr
         op_schema=cols["op_schema"], in_values=cols["in_values"], in_shapes=cols["in_shapes"],
         in_types=cols["in_types"], out_values=cols["out_values"], out_shapes=cols["out_shapes"],
         out_types=cols["out_types"], comm=comm, extra=extra,
+        in_strides=cols["in_strides"], out_strides=cols["out_strides"],
     )
 
 
@@ -492,6 +501,7 @@ def _parse_nested(nodes, path, progress: ProgressFn | None, total: int) -> Execu
     schema_col = cols["op_schema"]
     iv, ish, ity = cols["in_values"], cols["in_shapes"], cols["in_types"]
     ov, osh, oty = cols["out_values"], cols["out_shapes"], cols["out_types"]
+    ist, ost = cols["in_strides"], cols["out_strides"]
     comm: dict[int, dict] = {}
     extra: dict[int, dict] = {}
     empty: dict = {}
@@ -515,6 +525,8 @@ def _parse_nested(nodes, path, progress: ProgressFn | None, total: int) -> Execu
         ov.append(out.get("values", ()))
         osh.append(shared(out.get("shapes", ())))
         oty.append(shared(out.get("types", ())))
+        ist.append(shared(inp.get("strides", ())))
+        ost.append(shared(out.get("strides", ())))
         a_rf = a_tid = a_seq = a_scope = -1
         a_schema = ""
         for a in n.get("attrs", ()):
@@ -581,6 +593,8 @@ def _parse_flat(nodes, path, progress: ProgressFn | None, total: int) -> Executi
         cols["out_values"].append(n.get("outputs", ()))
         cols["out_shapes"].append(shared(n.get("output_shapes", ())))
         cols["out_types"].append(shared(n.get("output_types", ())))
+        cols["in_strides"].append(shared(n.get("input_strides", ())))
+        cols["out_strides"].append(shared(n.get("output_strides", ())))
         for k in COMM_ATTR_NAMES:
             if k in n:
                 comm.setdefault(i, {})[k] = n[k]

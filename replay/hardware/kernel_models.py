@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -71,6 +72,14 @@ MIN_FAMILY_KERNELS = 4  # a kernel family (one implementation) varies less: fewe
 TENSOR_DTYPES = ("tf32", "bf16", "fp16", "fp8")
 MIN_TENSOR_KERNELS = 5  # large tensor-core GEMMs needed to measure the sustained tensor fraction
 CONTENDED = "@comm"     # model-key suffix of kernels that ran under communication
+# One memory-streaming model for TensorIterator's generic (non-vectorized) kernels across the elementwise
+# and copy classes: PyTorch takes them when an operand is not contiguous (a transposed / sliced view, a
+# broadcast operand) and they load element by element through an offset calculator, reaching about half
+# the DRAM bandwidth of the vectorized kernels (H100: 1.4-1.9 vs 3.1-3.3 TB/s on >= 8 MB). A Kineto-linked
+# kernel is timed by its own family's model; the key serves kernels inferred from an ET alone, whose
+# operands' strides say they take this path (replay/et_kernels.py).
+STRIDED_KEY = "memory[strided]"
+_STRIDED_KERNEL = re.compile(r"at::native::elementwise_kernel<|CatArrayBatchedCopy<")
 ISOLATED = "@alone"     # model-key suffix of kernels that ran without communication on the GPU
 CONTENDED_OVERLAP = 0.5 # a kernel is contended when communication covered at least this share of it
 ROOFLINE_FAILS = math.log(1.25)  # mean |ln(pred / measured)| of a roofline fit that does not tell the work
@@ -545,6 +554,9 @@ def fit_class_models(s: KernelSamples) -> dict[str, KernelClassModel]:
         # efficiency carries to shapes it has not seen (H100 GEMM sweeps: 14% GMAE) and a variant's does
         # not (20%); without shapes, the variant's numbers are what tells per-thread work apart
         out.update(_fit_groups(s, np.where(shaped, None, var_keys), MIN_FAMILY_KERNELS))
+    strided = np.asarray([c in ("elementwise", "copy") and bool(_STRIDED_KERNEL.search(str(n)))
+                          for c, n in zip(s.cls.tolist(), s.name.tolist())], bool)
+    out.update(_fit_groups(s, np.where(strided, STRIDED_KEY, None), MIN_KERNELS, geometry=False))
     return out
 
 
