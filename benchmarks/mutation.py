@@ -40,9 +40,9 @@ class Target:
 
 
 TARGETS = {
-    "workload": Target("estimators/workload.py", ("tests/test_pinned_workload.py", "tests/test_pinned_collectives.py",
+    "workload": Target("estimators/parallelism/workload.py", ("tests/test_pinned_workload.py", "tests/test_pinned_collectives.py",
                                                   "tests/test_pinned_flops.py")),
-    "memory": Target("estimators/memory.py", ("tests/test_pinned_memory.py",)),
+    "memory": Target("estimators/parallelism/memory.py", ("tests/test_pinned_memory.py",)),
     "network": Target("replay/hardware/network.py", ("tests/test_pinned_nccl.py", "tests/test_network_published.py",
                                                      "tests/test_hardware_network.py")),
     "compute": Target("replay/hardware/compute.py", ("tests/test_pinned_compute.py", "tests/test_hardware_compute.py")),
@@ -58,13 +58,13 @@ TARGETS = {
 # Mutants that change nothing observable, by module: mutmut name -> why. They are left out of the score.
 EQUIVALENT: dict[str, dict[str, str]] = {
     "memory": {
-        "estimators.memory.x_estimate_memory__mutmut_179":
+        "estimators.parallelism.memory.x_estimate_memory__mutmut_179":
             "`>` -> `>=` when picking the fullest stage: only a tie between two stages' totals could pick another "
             "stage, and the first and last stages hold different embedding terms",
-        "estimators.memory.x_estimate_memory__mutmut_88": "max(..., default=None): every stage has >= 1 layer "
+        "estimators.parallelism.memory.x_estimate_memory__mutmut_88": "max(..., default=None): every stage has >= 1 layer "
                                                           "(validate_plan), so the default is never used",
-        "estimators.memory.x_estimate_memory__mutmut_90": "max() without its default: same reason",
-        "estimators.memory.x_estimate_memory__mutmut_94": "max(..., default=1.0): same reason",
+        "estimators.parallelism.memory.x_estimate_memory__mutmut_90": "max() without its default: same reason",
+        "estimators.parallelism.memory.x_estimate_memory__mutmut_94": "max(..., default=1.0): same reason",
     },
 }
 

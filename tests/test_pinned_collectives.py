@@ -31,8 +31,8 @@ from collections import defaultdict
 import pytest
 
 from estimators.model_config import model_from_dict
-from estimators.plan import ParallelPlan
-from estimators.workload import generate
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import generate
 
 H, F, V, HEADS = 512, 2048, 1000, 8
 TINY = model_from_dict(dict(name="tiny", layers=8, hidden=H, heads=HEADS, ffn=F, vocab=V))

@@ -67,8 +67,8 @@ def test_generated_mla_attention_node_is_timed_on_its_own_flop_count():
     times it on 2*b*h*(s^2/2)*(192+128) FLOPs (FlashAttention-2's causal half), within the s(s+1)/2
     diagonal: b=1, 16 heads per TP8 rank, s=4096 -> 85,899,345,920 FLOPs forward."""
     from estimators.model_config import load_model
-    from estimators.plan import ParallelPlan
-    from estimators.workload import generate
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.workload import generate
     g = generate(load_model("deepseek-v3"), ParallelPlan(tp=8, dp=4, ep=4, seq_len=4096, global_batch=4),
                  "symmetric")[0]
     fwd = next(a for a in g.attrs.values() if a.get("op") == "attention" and not a["backward"])

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 from estimators.model_config import model_from_dict
-from estimators.plan import ParallelPlan
-from estimators.workload import generate
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import generate
 
 GPT = model_from_dict(dict(name="gpt-small", layers=8, hidden=1024, heads=16, ffn=4096, vocab=51200,
                            activation="gelu", norm="layernorm", tied_embeddings=True, position="learned",

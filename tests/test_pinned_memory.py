@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import pytest
 
-from estimators.memory import GIB, estimate_memory, layer_activation_bytes
+from estimators.parallelism.memory import GIB, estimate_memory, layer_activation_bytes
 from estimators.model_config import model_from_dict
-from estimators.plan import ParallelPlan
+from estimators.parallelism.plan import ParallelPlan
 
 S, B, H, A, L = 2048, 2, 1024, 16, 8
 GPT = model_from_dict(dict(name="gpt", layers=L, hidden=H, heads=A, ffn=4 * H, vocab=51200, activation="gelu",
@@ -220,7 +220,7 @@ def test_moe_parameters_split_dense_over_tp_and_experts_over_ep():
 def test_breakdown_json_and_out_of_memory_flag():
     """The breakdown the CLI prints: its terms, their total, the capacity and the headroom; OOM when the
     total exceeds the H100's 80 GiB (nvidia-smi: 81,559 MiB)."""
-    from estimators.memory import hbm_capacity_gib
+    from estimators.parallelism.memory import hbm_capacity_gib
     from replay.hardware import get_hardware
     cap = hbm_capacity_gib(get_hardware("h100-sxm"))
     assert cap == 80.0
