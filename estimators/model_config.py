@@ -28,18 +28,13 @@ Hardware FLOPs (what the kernels execute: unfused attention computes the full sq
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, check_number, reject_unknown_keys, with_path
+from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
 from estimators.hf_config import hf_model_table, read_hf_json
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
@@ -530,17 +525,7 @@ def load_model_file(path: str | os.PathLike) -> ModelConfig:
     p = Path(path)
     if p.suffix == ".json":
         return load_hf_config(p)
-    try:
-        with open(p, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise TraceInputError(p, "model file not found") from None
-    except IsADirectoryError:
-        raise TraceInputError(p, "is a directory, not a model .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise TraceInputError(p, f"not valid TOML: {e}") from None
-    except OSError as e:
-        raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
+    data = read_toml(p, "model file")
     return model_from_dict(data, str(p))
 
 

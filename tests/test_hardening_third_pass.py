@@ -489,3 +489,23 @@ def test_tokens_with_phase_train_are_refused_not_ignored(capsys):
     """Training routes micro-batch x seq-len tokens per rank: a --tokens given with it was silently dropped."""
     code = cli("whatif", "moe", "--model", "deepseek-v3", "--ep", 64, "--phase", "train", "--tokens", 64)
     one_line_error(capsys, code, "tokens does not apply to phase train")
+
+
+@pytest.mark.parametrize("loader,what", [("estimators.model_config:load_model_file", "model file"),
+                                         ("estimators.moe.deployment:load_deployment", "deployment file"),
+                                         ("lumos_sim.check:load_suite", "suite file")])
+def test_toml_loaders_share_one_reader_with_one_line_errors(tmp_path, loader, what):
+    """Model, deployment and suite files go through chakra_schema.errors.read_toml: a missing file, a folder and
+    a deeply nested document are each a one-line error naming the path and the kind of file."""
+    import importlib
+    module, name = loader.split(":")
+    load = getattr(importlib.import_module(module), name)
+    nested = tmp_path / "deep.toml"
+    nested.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    for path, needle in [(tmp_path / "none.toml", f"{what} not found"), (folder, f"is a directory, not a {what}"),
+                         (nested, "nested too deeply")]:
+        with pytest.raises(TraceInputError) as e:
+            load(path)
+        assert str(path) in str(e.value) and needle in str(e.value) and "\n" not in str(e.value)

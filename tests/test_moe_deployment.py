@@ -122,7 +122,7 @@ def test_bad_deployment_flags_are_one_line_errors(capsys, args, message):
     ("[deployment]\nmodel = 'deepseek-v3'\nep = 'x'\n", "'ep' must be an integer"),
     ("[deployment]\nmodel = 'deepseek-v3'\nep = 32\nmtp_acceptance = 1.5\n", "'mtp_acceptance' must be a number in [0, 1]"),
     ("model = 'deepseek-v3'\n", "one [deployment] table"),
-    ("[deployment\n", "not valid TOML"),
+    ("[deployment\n", "not a valid TOML file"),
 ])
 def test_bad_deployment_files_are_one_line_errors(tmp_path, capsys, body, message):
     f = tmp_path / "d.toml"
