@@ -83,6 +83,8 @@ class AttentionTimer:
         H = max(1, m.heads // tp)
         h, dt = m.hidden, s.dtype
         ctx = m.attention_span(layer, s.context)
+        # decode with MTP: each sequence's 1 + d verified tokens read its KV cache once, together
+        seqs = max(1, int(round(T / (1 + draft_tokens(m, s)))))
         t = 2 * c.memory_op(T * h * 2 * 2).time_us                       # two norms
         if m.mla is not None:
             a = m.mla
@@ -97,7 +99,7 @@ class AttentionTimer:
                 t += (c.gemm(T, a.kv_lora_rank, a.qk_nope_head_dim, batch=H, dtype="bf16").time_us
                       + c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us)
                 core = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
-                cache = c.memory_op(T * ctx * latent * s.kv_bytes)      # the cache is read once per step
+                cache = c.memory_op(seqs * ctx * latent * s.kv_bytes)   # the cache is read once per step
                 t += max(core.compute_us, cache.time_us)              # FlashMLA: compute- or bandwidth-bound
             else:
                 t += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
@@ -108,7 +110,7 @@ class AttentionTimer:
             t += c.gemm(T, (H + 2 * K) * d, h, dtype=dt).time_us + c.gemm(T, h, H * d, dtype=dt).time_us
             if s.phase == "decode":
                 core = c.attention(T, H, 1, ctx, d, kv_heads=K)
-                cache = c.memory_op(T * ctx * 2 * K * d * s.kv_bytes)
+                cache = c.memory_op(seqs * ctx * 2 * K * d * s.kv_bytes)
                 t += max(core.compute_us, cache.time_us)
             else:
                 seqs = max(1, T // ctx)
