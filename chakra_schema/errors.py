@@ -37,7 +37,9 @@ def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
             return loads_toml(f.read().decode("utf-8"), path)
     except FileNotFoundError:
         raise TraceInputError(path, f"{what} not found") from None
-    except (UnicodeDecodeError, IsADirectoryError) as e:
+    except IsADirectoryError:
+        raise TraceInputError(path, f"is a directory, not a {what}") from None
+    except UnicodeDecodeError as e:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
     except OSError as e:
         raise TraceInputError(path, f"cannot read: {e.strerror or e}") from None

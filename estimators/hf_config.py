@@ -1,4 +1,4 @@
-"""Hugging Face `config.json` -> `ModelConfig`, so `--model path/to/config.json` (or a directory holding one)
+"""Hugging Face `config.json` -> a model table (the shape of a zoo TOML), so `--model path/to/config.json` (or a directory holding one)
 works for the architectures of the ecosystem without writing our TOML.
 
 One reader per architecture family, registered by the config's `model_type` (a registry: add a family by
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chakra_schema.errors import TraceInputError, with_path
-from estimators.model_config import MLAConfig, ModelConfig, MoEConfig
 
 _MISSING = object()
 
@@ -170,8 +169,8 @@ def _mixtral(f: _Fields) -> dict[str, Any]:
     kw = _base(f)
     kw.update(_window(f, kw["layers"]))
     kw["ffn"] = 0
-    kw["moe"] = MoEConfig(num_experts=f.first("num_local_experts", "num_experts"), top_k=f.int("num_experts_per_tok"),
-                          expert_ffn=f.int("intermediate_size"))
+    kw["moe"] = dict(num_experts=f.first("num_local_experts", "num_experts"), top_k=f.int("num_experts_per_tok"),
+                     expert_ffn=f.int("intermediate_size"))
     return kw
 
 
@@ -189,11 +188,11 @@ def _qwen_moe(f: _Fields) -> dict[str, Any]:
     shared_ffn = f.int("shared_expert_intermediate_size", 0, low=0) or 0
     expert_ffn = f.int("moe_intermediate_size")
     kw["ffn"] = f.int("intermediate_size") if (dense or step > 1) else 0   # dense FFN only where a layer is dense
-    kw["moe"] = MoEConfig(num_experts=f.first("num_experts", "num_local_experts"), top_k=f.int("num_experts_per_tok"),
-                          expert_ffn=expert_ffn, shared_experts=1 if shared_ffn else 0,
-                          shared_expert_ffn=shared_ffn if shared_ffn and shared_ffn != expert_ffn else 0,
-                          layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
-    if kw["moe"].first_dense_layers >= layers:
+    kw["moe"] = dict(num_experts=f.first("num_experts", "num_local_experts"), top_k=f.int("num_experts_per_tok"),
+                     expert_ffn=expert_ffn, shared_experts=1 if shared_ffn else 0,
+                     shared_expert_ffn=shared_ffn if shared_ffn and shared_ffn != expert_ffn else 0,
+                     layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
+    if len(dense) >= layers:
         raise TraceInputError(None, "field 'mlp_only_layers' leaves no MoE layer")
     return kw
 
@@ -207,17 +206,17 @@ def _deepseek(f: _Fields) -> dict[str, Any]:
     if q_lora is None:
         raise TraceInputError(None, "field 'q_lora_rank' is null (MLA without query compression, DeepSeek-V2-Lite) "
                                     "is not supported")
-    kw["mla"] = MLAConfig(q_lora_rank=q_lora, kv_lora_rank=f.int("kv_lora_rank"),
-                          qk_rope_head_dim=f.int("qk_rope_head_dim"), qk_nope_head_dim=f.int("qk_nope_head_dim"),
-                          v_head_dim=f.int("v_head_dim"))
+    kw["mla"] = dict(q_lora_rank=q_lora, kv_lora_rank=f.int("kv_lora_rank"),
+                     qk_rope_head_dim=f.int("qk_rope_head_dim"), qk_nope_head_dim=f.int("qk_nope_head_dim"),
+                     v_head_dim=f.int("v_head_dim"))
     first_dense = f.int("first_k_dense_replace", 0, low=0)
     freq = f.int("moe_layer_freq", 1)
-    kw["moe"] = MoEConfig(num_experts=f.int("n_routed_experts"), top_k=f.int("num_experts_per_tok"),
-                          expert_ffn=f.int("moe_intermediate_size"), shared_experts=f.int("n_shared_experts", 0, low=0),
-                          first_dense_layers=first_dense,
-                          # HF: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
-                          layer_freq=freq, layer_offset=(-first_dense) % freq,
-                          groups=f.int("n_group", 1), groups_per_token=f.int("topk_group", 1), router=_router(f))
+    kw["moe"] = dict(num_experts=f.int("n_routed_experts"), top_k=f.int("num_experts_per_tok"),
+                     expert_ffn=f.int("moe_intermediate_size"), shared_experts=f.int("n_shared_experts", 0, low=0),
+                     first_dense_layers=first_dense,
+                     # HF: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
+                     layer_freq=freq, layer_offset=(-first_dense) % freq,
+                     groups=f.int("n_group", 1), groups_per_token=f.int("topk_group", 1), router=_router(f))
     kw["mtp_layers"] = f.int("num_nextn_predict_layers", 0, low=0)
     return kw
 
@@ -228,9 +227,9 @@ def _gpt_oss(f: _Fields) -> dict[str, Any]:
     kw["ffn"] = 0
     kw["bias"] = f.bool("attention_bias", True)   # q/k/v/o biases; the experts carry biases too
     kw["attention_sinks"] = True
-    kw["moe"] = MoEConfig(num_experts=f.first("num_local_experts", "num_experts"),
-                          top_k=f.first("num_experts_per_tok", "experts_per_token"),
-                          expert_ffn=f.int("intermediate_size"))
+    kw["moe"] = dict(num_experts=f.first("num_local_experts", "num_experts"),
+                     top_k=f.first("num_experts_per_tok", "experts_per_token"),
+                     expert_ffn=f.int("intermediate_size"))
     return kw
 
 
@@ -268,8 +267,10 @@ def _model_type(data: dict[str, Any]) -> str:
     raise TraceInputError(None, "missing field 'model_type' (and no known 'architectures' entry)")
 
 
-def model_from_hf(data: Any, path: str | os.PathLike = "<config.json>", name: str | None = None) -> ModelConfig:
-    """`ModelConfig` from a parsed Hugging Face config.json object; errors name `path` and the field."""
+def hf_model_table(data: Any, path: str | os.PathLike = "<config.json>", name: str | None = None) -> dict[str, Any]:
+    """The model table (the keys of a zoo TOML, `moe` / `mla` as sub-tables) of a parsed Hugging Face
+    config.json object; errors name `path` and the field.  `estimators.model_config.model_from_hf` turns it
+    into a `ModelConfig` (this module does not import model_config: no import loop)."""
     try:
         if not isinstance(data, dict):
             raise TraceInputError(None, f"must be a JSON object, got {type(data).__name__}")
@@ -278,7 +279,7 @@ def model_from_hf(data: Any, path: str | os.PathLike = "<config.json>", name: st
         mt = _model_type(data)
         kw = FAMILIES[mt](_Fields(data, mt))
         label = name or _name(data, path)
-        return ModelConfig(name=label, display_name=label, source=f"Hugging Face config.json ({mt}): {path}", **kw)
+        return dict(name=label, display_name=label, source=f"Hugging Face config.json ({mt}): {path}", **kw)
     except TraceInputError as e:
         raise with_path(e, path) from None
 
@@ -291,18 +292,17 @@ def _name(data: dict[str, Any], path: str | os.PathLike) -> str:
     return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
 
 
-def load_hf_config(path: str | os.PathLike) -> ModelConfig:
-    """Read a config.json (or a directory holding one) into a `ModelConfig`."""
+def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
+    """The parsed config.json at `path` (or in the directory `path`), and the file's path."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     try:
         with open(p, "rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
+            return json.loads(fh.read().decode("utf-8")), p
     except FileNotFoundError:
         raise TraceInputError(p, "config.json not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise TraceInputError(p, f"not valid JSON: {e}") from None
     except OSError as e:
         raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
-    return model_from_hf(data, p)

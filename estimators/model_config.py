@@ -28,17 +28,13 @@ Hardware FLOPs (what the kernels execute: unfused attention computes the full sq
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, check_number, reject_unknown_keys, with_path
+from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
+from estimators.hf_config import hf_model_table, read_hf_json
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
@@ -512,23 +508,24 @@ def _validate(cfg: ModelConfig) -> None:
         bad("'ffn' (dense FFN size) is needed for the dense layers")
 
 
+def model_from_hf(data: Any, path: str | os.PathLike = "<config.json>", name: str | None = None) -> ModelConfig:
+    """`ModelConfig` from a parsed Hugging Face config.json object (`estimators.hf_config` reads the
+    families' fields into a model table; it is checked like a zoo TOML)."""
+    return model_from_dict(hf_model_table(data, path, name), str(path))
+
+
+def load_hf_config(path: str | os.PathLike) -> ModelConfig:
+    """Read a config.json (or a directory holding one) into a `ModelConfig`."""
+    data, p = read_hf_json(path)
+    return model_from_hf(data, p)
+
+
 def load_model_file(path: str | os.PathLike) -> ModelConfig:
     """A model TOML file, or a Hugging Face config.json (`estimators.hf_config`)."""
     p = Path(path)
     if p.suffix == ".json":
-        from estimators.hf_config import load_hf_config
         return load_hf_config(p)
-    try:
-        with open(p, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise TraceInputError(p, "model file not found") from None
-    except IsADirectoryError:
-        raise TraceInputError(p, "is a directory, not a model .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise TraceInputError(p, f"not valid TOML: {e}") from None
-    except OSError as e:
-        raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
+    data = read_toml(p, "model file")
     return model_from_dict(data, str(p))
 
 
@@ -545,7 +542,6 @@ def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
     Hugging Face config.json path (or a directory holding one)."""
     s = str(name_or_path)
     if s.endswith(".json") or (Path(s).is_dir() and (Path(s) / "config.json").is_file()):
-        from estimators.hf_config import load_hf_config
         return load_hf_config(s)
     if s.endswith(".toml") or os.sep in s or Path(s).is_file():
         return load_model_file(s)

@@ -31,12 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, read_toml, reject_unknown_keys
 
 CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
              "mean_tolerance", "measured_ms", "steps", "ranks", "description", "kind", "csv", "rows", "in_sample"}
@@ -112,16 +107,7 @@ def find_shared(start: Path) -> Path | None:
 
 def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
     path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceInputError(path, "no such suite file") from None
-    except IsADirectoryError:
-        raise TraceInputError(path, "is a directory") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise TraceInputError(path, f"invalid TOML: {e}") from None
-    except OSError as e:
-        raise TraceInputError(path, f"cannot read: {e.strerror or e}") from None
+    doc = read_toml(path, "suite file")
     unknown = set(doc) - {"suite", "case"}
     if unknown:
         raise TraceInputError(path, f"unknown table '{sorted(unknown)[0]}' (expected [suite] and [[case]])")

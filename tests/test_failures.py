@@ -400,3 +400,23 @@ def test_presets_and_worked_numbers_match_the_shared_reliability_reference():
     assert "419 unexpected" in text and "54-day" in text and "16K H100" in text
     for hours, minutes in re.findall(r"M = (\d+) h -> ~(\d+) min", text):
         assert daly_interval(5 / 60, float(hours)) * 60 == pytest.approx(float(minutes), abs=0.5)
+
+
+@pytest.mark.parametrize("a,spares", [(3.0, 5), (0.5, 1), (80.0, 90), (1000.0, 1000), (1000.0, 1100)])
+def test_spare_pool_empty_probability_is_the_poisson_tail(a, spares):
+    """P(N >= K), N ~ Poisson(a), summed term by term here (each term in log space, so e^-1000 does not
+    underflow: the old product loop gave 1.0 at a = 1000, K = 1000, where the tail is 0.508)."""
+    from estimators.failures.recovery import spare_unavailable_probability
+    tail = math.fsum(math.exp(-a + n * math.log(a) - math.lgamma(n + 1)) for n in range(spares, int(3 * a) + 60))
+    assert spare_unavailable_probability(a, 1.0, spares) == pytest.approx(tail, rel=1e-9, abs=1e-15)
+
+
+def test_a_trillion_spares_answer_at_once(capsys):
+    """--spares 1e12 looped a trillion times (the CLI hung); the pool is never empty."""
+    import time
+    from estimators.failures.recovery import spare_unavailable_probability
+    from lumos_sim.cli import main
+    t0 = time.perf_counter()
+    assert spare_unavailable_probability(3.3, 24.0, 10**12) == 0.0
+    assert main(["whatif", "failures", "--gpus", "16384", "--spares", str(10**12), "--trials", "0", "--json"]) == 0
+    assert time.perf_counter() - t0 < 20

@@ -441,3 +441,71 @@ def test_named_sweep_axes_are_set_by_name_or_by_position(tmp_path):
     assert {p.scenario.hardware.network.nic_gbps for p in by_name} == {800} and len(by_name) == 2
     with pytest.raises(TraceInputError, match="not an axis index"):
         load_spec(spec, ["axes.5.grid.plan.tp=[1]"])
+
+
+def _routing_npy(tmp_path: Path, tokens: int = 256) -> Path:
+    """A small DeepSeek-V3-shaped routing trace: [tokens, 58 MoE layers, top-8 of 256 experts]."""
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((tokens, 58, 256)), axis=2)[:, :, :8].astype(np.int32)
+    path = tmp_path / "routing.npy"
+    np.save(path, ids)
+    return path
+
+
+@pytest.mark.parametrize("tokens", [1_000_000_000, 10**20])
+def test_routed_tokens_beyond_a_gpus_memory_are_refused_before_any_work(tmp_path, capsys, tokens):
+    """Issue 21 item 9: --tokens 1e9 with trace routing. 1e9 tokens x 7168 hidden x 1 byte = 7,168 GB, more
+    than an H100's 80 GB: refused as one line (10**20 overflowed int64 and printed a different tokens/s)."""
+    t0 = time.perf_counter()
+    code = cli("whatif", "moe", "--model", "deepseek-v3", "--ep", 64, "--routing", _routing_npy(tmp_path),
+               "--tokens", tokens)
+    one_line_error(capsys, code, f"{tokens:,} routed tokens per GPU", "7168 x 1 byte", "80 GB")
+    assert time.perf_counter() - t0 < 20
+
+
+def test_the_largest_batch_that_fits_still_runs(capsys):
+    """80 GB / 7168 B = 11,160,714 tokens per GPU fit (at one byte per hidden unit); one more token does not."""
+    base = ["whatif", "moe", "--model", "deepseek-v3", "--ep", 64, "--routing", "synthetic:tokens=4096",
+            "--set", "moe.sampled_window=4096", "--phase", "prefill", "--json"]
+    one_line_error(capsys, cli(*base, "--tokens", 11_160_715), "11,160,715 routed tokens")
+    assert cli(*base, "--tokens", 11_160_714) == 0
+    assert json.loads(capsys.readouterr().out)["tokens_per_gpu"] == 11_160_714
+
+
+def test_huge_redundant_expert_counts_are_refused_before_any_work(capsys):
+    """Issue 21 item 9: --redundant-experts 100000000 gives 1,562,504 slots per GPU, more than the 256
+    experts (at most 256 x 64 - 256 = 16128 redundant on EP64); 1e8 is not an integer (argparse's usage
+    and one error line, exit 2, as for every integer flag)."""
+    t0 = time.perf_counter()
+    argv = ["whatif", "moe", "--model", "deepseek-v3", "--ep", 64, "--placement", "eplb", "--redundant-experts"]
+    one_line_error(capsys, cli(*argv, 100_000_000), "1562504 slots per GPU", "at most 16128 redundant on EP64")
+    assert cli(*argv, "1e8") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].endswith("--redundant-experts: invalid int value: '1e8'")
+    assert time.perf_counter() - t0 < 20
+
+
+def test_tokens_with_phase_train_are_refused_not_ignored(capsys):
+    """Training routes micro-batch x seq-len tokens per rank: a --tokens given with it was silently dropped."""
+    code = cli("whatif", "moe", "--model", "deepseek-v3", "--ep", 64, "--phase", "train", "--tokens", 64)
+    one_line_error(capsys, code, "tokens does not apply to phase train")
+
+
+@pytest.mark.parametrize("loader,what", [("estimators.model_config:load_model_file", "model file"),
+                                         ("estimators.moe.deployment:load_deployment", "deployment file"),
+                                         ("lumos_sim.check:load_suite", "suite file")])
+def test_toml_loaders_share_one_reader_with_one_line_errors(tmp_path, loader, what):
+    """Model, deployment and suite files go through chakra_schema.errors.read_toml: a missing file, a folder and
+    a deeply nested document are each a one-line error naming the path and the kind of file."""
+    import importlib
+    module, name = loader.split(":")
+    load = getattr(importlib.import_module(module), name)
+    nested = tmp_path / "deep.toml"
+    nested.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    for path, needle in [(tmp_path / "none.toml", f"{what} not found"), (folder, f"is a directory, not a {what}"),
+                         (nested, "nested too deeply")]:
+        with pytest.raises(TraceInputError) as e:
+            load(path)
+        assert str(path) in str(e.value) and needle in str(e.value) and "\n" not in str(e.value)

@@ -9,7 +9,8 @@ import pytest
 
 from chakra_schema.errors import TraceInputError
 from conftest import DATA
-from estimators.hf_config import FAMILIES, load_hf_config, model_from_hf
+from estimators.hf_config import FAMILIES
+from estimators.model_config import load_hf_config, model_from_hf
 from estimators.model_config import load_model
 from lumos_sim.cli import main
 
@@ -150,3 +151,29 @@ def test_malformed_config_json_is_a_one_line_error_with_exit_2(tmp_path, capsys,
 def test_missing_config_json_is_an_error():
     with pytest.raises(TraceInputError, match="not found"):
         load_hf_config(HF / "no-such.json")
+
+
+def test_hf_config_reader_does_not_import_model_config():
+    """estimators.hf_config reads config.json fields into a model table; it must not import model_config
+    (model_config imports it to build the ModelConfig: one way, no loop)."""
+    import ast
+    import estimators.hf_config as hf
+    tree = ast.parse(open(hf.__file__).read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.startswith("estimators") for m in imported), imported
+
+
+def test_hf_config_goes_through_the_model_table_checks():
+    """A config.json is checked like a zoo TOML: the same one-line error for a bad MoE table."""
+    with pytest.raises(TraceInputError, match="moe.top_k"):
+        model_from_hf({**_llama(), "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 8},
+                      "x/config.json")
+
+
+def test_deeply_nested_config_json_is_a_one_line_error(tmp_path, capsys):
+    p = tmp_path / "config.json"
+    p.write_text("[" * 200000 + "]" * 200000)
+    code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "not valid JSON" in err and "\n" not in err

@@ -122,7 +122,7 @@ def test_bad_deployment_flags_are_one_line_errors(capsys, args, message):
     ("[deployment]\nmodel = 'deepseek-v3'\nep = 'x'\n", "'ep' must be an integer"),
     ("[deployment]\nmodel = 'deepseek-v3'\nep = 32\nmtp_acceptance = 1.5\n", "'mtp_acceptance' must be a number in [0, 1]"),
     ("model = 'deepseek-v3'\n", "one [deployment] table"),
-    ("[deployment\n", "not valid TOML"),
+    ("[deployment\n", "not a valid TOML file"),
 ])
 def test_bad_deployment_files_are_one_line_errors(tmp_path, capsys, body, message):
     f = tmp_path / "d.toml"
@@ -261,3 +261,24 @@ def test_deepseek_synthetic_routing_is_node_limited_as_its_config_says():
     src = open_routing(MoEOptions(synthetic_tokens=2048, groups_per_token=8), m, 1024)   # --groups-per-token 8
     _, ids = next(src.chunks(0, 2048))
     assert max(len(set(r)) for r in (ids[:, 0] // 32).tolist()) > 4
+
+
+@pytest.mark.parametrize("model,per_token", [("deepseek-v3", 576), ("qwen3-235b-a22b", 2 * 4 * 128)])
+def test_decode_with_mtp_reads_each_sequences_kv_cache_once_per_step(monkeypatch, model, per_token):
+    """With one MTP draft token a decode step verifies 2 tokens per sequence: 256 tokens are 128 sequences,
+    and the 2 tokens of a sequence read its cache together (FlashMLA / paged attention batch a sequence's
+    queries): 128 x 4096 x elements per cached token x 2 bytes, not 256 x (it read every cache twice).
+    Elements per token: MLA kv_lora 512 + rope 64 = 576; Qwen3-235B GQA 4 KV heads x 128 x (K and V)."""
+    import dataclasses
+    from estimators.moe.serving import AttentionTimer, ServingSpec
+    from estimators.model_config import load_model
+    from replay.hardware.config import get_hardware
+    m = load_model(model)
+    if not m.mtp_layers:
+        m = dataclasses.replace(m, mtp_layers=1)
+    at = AttentionTimer(m, get_hardware("h800"), ServingSpec("decode", 256, 4096, mtp_acceptance=0.85))
+    seen = []
+    real = at.c.memory_op
+    monkeypatch.setattr(at.c, "memory_op", lambda nbytes, *a, **k: seen.append(nbytes) or real(nbytes, *a, **k))
+    at.attention_us(256, m.layers - 1)
+    assert max(seen) == 128 * 4096 * per_token * 2

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
+
 from chakra_schema.errors import TraceInputError
 from estimators.failures.model import FailureModel
 
@@ -197,13 +199,21 @@ def cold_restart_s(gpus: float, points: tuple[tuple[float, float], ...] = DEFAUL
 
 def spare_unavailable_probability(failures_per_h: float, repair_h: float, spares: int | None) -> float:
     """P(a failure finds every hot spare taken): failed nodes in repair over the last `repair_h` hours are
-    Poisson(rate x repair_h); the pool is empty when there are at least `spares` of them."""
+    N ~ Poisson(a = rate x repair_h); the pool is empty when N >= `spares`. Only the terms within 12 standard
+    deviations (+40) of the mean are summed, in log space: outside that window the Poisson mass is below
+    1e-30, and the sum neither loops over a billion spares nor underflows e^-a at a > 745."""
     if spares is None:
         return 0.0
     a = failures_per_h * repair_h
-    # P(N >= K) = 1 - sum_{n<K} e^-a a^n / n!
-    term, cdf = math.exp(-a), 0.0
-    for n in range(spares):
-        cdf += term
-        term *= a / (n + 1)
-    return max(0.0, 1.0 - cdf)
+    if a <= 0.0:
+        return 0.0 if spares > 0 else 1.0
+    width = 12.0 * math.sqrt(a) + 40.0
+    lo, hi = max(0, int(a - width)), int(a + width) + 1
+    if spares >= hi:
+        return 0.0
+    if spares <= lo:
+        return 1.0
+    n = np.arange(lo + 1, spares, dtype=float)
+    first = -a + lo * math.log(a) - math.lgamma(lo + 1)          # log P(N = lo)
+    log_terms = first + np.concatenate(([0.0], np.cumsum(np.log(a / n))))   # log P(N = lo .. spares-1)
+    return max(0.0, 1.0 - float(np.exp(log_terms).sum()))

@@ -13,16 +13,11 @@ experts, replicated on every GPU), `attention_dp` (ep / attention_tp); and free 
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 FIELDS: dict[str, type] = {
     "model": str, "hardware": str, "ep": int, "gpus_per_node": int, "placement": str, "redundant_experts": int,
@@ -38,16 +33,7 @@ MAX_INT = 1 << 20
 def load_deployment(path: str | Path) -> dict[str, Any]:
     """The file's settings (FIELDS keys) plus its stated checks (CHECKS keys), typed and range-checked."""
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise TraceInputError(p, "no such deployment file") from None
-    except IsADirectoryError:
-        raise TraceInputError(p, "is a directory, not a deployment .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TraceInputError(p, f"not valid TOML: {e}") from None
-    except (OSError, RecursionError) as e:
-        raise TraceInputError(p, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+    data = read_toml(p, "deployment file")
     table = data.get("deployment")
     if not isinstance(table, dict) or set(data) - {"deployment"}:
         raise TraceInputError(p, "a deployment file has one [deployment] table and nothing else")

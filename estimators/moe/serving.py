@@ -85,6 +85,8 @@ class AttentionTimer:
         H = max(1, m.heads // tp)
         h, dt = m.hidden, s.dtype
         ctx = m.attention_span(layer, s.context)
+        # decode with MTP: each sequence's 1 + d verified tokens read its KV cache once, together
+        seqs = max(1, int(round(T / (1 + draft_tokens(m, s)))))
         t = 2 * c.memory_op(T * h * 2 * 2).time_us                       # two norms
         if m.mla is not None:
             a = m.mla
@@ -99,7 +101,7 @@ class AttentionTimer:
                 t += (c.gemm(T, a.kv_lora_rank, a.qk_nope_head_dim, batch=H, dtype="bf16").time_us
                       + c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us)
                 core = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
-                cache = c.memory_op(T * ctx * latent * s.kv_bytes)      # the cache is read once per step
+                cache = c.memory_op(seqs * ctx * latent * s.kv_bytes)   # the cache is read once per step
                 t += max(core.compute_us, cache.time_us)              # FlashMLA: compute- or bandwidth-bound
             else:
                 t += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
@@ -110,7 +112,7 @@ class AttentionTimer:
             t += c.gemm(T, (H + 2 * K) * d, h, dtype=dt).time_us + c.gemm(T, h, H * d, dtype=dt).time_us
             if s.phase == "decode":
                 core = c.attention(T, H, 1, ctx, d, kv_heads=K)
-                cache = c.memory_op(T * ctx * 2 * K * d * s.kv_bytes)
+                cache = c.memory_op(seqs * ctx * 2 * K * d * s.kv_bytes)
                 t += max(core.compute_us, cache.time_us)
             else:
                 seqs = max(1, T // ctx)
@@ -190,21 +192,27 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
     parts["logits"] = at.logits_us(logit_tokens)
     total += parts["logits"]
     if d:
-        last = moe_ids[-1] if moe_ids else model.layers - 1
-        # one MTP module on the sequences: its layer's MoE parts scaled from the micro-batch's tokens
-        moe_part = (float(np.mean(shared + experts + dispatch + combine)) * seqs / T if moe_ids
-                    else at.dense_ffn_us(seqs))
-        per_module = (at.attention_us(seqs, last) + moe_part + at.logits_us(seqs)
-                      + at.c.gemm(max(1, int(seqs)), model.hidden, 2 * model.hidden, dtype=spec.dtype).time_us)
-        parts["mtp"] = d * per_module
-        total += d * per_module
+        moe_us = float(np.mean(shared + experts + dispatch + combine)) * seqs / T if moe_ids else None
+        parts["mtp"] = d * _mtp_module_us(at, seqs, moe_ids[-1] if moe_ids else model.layers - 1, moe_us)
+        total += parts["mtp"]
+    return _estimate(spec, total, parts, seqs, d)
+
+
+def _mtp_module_us(at: AttentionTimer, seqs: float, last: int, moe_us: float | None) -> float:
+    """One MTP module on the sequences: attention of the last layer's kind, its MoE parts (`moe_us`: the
+    MoE layers' mean scaled from the micro-batch's tokens; None: a dense FFN), the logits and the 2h -> h
+    projection."""
+    m = at.m
+    ffn = moe_us if moe_us is not None else at.dense_ffn_us(seqs)
+    return (at.attention_us(seqs, last) + ffn + at.logits_us(seqs)
+            + at.c.gemm(max(1, int(seqs)), m.hidden, 2 * m.hidden, dtype=at.spec.dtype).time_us)
+
+
+def _estimate(spec: ServingSpec, total: float, parts: dict, seqs: float, d: int) -> ServingEstimate:
+    """Throughput and time per output token of a forward of `total` us (decode: 1 + a + ... + a^d tokens
+    per sequence per step)."""
     if spec.phase == "decode":
         a = spec.mtp_acceptance
         per_seq = 1.0 + sum(a ** j for j in range(1, d + 1))
-        tps = seqs * per_seq / (total / 1e6)
-        tpot = total / 1e3 / per_seq
-    else:
-        per_seq = 0.0
-        tps = spec.tokens / (total / 1e6)
-        tpot = total / 1e3
-    return ServingEstimate(total, tps, tpot, parts, seqs, per_seq)
+        return ServingEstimate(total, seqs * per_seq / (total / 1e6), total / 1e3 / per_seq, parts, seqs, per_seq)
+    return ServingEstimate(total, spec.tokens / (total / 1e6), total / 1e3, parts, seqs, 0.0)

@@ -91,6 +91,8 @@ class MoEOptions:
             bad("mtp_acceptance must be in [0, 1]")
         if self.redundant_experts and self.placement not in SLOTTED:
             bad("redundant_experts needs placement = eplb (or eplb-fallback)")
+        if self.tokens and self.phase == "train":   # training tokens are micro-batch x seq-len: not silently dropped
+            bad("tokens does not apply to phase train (a forward routes micro-batch x seq-len tokens per rank)")
 
 
 register_options("moe", MoEOptions)
@@ -244,7 +246,21 @@ def ep_layout(scenario: Scenario, opts: MoEOptions) -> Layout:
     groups = expert_groups(scenario.model, opts)
     if E % groups:
         raise TraceInputError(None, f"{groups} expert groups do not divide the {E} experts")
-    return Layout(ep, gpn, tokens_per_gpu(opts, scenario), opts.group_by)
+    tokens = tokens_per_gpu(opts, scenario)
+    _check_tokens_fit(scenario, tokens)
+    return Layout(ep, gpn, tokens, opts.group_by)
+
+
+def _check_tokens_fit(scenario: Scenario, tokens: int) -> None:
+    """A forward's routed tokens must at least fit in one GPU's memory at one byte per hidden unit (FP8
+    dispatch, the smallest form a routed token's activation takes). A batch beyond that cannot run, and
+    its counts overflow (--tokens 1e19 gave a different tokens/s than 1e15, silently)."""
+    hidden, gb = scenario.model.hidden, scenario.hardware.gpu.memory_gb
+    need = tokens * hidden / 1e9
+    if need > gb:
+        raise TraceInputError(None, f"{tokens:,} routed tokens per GPU per forward (--tokens; training: micro-batch x "
+                                    f"seq-len) do not fit: their hidden states alone ({hidden} x 1 byte each) take "
+                                    f"{need:,.0f} GB, more than the {gb:g} GB of a {scenario.hardware.name} GPU")
 
 
 def expert_groups(model: ModelConfig, opts: MoEOptions) -> int:
