@@ -18,9 +18,10 @@ Adding a what-if is one module plus one decorator:
    `progress`, when given, is a callback `(done, total)` for long work (the CLI shows a bar).
 
 2. If it has options, declare them as a frozen dataclass with defaults and validation in
-   `__post_init__`, and register it as a scenario section: `register_options("my_section", MyOptions)`.
-   The section must also be a field of `Scenario` (`failure`, `moe` are); dotted overrides such as
-   `--set my_section.rate=3` then work with no further code.
+   `__post_init__` in a module of its own (`estimators/<name>/options.py`), add the section as a field of
+   `Scenario` and to `estimators.scenario.OPTION_SECTIONS` (`failure`, `moe` are), and check it with
+   `register_options("my_section", MyOptions)`; dotted overrides such as `--set my_section.rate=3` then work
+   with no further code.
 3. Add the package name to `_MODULES` below (`estimators.<name>.whatif` is imported on first use, so a
    broken optional what-if cannot break the others).
 
@@ -71,9 +72,11 @@ def register_whatif(name: str, needs: tuple[str, ...] = ()) -> Callable[[WhatIfF
 
 
 def register_options(section: str, cls: type) -> type:
-    """Declare the dataclass of a scenario option section (`Scenario.<section>`)."""
-    if section not in Scenario.__dataclass_fields__:
-        raise ValueError(f"Scenario has no field '{section}' for options")
+    """Check that a what-if's options dataclass is the one `Scenario` declares for its section
+    (`estimators.scenario.OPTION_SECTIONS`, beside the `Scenario.<section>` field)."""
+    from estimators.scenario import OPTION_SECTIONS
+    if section not in Scenario.__dataclass_fields__ or OPTION_SECTIONS.get(section) is not cls:
+        raise ValueError(f"Scenario declares no option section '{section}' of type {cls.__name__}")
     _OPTION_SECTIONS[section] = cls
     return cls
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from estimators.failures.options import FailureOptions
 from estimators.model_config import ModelConfig, load_model
+from estimators.moe.options import MoEOptions
 from estimators.parallelism.plan import ParallelPlan
 from replay.hardware.config import HardwareConfig, get_hardware
 
@@ -200,11 +202,14 @@ def plan_label(p: ParallelPlan) -> str:
 
 
 # ---------------------------------------------------------------------- option sections
+# A what-if's own options, a frozen dataclass each, declared here beside their `Scenario` field (the spine
+# imports the what-ifs' option types; the what-ifs import the spine: one way)
+OPTION_SECTIONS: dict[str, type] = {"failure": FailureOptions, "moe": MoEOptions}
+
+
 def _option_section_types() -> dict[str, type]:
-    """Dataclass types of the option sections, declared by what-ifs that own them (see
-    `estimators.registry.register_options`)."""
-    from estimators.registry import option_sections
-    return option_sections()
+    """Dataclass types of the option sections (`OPTION_SECTIONS`)."""
+    return OPTION_SECTIONS
 
 
 # ---------------------------------------------------------------------- parsing values

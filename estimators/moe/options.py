@@ -1,0 +1,69 @@
+"""`MoEOptions`: the scenario's `[moe]` section (`Scenario.moe`), owned by the MoE what-if: routing, placement,
+phase and serving choices, checked on construction (one line per bad value)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chakra_schema.errors import TraceInputError
+from estimators.moe.placement import PLACEMENTS, SLOTTED
+
+PHASES = ("prefill", "decode", "train")
+FITS = ("first-half", "prefill", "all")
+GROUP_BY = ("none", "domain")
+OVERLAPS = ("none", "dual-batch")
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    routing: str = "synthetic"         # trace file / directory, or synthetic[:k=v,...]
+    expert_load: str = ""              # [layers][experts] token counts (JSON or CSV) when only loads are known
+    placement: str = "contiguous"
+    redundant_experts: int = 0         # eplb: extra physical expert slots
+    groups: int = 0                    # expert groups of node-limited routing (0: the model's, moe.groups)
+    groups_per_token: int = 0          # groups a token's experts come from (0: the model's)
+    group_by: str = "none"             # none | domain: batch requests of one domain together
+    phase: str = "decode"              # prefill | decode | train
+    tokens: int = 0                    # routed tokens per EP rank per forward (0: 4096 prefill, 128 decode)
+    context: int = 4096                # inference: prompt / KV length for attention
+    fit: str = "first-half"            # first-half | prefill | all
+    fit_fraction: float = 0.5
+    synthetic_tokens: int = 65536      # tokens of synthetic / load-sampled routing (at least 2 batches;
+                                       # a tokens= in the synthetic spec wins)
+    timed_windows: int = 4             # batches whose all-to-all and GEMMs are timed
+    coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts on one node
+    seed: int = 0
+    attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
+    overlap: str = "none"              # inference: none | dual-batch (two micro-batches, all-to-all hidden)
+    mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
+    sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
+                                       # counts of the evaluated tokens' expert loads, not token by token
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise TraceInputError(None, f"moe.{msg}")
+        if self.placement not in PLACEMENTS:
+            bad(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.phase not in PHASES:
+            bad(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        if self.fit not in FITS:
+            bad(f"fit must be one of {', '.join(FITS)}, got {self.fit!r}")
+        if self.group_by not in GROUP_BY:
+            bad(f"group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
+        if self.overlap not in OVERLAPS:
+            bad(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
+        for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0")
+        for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
+            if getattr(self, name) < 1:
+                bad(f"{name} must be >= 1")
+        if not 0.0 < self.fit_fraction < 1.0:
+            bad("fit_fraction must be in (0, 1)")
+        if self.coactivation_weight < 0:
+            bad("coactivation_weight must be >= 0")
+        if not 0.0 <= self.mtp_acceptance <= 1.0:
+            bad("mtp_acceptance must be in [0, 1]")
+        if self.redundant_experts and self.placement not in SLOTTED:
+            bad("redundant_experts needs placement = eplb (or eplb-fallback)")
+        if self.tokens and self.phase == "train":   # training tokens are micro-batch x seq-len: not silently dropped
+            bad("tokens does not apply to phase train (a forward routes micro-batch x seq-len tokens per rank)")
