@@ -290,12 +290,18 @@ def test_rope_model_holds_no_position_table_even_with_max_seq_set():
 
 def test_zero3_moe_working_buffer_is_two_whole_layers_per_tp_shard():
     """ZeRO-3 with TP2 on a MoE model (first layer dense): the two gathered layers are the largest layer's
-    total parameters (all experts) / t, 2 B each, on top of the sharded weights."""
+    total parameters (all experts) / t, 2 B each, on top of the sharded weights. Megatron-Core's MoE parallel
+    folding: the 8 ranks (TP2 x DP4) hold EP4 x ETP1 expert shards, each replicated over the expert-data-
+    parallel group of 8 / 4 = 2 ranks, so ZeRO-3 shards expert weights over 2 ranks and the dense ones over
+    DP 4."""
     h, f = 512, 256
     m = model_from_dict(dict(name="moe", layers=2, hidden=h, heads=8, ffn=1024, vocab=1000,
                              moe=dict(num_experts=8, top_k=2, expert_ffn=f, first_dense_layers=1)))
     est = estimate_memory(m, ParallelPlan(tp=2, dp=4, ep=4, zero=3, seq_len=256, global_batch=4))
     dense_layer = 4 * h * h + 3 * h * 1024 + 2 * h
-    moe_layer = 4 * h * h + 2 * h + h * 8 + 8 * 3 * h * f
-    held = dense_layer / 2 + (moe_layer - 8 * 3 * h * f) / 2 + 8 * 3 * h * f / 4 + 2 * 1000 * h / 2
-    assert est.weights_gib * GIB == pytest.approx(held * 2 / 4 + 2 * max(dense_layer, moe_layer) / 2 * 2, rel=1e-12)
+    experts = 8 * 3 * h * f
+    moe_layer = 4 * h * h + 2 * h + h * 8 + experts
+    dense_held = dense_layer / 2 + (moe_layer - experts) / 2 + 2 * 1000 * h / 2     # TP-sharded, over DP 4
+    expert_held = experts / 4                                                     # EP4 x ETP1, over EDP 2
+    expected = dense_held * 2 / 4 + expert_held * 2 / 2 + 2 * max(dense_layer, moe_layer) / 2 * 2
+    assert est.weights_gib * GIB == pytest.approx(expected, rel=1e-12)

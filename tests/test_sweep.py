@@ -185,6 +185,7 @@ SLOW_SPEC = """
 [scenario]
 model = "llama3-70b"
 hardware = "h100-sxm"
+simulation = "symmetric"   # the whole-step replay: points slow enough to be killed half-way
 plan = {{ seq_len = 8192, global_batch = 512 }}
 [[axes]]
 search = {{ gpus = [64, 128], max_plans = {n} }}

@@ -11,6 +11,7 @@ import pytest
 from estimators.model_config import load_model, model_from_dict
 from estimators.parallelism.plan import ParallelPlan
 from estimators.parallelism.evaluate import predict
+from estimators.parallelism.timing import resolve_hardware
 from replay.fabric import IdealFabric
 from replay.model_timing import ModelTiming
 
@@ -29,8 +30,9 @@ def test_symmetric_prediction_equals_full_simulation_on_64_gpus():
     all 64 ranks replayed together with rendezvous collectives and p2p."""
     plan = ParallelPlan(tp=2, pp=4, cp=2, dp=4, seq_len=2048, global_batch=16, zero=1)
     # collectives alone on the network: rank symmetry is exact
-    sym = predict(SMALL, plan, "h100-sxm", mode="symmetric", extrapolate=False, timing=_AloneOnNetwork("h100-sxm"))
-    full = predict(SMALL, plan, "h100-sxm", mode="all", extrapolate=False, timing=_AloneOnNetwork("h100-sxm"))
+    hw = resolve_hardware("h100-sxm")   # the preset as generated ops are timed (as predict does)
+    sym = predict(SMALL, plan, "h100-sxm", mode="symmetric", extrapolate=False, timing=_AloneOnNetwork(hw))
+    full = predict(SMALL, plan, "h100-sxm", mode="all", extrapolate=False, timing=_AloneOnNetwork(hw))
     assert full.simulated_ranks == 64 and sym.simulated_ranks == 4
     assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
     # sharing links (the default): the representative ranks' own TP/CP/DP traffic contends in both runs;
