@@ -13,7 +13,7 @@ new test.
     python benchmarks/mutation.py --list                  # the modules and their test files
 
 Scores are printed as killed / (mutants - equivalent): the equivalent mutants of each module are listed
-in EQUIVALENT with the reason (the README carries the latest figures).
+in its file under benchmarks/mutation_targets/ with the reason (the README carries the latest figures).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,34 +40,22 @@ class Target:
     tests: tuple[str, ...]         # fast test files that pin its quantities
 
 
-TARGETS = {
-    "workload": Target("estimators/parallelism/workload.py", ("tests/test_pinned_workload.py", "tests/test_pinned_collectives.py",
-                                                  "tests/test_pinned_flops.py")),
-    "memory": Target("estimators/parallelism/memory.py", ("tests/test_pinned_memory.py",)),
-    "network": Target("replay/hardware/network.py", ("tests/test_pinned_nccl.py", "tests/test_network_published.py",
-                                                     "tests/test_hardware_network.py")),
-    "compute": Target("replay/hardware/compute.py", ("tests/test_pinned_compute.py", "tests/test_hardware_compute.py")),
-    "failures-closed-form": Target("estimators/failures/closed_form.py", ("tests/test_failures.py",)),
-    "failures-checkpoint": Target("estimators/failures/checkpoint.py", ("tests/test_failures.py",)),
-    "failures-recovery": Target("estimators/failures/recovery.py", ("tests/test_pinned_failures.py",
-                                                                   "tests/test_failures.py")),
-    "moe-evaluate": Target("estimators/moe/evaluate.py", ("tests/test_pinned_moe.py", "tests/test_moe_placement.py")),
-    "kineto-dependencies": Target("chakra_schema/pytorch/kineto_graph.py", ("tests/test_kineto_graph.py",
-                                                                            "tests/test_et_dependency_order.py")),
-}
+TARGET_DIR = Path(__file__).resolve().parent / "mutation_targets"
 
-# Mutants that change nothing observable, by module: mutmut name -> why. They are left out of the score.
-EQUIVALENT: dict[str, dict[str, str]] = {
-    "memory": {
-        "estimators.parallelism.memory.x_estimate_memory__mutmut_179":
-            "`>` -> `>=` when picking the fullest stage: only a tie between two stages' totals could pick another "
-            "stage, and the first and last stages hold different embedding terms",
-        "estimators.parallelism.memory.x_estimate_memory__mutmut_88": "max(..., default=None): every stage has >= 1 layer "
-                                                          "(validate_plan), so the default is never used",
-        "estimators.parallelism.memory.x_estimate_memory__mutmut_90": "max() without its default: same reason",
-        "estimators.parallelism.memory.x_estimate_memory__mutmut_94": "max(..., default=1.0): same reason",
-    },
-}
+
+def load_targets() -> tuple[dict[str, Target], dict[str, dict[str, str]]]:
+    """One TOML file per target in mutation_targets/: the module, its test files, and its equivalent
+    mutants (mutmut name -> why nothing observable changes), which are left out of the score."""
+    targets: dict[str, Target] = {}
+    equivalent: dict[str, dict[str, str]] = {}
+    for f in sorted(TARGET_DIR.glob("*.toml")):
+        spec = tomllib.loads(f.read_text())
+        targets[f.stem] = Target(spec["module"], tuple(spec["tests"]))
+        equivalent[f.stem] = dict(spec.get("equivalent", {}))
+    return targets, equivalent
+
+
+TARGETS, EQUIVALENT = load_targets()
 
 STATUSES = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped", "segfault", "not checked",
             "check was interrupted by user", "caught by type check")
