@@ -46,3 +46,138 @@ def test_optimizer_step_updates_this_ranks_parameter_shard_at_12_flops_and_30_by
         opt = _by_name(g)["optimizer_step"]
         params = (2 * LAYER / 2 + V * H / 2) / shard
         assert opt == [{"op": "optimizer", "dtype": "fp32", "flops": 12.0 * params, "bytes": 30.0 * params}]
+
+
+SMALL = model_from_dict(dict(name="s", layers=2, hidden=64, heads=4, ffn=128, vocab=100))
+S_LAYER = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64      # 16,384 + 24,576 + 128 = 41,088
+
+
+def _index(g):
+    return {n: i for i, n in enumerate(g.name)}
+
+
+def _data_deps(g, name):
+    """Names of the nodes `name` waits for by data (not the stream order)."""
+    i = _index(g)[name]
+    return sorted(g.name[j] for j, k in zip(g.deps_of(i), g.dep_kinds_of(i)) if k == 0)
+
+
+def _stream_prev(g, name):
+    i = _index(g)[name]
+    prev = [g.name[j] for j, k in zip(g.deps_of(i), g.dep_kinds_of(i)) if k == 2]
+    return prev[0] if prev else None
+
+
+def test_pipeline_1f1b_sends_and_receives_with_unique_tags_between_adjacent_stages():
+    """PP2 DP2, 2 micro-batches of 32 tokens, h = 64: each transfer is 32 x 64 x 2 B = 4,096 B. Stage 0
+    (ranks 0 and 1) talks to stage 1 (ranks 2 and 3) at the same DP index. A message's tag is
+    (micro-batch x chunks + sending chunk) x 2 + direction: activations of mb m from chunk 0 -> 4m,
+    gradients of mb m from chunk 1 -> 4m + 3. Schedule: stage 0 F0 F1 B0 B1, stage 1 F0 B0 F1 B1."""
+    plan = ParallelPlan(pp=2, dp=2, seq_len=32, global_batch=4)
+    g0 = build_rank_graph(SMALL, plan, 0)
+    a = {g0.name[i]: x for i, x in g0.attrs.items()}
+    for m in (0, 1):
+        assert a[f"mb{m}.send_act_c0"] == {"comm_src": 0, "comm_dst": 2, "comm_size": 4096, "pg_name": "pp", "comm_tag": 4 * m}
+        assert a[f"mb{m}.recv_grad_c0"] == {"comm_src": 2, "comm_dst": 0, "comm_size": 4096, "pg_name": "pp",
+                                            "comm_tag": 4 * m + 3}
+        assert _data_deps(g0, f"mb{m}.send_act_c0") == [f"mb{m}.L0.F.residual_add_mlp"]
+        assert _data_deps(g0, f"mb{m}.recv_grad_c0") == []
+        assert _data_deps(g0, f"mb{m}.L0.B.residual_add_mlp_bwd") == [f"mb{m}.recv_grad_c0"]
+    g1 = build_rank_graph(SMALL, plan, 3)          # stage 1, DP index 1
+    a = {g1.name[i]: x for i, x in g1.attrs.items()}
+    assert a["mb1.recv_act_c1"] == {"comm_src": 1, "comm_dst": 3, "comm_size": 4096, "pg_name": "pp", "comm_tag": 4}
+    assert a["mb0.send_grad_c1"] == {"comm_src": 3, "comm_dst": 1, "comm_size": 4096, "pg_name": "pp", "comm_tag": 3}
+    assert _data_deps(g1, "mb0.L1.F.input_norm") == ["mb0.recv_act_c1"]
+    assert _data_deps(g1, "mb0.send_grad_c1") == ["mb0.L1.B.input_norm_bwd"]
+    # send / receive nodes are typed by direction
+    from chakra_schema.graph import NodeType
+    i = _index(g1)
+    assert g1.node_type[i["mb0.send_grad_c1"]] == NodeType.COMM_SEND_NODE
+    assert g1.node_type[i["mb0.recv_act_c1"]] == NodeType.COMM_RECV_NODE
+    # compute order is the 1F1B schedule
+    fw_bw = [n.split(".")[0] + (".F" if ".F." in n else ".B") for n in g0.name if n.endswith((".F.input_norm", ".B.input_norm_bwd"))]
+    assert fw_bw == ["mb0.F", "mb1.F", "mb0.B", "mb1.B"]
+    fw_bw = [n.split(".")[0] + (".F" if ".F." in n else ".B") for n in g1.name if n.endswith((".F.input_norm", ".B.input_norm_bwd"))]
+    assert fw_bw == ["mb0.F", "mb0.B", "mb1.F", "mb1.B"]
+
+
+def test_step_metadata_lists_each_pass_first_and_output_node():
+    """metadata["passes"]: [is_forward, micro-batch, local chunk, first node, output node] per pass;
+    "tail": the first node after the passes (here the optimizer step: reductions overlap the backward)."""
+    plan = ParallelPlan(pp=2, dp=2, seq_len=32, global_batch=4)
+    g0 = build_rank_graph(SMALL, plan, 0)
+    md = g0.metadata
+    assert {k: md[k] for k in ("generator", "model", "stage", "pp", "tp", "cp", "dp", "ep", "vp", "micro_batches")} == {
+        "generator": "estimators.parallelism.workload", "model": "s", "stage": 0, "pp": 2, "tp": 1, "cp": 1,
+        "dp": 2, "ep": 1, "vp": 1, "micro_batches": 2}
+    p = md["passes"]
+    assert [x[:3] for x in p] == [[1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 1, 0]]
+    assert [(g0.name[x[3]], g0.name[x[4]]) for x in p] == [
+        ("mb0.embedding", "mb0.L0.F.residual_add_mlp"), ("mb1.embedding", "mb1.L0.F.residual_add_mlp"),
+        ("mb0.recv_grad_c0", "mb0.embedding_bwd"), ("mb1.recv_grad_c0", "mb1.embedding_bwd")]
+    assert g0.name[md["tail"]] == "optimizer_step"
+    g1 = build_rank_graph(SMALL, plan, 2)
+    p = g1.metadata["passes"]
+    assert g1.metadata["stage"] == 1
+    assert [(x[:3], g1.name[x[3]], g1.name[x[4]]) for x in p] == [
+        ([1, 0, 0], "mb0.recv_act_c1", "mb0.cross_entropy"),
+        ([0, 0, 0], "mb0.cross_entropy_bwd", "mb0.L1.B.input_norm_bwd"),
+        ([1, 1, 0], "mb1.recv_act_c1", "mb1.cross_entropy"),
+        ([0, 1, 0], "mb1.cross_entropy_bwd", "mb1.L1.B.input_norm_bwd")]
+    assert g1.name[g1.metadata["tail"]] == "optimizer_step"
+    assert g0.rank == 0 and g1.rank == 2 and g0.world_size == 4
+
+
+def test_gradient_buckets_reduce_after_the_last_micro_batchs_backward_of_each_layer():
+    """PP2 DP2 ZeRO-1, 2 micro-batches: only micro-batch 1 (the last backward) reduces. Stage 0
+    reduce-scatters layer 0 (41,088 x 4 B = 164,352 B) and the embedding (100 x 64 x 4 = 25,600 B) over
+    its DP group [0, 1]; stage 1 layer 1 and the output projection. Each waits for its bucket's last
+    backward op; the optimizer waits for all of them and the pass."""
+    plan = ParallelPlan(pp=2, dp=2, seq_len=32, global_batch=4)
+    g0 = build_rank_graph(SMALL, plan, 0)
+    red = {g0.name[i]: a for i, a in g0.attrs.items() if ".grad_" in g0.name[i]}
+    assert sorted(red) == ["mb1.L0.grad_reducescatter", "mb1.embedding.grad_reducescatter"]
+    assert red["mb1.L0.grad_reducescatter"] == {"comm_type": 7, "comm_size": S_LAYER * 4, "pg_ranks": [0, 1],
+                                                "pg_name": "dp:0", "coll_name": "reduce_scatter"}
+    assert red["mb1.embedding.grad_reducescatter"]["comm_size"] == 25_600
+    assert _data_deps(g0, "mb1.L0.grad_reducescatter") == ["mb1.L0.B.input_norm_bwd"]
+    assert _data_deps(g0, "mb1.embedding.grad_reducescatter") == ["mb1.embedding_bwd"]
+    assert _data_deps(g0, "optimizer_step") == ["mb1.L0.grad_reducescatter", "mb1.embedding.grad_reducescatter",
+                                                "mb1.embedding_bwd"]
+    assert _data_deps(g0, "param_allgather") == ["optimizer_step"]
+    g1 = build_rank_graph(SMALL, plan, 3)
+    red = {g1.name[i]: a for i, a in g1.attrs.items() if ".grad_" in g1.name[i]}
+    assert sorted(red) == ["mb1.L1.grad_reducescatter", "mb1.output.grad_reducescatter"]
+    assert red["mb1.output.grad_reducescatter"]["comm_size"] == 25_600
+    assert red["mb1.output.grad_reducescatter"]["pg_ranks"] == [2, 3]
+    assert red["mb1.output.grad_reducescatter"]["pg_name"] == "dp:2"
+    assert _data_deps(g1, "mb1.output.grad_reducescatter") == ["mb1.final_norm_bwd"]
+    # the stage's 16-bit parameters after the step: (41,088 + 6,400) x 2 B
+    a = {g1.name[i]: x for i, x in g1.attrs.items()}
+    assert a["param_allgather"] == {"comm_type": 2, "comm_size": (S_LAYER + 6400) * 2, "pg_ranks": [2, 3],
+                                    "pg_name": "dp:2", "coll_name": "all_gather"}
+
+
+def test_ddp_all_reduces_and_2021_megatron_reduces_after_the_whole_backward():
+    """ZeRO-0 (DDP): all-reduce of the fp32 grads, no parameter all-gather after the step. Without
+    overlap_grad_reduce (2021 Megatron-LM) every bucket is reduced after the last pass, in bucket order."""
+    plan = ParallelPlan(dp=2, zero=0, seq_len=32, global_batch=2, overlap_grad_reduce=False)
+    g = build_rank_graph(SMALL, plan, 0)
+    names = [n for n in g.name if ".grad_" in n]
+    assert names == ["mb0.output.grad_allreduce", "mb0.L1.grad_allreduce", "mb0.L0.grad_allreduce",
+                     "mb0.embedding.grad_allreduce"]
+    last = g.name[g.metadata["passes"][-1][4]]
+    assert last == "mb0.embedding_bwd"
+    for n in names:
+        assert _data_deps(g, n) == [last]
+    assert g.name[g.metadata["tail"]] == "mb0.output.grad_allreduce"
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L1.grad_allreduce"]["comm_type"] == 0 and a["mb0.L1.grad_allreduce"]["comm_size"] == S_LAYER * 4
+    assert a["mb0.L1.grad_allreduce"]["pg_name"] == "dp:0" and a["mb0.L1.grad_allreduce"]["pg_ranks"] == [0, 1]
+    assert "param_allgather" not in g.name
+    assert sorted(_data_deps(g, "optimizer_step")) == sorted(names + [last])
+    # tied embeddings on one stage: no separate output bucket
+    tied = model_from_dict(dict(name="t", layers=2, hidden=64, heads=4, ffn=128, vocab=100, tied_embeddings=True))
+    assert "mb0.output.grad_allreduce" not in build_rank_graph(tied, plan, 0).name
+    # a single DP rank reduces nothing
+    assert not [n for n in build_rank_graph(SMALL, plan.with_(dp=1), 0).name if "grad_" in n]
