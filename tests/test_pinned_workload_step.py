@@ -181,3 +181,138 @@ def test_ddp_all_reduces_and_2021_megatron_reduces_after_the_whole_backward():
     assert "mb0.output.grad_allreduce" not in build_rank_graph(tied, plan, 0).name
     # a single DP rank reduces nothing
     assert not [n for n in build_rank_graph(SMALL, plan.with_(dp=1), 0).name if "grad_" in n]
+
+
+def _dset(g, name):
+    return set(_data_deps(g, name))
+
+
+def test_blocking_p2p_waits_for_each_batch_of_sends_and_receives():
+    """2021 Megatron-LM (no p2p overlap), PP2, 2 micro-batches, stage 1 (F0 B0 F1 B1): the receive of the
+    first pass is posted before it; after each pass the batch posts its send (after the pass output) and
+    the receive of the next pass (after the compute so far), and the next pass waits for the whole
+    batch; the optimizer waits for the last batch."""
+    plan = ParallelPlan(pp=2, seq_len=32, global_batch=2, overlap_p2p=False)
+    g = build_rank_graph(SMALL, plan, 1)
+    assert _dset(g, "mb0.recv_act_c1") == set()
+    assert _dset(g, "mb0.L1.F.input_norm") == {"mb0.recv_act_c1"}
+    assert _dset(g, "mb0.send_grad_c1") == {"mb0.L1.B.input_norm_bwd"}
+    assert _dset(g, "mb1.recv_act_c1") == {"mb0.L1.B.input_norm_bwd"}
+    assert _dset(g, "mb1.L1.F.input_norm") == {"mb0.send_grad_c1", "mb1.recv_act_c1"}
+    assert "mb1.send_grad_c1" in _dset(g, "optimizer_step")
+    # stage 0 (F0 F1 B0 B1): B0's gradient receive is posted after F1's forward
+    g0 = build_rank_graph(SMALL, plan, 0)
+    assert _dset(g0, "mb0.recv_grad_c0") == {"mb1.L0.F.residual_add_mlp"}
+    assert _dset(g0, "mb1.send_act_c0") == {"mb1.L0.F.residual_add_mlp"}
+    assert _dset(g0, "mb0.L0.B.residual_add_mlp_bwd") == {"mb1.send_act_c0", "mb0.recv_grad_c0"}
+    # overlapped p2p: receives are pre-posted without deps and the pass waits only for its own
+    o = build_rank_graph(SMALL, plan.with_(overlap_p2p=True), 1)
+    assert _dset(o, "mb1.recv_act_c1") == set()
+    assert _dset(o, "mb1.L1.F.input_norm") == {"mb1.recv_act_c1"}
+    assert "mb1.send_grad_c1" not in _dset(o, "optimizer_step")
+
+
+def test_interleaved_blocking_p2p_pairs_forward_and_backward_communication():
+    """Interleaved 1F1B (PP2 VP2, 4 micro-batches, 4 one-layer chunks; stage 0 holds chunks 0 and 2),
+    blocking p2p as Megatron-LM's interleaved schedule communicates: each warm-up forward on its own,
+    then one batch per steady-state (forward, backward) pair, then each cool-down backward on its own.
+    Stage 0: warm-up F(mb0,c0) F(mb1,c0) F(mb0,c2) F(mb1,c2); steady [F(mb2,c0) B(mb0,c2)]
+    [F(mb3,c0) B(mb1,c2)] [F(mb2,c2) B(mb0,c0)] [F(mb3,c2) B(mb1,c0)]; cool-down B(mb2,c2) ...
+    A send waits for its pass and for the last compute of its batch."""
+    m4 = model_from_dict(dict(name="m4", layers=4, hidden=64, heads=4, ffn=128, vocab=100))
+    plan = ParallelPlan(pp=2, vp=2, seq_len=32, global_batch=4, overlap_p2p=False)
+    g = build_rank_graph(m4, plan, 0)
+    assert _dset(g, "mb0.send_act_c0") == {"mb0.L0.F.residual_add_mlp"}
+    assert _dset(g, "mb1.send_act_c0") == {"mb1.L0.F.residual_add_mlp"}
+    assert _dset(g, "mb0.send_act_c2") == {"mb0.L2.F.residual_add_mlp"}
+    assert _dset(g, "mb1.send_act_c2") == {"mb1.L2.F.residual_add_mlp"}
+    # steady pairs: the forward's send goes out with the backward's
+    assert _dset(g, "mb2.send_act_c0") == {"mb2.L0.F.residual_add_mlp", "mb0.L2.B.input_norm_bwd"}
+    assert _dset(g, "mb0.send_grad_c2") == {"mb0.L2.B.input_norm_bwd"}
+    assert _dset(g, "mb3.send_act_c0") == {"mb3.L0.F.residual_add_mlp", "mb1.L2.B.input_norm_bwd"}
+    assert _dset(g, "mb2.send_act_c2") == {"mb2.L2.F.residual_add_mlp", "mb0.embedding_bwd"}
+    assert _dset(g, "mb3.send_act_c2") == {"mb3.L2.F.residual_add_mlp", "mb1.embedding_bwd"}
+    # cool-down: one by one
+    assert _dset(g, "mb2.send_grad_c2") == {"mb2.L2.B.input_norm_bwd"}
+    assert _dset(g, "mb3.send_grad_c2") == {"mb3.L2.B.input_norm_bwd"}
+    # the first steady forward waits for the batch of the last warm-up forward
+    assert _dset(g, "mb2.embedding") >= {"mb1.send_act_c2"}
+    # tags: activations of mb1 from chunk 2 -> (1 x 4 + 2) x 2 = 12; gradients of mb0 from chunk 2 -> 5
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb1.send_act_c2"]["comm_tag"] == 12 and a["mb0.send_grad_c2"]["comm_tag"] == 5
+    assert a["mb0.send_act_c2"]["comm_dst"] == 1 and a["mb0.recv_grad_c2"]["comm_src"] == 1
+    # chunk 2's activation comes from chunk 1 on stage 1: tag (0 x 4 + 1) x 2 = 2
+    assert a["mb0.recv_act_c2"]["comm_tag"] == 2 and a["mb0.recv_act_c2"]["comm_src"] == 1
+    # chunk 0's gradient comes from chunk 1: tag (0 x 4 + 1) x 2 + 1 = 3
+    assert a["mb0.recv_grad_c0"]["comm_tag"] == 3
+    assert [x[:3] for x in g.metadata["passes"]][:6] == [[1, 0, 0], [1, 1, 0], [1, 0, 1], [1, 1, 1], [1, 2, 0], [0, 0, 1]]
+
+
+def test_zero3_gathers_parameters_one_layer_ahead_and_hsdp_all_reduces_across_replicas():
+    """FSDP (ZeRO-3) DP4 with HSDP shard groups of 2 (dp_shard = 2): each layer's bf16 parameters
+    (41,088 x 2 B) are all-gathered in the shard group [0, 1] before its forward and backward, issued
+    when the previous layer started (prefetch); gradients are reduce-scattered in bf16 in the shard
+    group (41,088 x 2 B) and the shard (half) all-reduced across the replicas [0, 2]."""
+    plan = ParallelPlan(dp=4, zero=3, dp_shard=2, seq_len=32, global_batch=4)
+    g = build_rank_graph(SMALL, plan, 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L0.F.param_allgather"] == {"comm_type": 2, "comm_size": S_LAYER * 2, "pg_ranks": [0, 1],
+                                             "pg_name": "dp:0", "coll_name": "all_gather"}
+    assert _dset(g, "mb0.L0.F.param_allgather") == set()
+    assert _dset(g, "mb0.L1.F.param_allgather") == {"mb0.L0.F.input_norm"}
+    assert "mb0.L1.F.param_allgather" in _dset(g, "mb0.L1.F.input_norm")
+    assert _dset(g, "mb0.L1.B.param_allgather") == set()
+    assert _dset(g, "mb0.L0.B.param_allgather") == {"mb0.L1.B.residual_add_mlp_bwd"}
+    assert _dset(g, "mb0.L0.B.residual_add_mlp_bwd") == {"mb0.L1.B.input_norm_bwd", "mb0.L0.B.param_allgather"}
+    assert a["mb0.L1.grad_reducescatter"] == {"comm_type": 7, "comm_size": S_LAYER * 2, "pg_ranks": [0, 1],
+                                              "pg_name": "dp:0", "coll_name": "reduce_scatter"}
+    assert a["mb0.L1.grad_allreduce_replicas"] == {"comm_type": 0, "comm_size": S_LAYER, "pg_ranks": [0, 2],
+                                                   "pg_name": "dprep:0", "coll_name": "all_reduce"}
+    assert _dset(g, "mb0.L1.grad_allreduce_replicas") == {"mb0.L1.grad_reducescatter"}
+    assert "mb0.L1.grad_allreduce_replicas" in _dset(g, "optimizer_step")
+    assert "mb0.L1.grad_reducescatter" not in _dset(g, "optimizer_step")
+    assert "param_allgather" not in g.name                      # ZeRO-3 keeps no full copy after the step
+    # rank 3 (dp index 3): shard group [2, 3], replicas [1, 3]
+    g3 = build_rank_graph(SMALL, plan, 3)
+    a3 = {g3.name[i]: x for i, x in g3.attrs.items()}
+    assert a3["mb0.L1.grad_reducescatter"]["pg_ranks"] == [2, 3] and a3["mb0.L1.grad_reducescatter"]["pg_name"] == "dp:2"
+    assert a3["mb0.L1.grad_allreduce_replicas"]["pg_ranks"] == [1, 3]
+    assert a3["mb0.L1.grad_allreduce_replicas"]["pg_name"] == "dprep:1"
+    # plain FSDP (one shard group of all 4): no replica all-reduce; optimizer over 1/4 of the parameters
+    f = build_rank_graph(SMALL, plan.with_(dp_shard=0), 0)
+    assert not [n for n in f.name if "replicas" in n]
+    af = {f.name[i]: x for i, x in f.attrs.items()}
+    assert af["mb0.L1.grad_reducescatter"]["pg_ranks"] == [0, 1, 2, 3]
+    assert af["optimizer_step"]["flops"] == 12.0 * (2 * S_LAYER + 2 * 6400) / 4
+    # ZeRO-3 on one rank gathers nothing
+    assert not [n for n in build_rank_graph(SMALL, plan.with_(dp=1, dp_shard=0), 0).name if "param_allgather" in n]
+
+
+def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
+    """MoE (8 experts of 128, top-2; h = 64) on DP4 EP2: expert parameters 8 x 3 x 64 x 128 / 2 = 98,304
+    per rank, reduced in fp32 (x 4 B) over the 2 expert-DP ranks [0, 2]; ZeRO-1 reduce-scatters them and
+    all-gathers 2 B each after the step, DDP all-reduces. Dense part of the layer: attention 16,384 +
+    norms 128 + router 64 x 8 = 512 -> 17,024 x 4 B over DP [0, 1, 2, 3]."""
+    moe = model_from_dict(dict(name="moe", layers=2, hidden=64, heads=4, ffn=128, vocab=100,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128)))
+    plan = ParallelPlan(dp=4, ep=2, seq_len=32, global_batch=4)
+    g = build_rank_graph(moe, plan, 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L1.expert_grad_reduce"] == {"comm_type": 7, "comm_size": 98_304 * 4, "pg_ranks": [0, 2],
+                                              "pg_name": "edp:0", "coll_name": "reduce_scatter"}
+    assert _dset(g, "mb0.L1.expert_grad_reduce") == {"mb0.L1.B.input_norm_bwd"}
+    assert a["mb0.L1.grad_reducescatter"]["comm_size"] == 17_024 * 4
+    assert a["expert_param_allgather"] == {"comm_type": 2, "comm_size": 2 * 98_304 * 2, "pg_ranks": [0, 2],
+                                           "pg_name": "edp:0", "coll_name": "all_gather"}
+    assert _dset(g, "expert_param_allgather") == {"optimizer_step"}
+    dense = 2 * 17_024 + 2 * 6400
+    assert a["param_allgather"]["comm_size"] == dense * 2
+    assert a["optimizer_step"]["flops"] == 12.0 * (dense / 4 + 2 * 98_304 / 2)
+    d = build_rank_graph(moe, plan.with_(zero=0), 0)
+    ad = {d.name[i]: x for i, x in d.attrs.items()}
+    assert ad["mb0.L1.expert_grad_reduce"]["comm_type"] == 0
+    assert "expert_param_allgather" not in d.name
+    assert ad["optimizer_step"]["flops"] == 12.0 * (dense + 2 * 98_304)
+    # EP over all of DP: no expert-DP group, no expert reduction
+    e = build_rank_graph(moe, plan.with_(ep=4), 0)
+    assert not [n for n in e.name if "expert_grad_reduce" in n or n == "expert_param_allgather"]
