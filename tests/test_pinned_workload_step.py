@@ -316,3 +316,138 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     # EP over all of DP: no expert-DP group, no expert reduction
     e = build_rank_graph(moe, plan.with_(ep=4), 0)
     assert not [n for n in e.name if "expert_grad_reduce" in n or n == "expert_param_allgather"]
+
+
+def test_mtp_modules_run_after_the_output_head_and_reduce_their_own_weights():
+    """One MTP module (DeepSeek-V3) on the last stage: forward = projection, one more layer of the last
+    layer's kind and the shared output head after the main head; backward in reverse before the main
+    head's backward. Its gradient bucket: the layer (41,088) + the 2h x h projection (2 x 64 x 64 =
+    8,192) -> 49,280 x 4 B; the optimizer also updates it."""
+    mtp = model_from_dict(dict(name="mtp", layers=2, hidden=64, heads=4, ffn=128, vocab=100, mtp_layers=1))
+    plan = ParallelPlan(dp=2, seq_len=32, global_batch=2)
+    g = build_rank_graph(mtp, plan, 0)
+    n = g.name
+    order = [x for x in n if x.endswith(("mb0.cross_entropy", "mtp0.mtp_proj", "mtp0.L.F.residual_add_mlp",
+                                         "mtp0.cross_entropy", "mtp0.cross_entropy_bwd", "mtp0.L.B.input_norm_bwd",
+                                         "mtp0.mtp_norms_bwd", "mb0.cross_entropy_bwd"))]
+    assert order == ["mb0.cross_entropy", "mb0.mtp0.mtp_proj", "mb0.mtp0.L.F.residual_add_mlp", "mb0.mtp0.cross_entropy",
+                     "mb0.mtp0.cross_entropy_bwd", "mb0.mtp0.L.B.input_norm_bwd", "mb0.mtp0.mtp_norms_bwd",
+                     "mb0.cross_entropy_bwd"]
+    assert _dset(g, "mb0.mtp0.mtp_embedding") == {"mb0.cross_entropy"}
+    assert _dset(g, "mb0.mtp0.L.F.input_norm") == {"mb0.mtp0.mtp_proj"}
+    assert _dset(g, "mb0.mtp0.final_norm") == {"mb0.mtp0.L.F.residual_add_mlp"}
+    assert _dset(g, "mb0.mtp0.L.B.residual_add_mlp_bwd") == {"mb0.mtp0.final_norm_bwd"}
+    assert _dset(g, "mb0.mtp0.mtp_proj_dgrad") == {"mb0.mtp0.L.B.input_norm_bwd"}
+    assert _dset(g, "mb0.cross_entropy_bwd") == {"mb0.mtp0.mtp_norms_bwd"}
+    a = {n[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.mtp0.grad_reducescatter"]["comm_size"] == (S_LAYER + 8192) * 4
+    assert _dset(g, "mb0.mtp0.grad_reducescatter") == {"mb0.mtp0.mtp_norms_bwd"}
+    params = 2 * S_LAYER + S_LAYER + 8192 + 2 * 6400
+    assert a["optimizer_step"]["flops"] == 12.0 * params / 2
+    assert a["param_allgather"]["comm_size"] == params * 2
+    # the MTP layer sits in the forward graph once per module and micro-batch
+    assert sum(x.endswith("mtp0.L.F.input_norm") for x in n) == 1
+
+
+def test_lora_step_reduces_and_updates_only_the_adapters():
+    """LoRA r = 16 on QKV, DP2: per layer 16 x (64 + 192) = 4,096 trainable parameters, reduced in fp32
+    (16,384 B); the frozen embedding and output head reduce nothing; the optimizer updates 2 x 4,096 / 2
+    adapter parameters per rank (ZeRO-1); no FP8 weight cast under LoRA."""
+    plan = ParallelPlan(dp=2, seq_len=32, global_batch=2, finetune="lora", precision="fp8")
+    g = build_rank_graph(SMALL, plan, 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    red = sorted(x for x in g.name if ".grad_" in x)
+    assert red == ["mb0.L0.grad_reducescatter", "mb0.L1.grad_reducescatter"]
+    assert a["mb0.L0.grad_reducescatter"]["comm_size"] == 4096 * 4
+    assert a["optimizer_step"]["flops"] == 12.0 * 2 * 4096 / 2
+    assert a["param_allgather"]["comm_size"] == 2 * 4096 * 2
+    assert "fp8_weight_cast" not in g.name
+    mtp = model_from_dict(dict(name="mtp", layers=2, hidden=64, heads=4, ffn=128, vocab=100, mtp_layers=1))
+    gm = build_rank_graph(mtp, plan, 0)
+    am = {gm.name[i]: x for i, x in gm.attrs.items()}
+    assert am["mb0.mtp0.grad_reducescatter"]["comm_size"] == (4096 + 8192) * 4
+    assert am["optimizer_step"]["flops"] == 12.0 * 3 * 4096 / 2
+
+
+def test_fp8_step_casts_the_updated_weights_once_after_the_optimizer():
+    """FP8 training keeps bf16 weights and makes their fp8 copies once per step: 1 FLOP, 2 + 2 B per
+    parameter of the rank (all of them, not the ZeRO shard: 2 x 41,088 + 2 x 6,400 = 94,976)."""
+    plan = ParallelPlan(dp=2, seq_len=32, global_batch=2, precision="fp8")
+    g = build_rank_graph(SMALL, plan, 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["fp8_weight_cast"] == {"op": "fp8_cast", "dtype": "bf16", "flops": 94_976.0, "bytes": 94_976.0 * 4}
+    assert _dset(g, "fp8_weight_cast") == {"optimizer_step"}
+    assert _dset(g, "param_allgather") == {"fp8_weight_cast"}
+
+
+def test_learned_positions_and_tied_embeddings_in_the_step():
+    """GPT-style, learned positions (max_seq 64 x h 64 = 4,096), tied embeddings, PP2 DP2: stage 0's
+    embedding bucket = 6,400 + 4,096 = 10,496 x 4 B; stage 1 still holds and reduces its own copy of
+    the tied output projection (6,400 x 4 B) since it is on another stage."""
+    gpt = model_from_dict(dict(name="g", layers=2, hidden=64, heads=4, ffn=256, vocab=100, activation="gelu",
+                               norm="layernorm", position="learned", max_seq=64, tied_embeddings=True))
+    plan = ParallelPlan(pp=2, dp=2, seq_len=32, global_batch=4)
+    g0 = build_rank_graph(gpt, plan, 0)
+    a = {g0.name[i]: x for i, x in g0.attrs.items()}
+    assert a["mb1.embedding.grad_reducescatter"]["comm_size"] == 10_496 * 4
+    g1 = build_rank_graph(gpt, plan, 2)
+    a = {g1.name[i]: x for i, x in g1.attrs.items()}
+    assert a["mb1.output.grad_reducescatter"]["comm_size"] == 6400 * 4
+    # GPT layer (no biases): attention 4 x 64^2, MLP 2 x 64 x 256, 2 LayerNorms of 2 x 64 (weight, bias)
+    layer = 4 * 64 * 64 + 2 * 64 * 256 + 4 * 64
+    assert a["optimizer_step"]["flops"] == 12.0 * (layer + 6400) / 2
+
+
+def test_recomputation_passes_run_before_each_backward():
+    """Full recompute: the layer's forward again (".R.") right before its backward, which waits for it;
+    selective with the mlp module: the MLP forward again; selective core_attn with flash: nothing."""
+    g = build_rank_graph(SMALL, ParallelPlan(seq_len=32, global_batch=1, recompute="full"), 0)
+    assert _dset(g, "mb0.L1.B.residual_add_mlp_bwd") == {"mb0.L1.R.residual_add_mlp"}
+    assert _dset(g, "mb0.L1.R.input_norm") == {"mb0.final_norm_bwd"}
+    assert _dset(g, "mb0.L0.R.input_norm") == {"mb0.L1.B.input_norm_bwd"}
+    s = build_rank_graph(SMALL, ParallelPlan(seq_len=32, global_batch=1, recompute="selective",
+                                             recompute_modules=("mlp",)), 0)
+    assert _dset(s, "mb0.L1.B.residual_add_mlp_bwd") == {"mb0.L1.R.recompute_mlp_fc2"}
+    assert _dset(s, "mb0.L1.R.recompute_mlp_fc1") == {"mb0.final_norm_bwd"}
+    f = build_rank_graph(SMALL, ParallelPlan(seq_len=32, global_batch=1, recompute="selective"), 0)
+    assert not [x for x in f.name if ".R." in x]
+    assert _dset(f, "mb0.L1.B.residual_add_mlp_bwd") == {"mb0.final_norm_bwd"}
+    # ZeRO-3 gathers feed the recompute pass (it runs first)
+    z = build_rank_graph(SMALL, ParallelPlan(dp=2, zero=3, seq_len=32, global_batch=2, recompute="full"), 0)
+    assert "mb0.L1.B.param_allgather" in _dset(z, "mb0.L1.R.input_norm")
+    assert _dset(z, "mb0.L1.B.residual_add_mlp_bwd") == {"mb0.L1.R.residual_add_mlp"}
+    zs = build_rank_graph(SMALL, ParallelPlan(dp=2, zero=3, seq_len=32, global_batch=2, recompute="selective",
+                                              recompute_modules=("mlp",)), 0)
+    assert "mb0.L1.B.param_allgather" in _dset(zs, "mb0.L1.R.recompute_mlp_fc1")
+    assert _dset(zs, "mb0.L1.B.residual_add_mlp_bwd") == {"mb0.L1.R.recompute_mlp_fc2"}
+
+
+def test_streams_devices_and_rank_selection():
+    """Each op runs on its stream of the rank's GPU (rank 1 of 8-GPU nodes: device 1): compute stream 7,
+    TP 20, DP gradient 24, DP parameter 25, PP 26-29. generate(): "symmetric" = one rank per stage
+    (progress reported per graph), "all", or an explicit list."""
+    from chakra_schema.graph import ResourceKind
+    plan = ParallelPlan(tp=2, pp=2, dp=4, seq_len=32, global_batch=8)
+    g = build_rank_graph(SMALL, plan, 1)
+    res = {(r.index, r.name) for r in g.resources}
+    assert {(7, "compute"), (20, "tp_comm"), (24, "dp_grad_comm"), (25, "dp_param_comm"), (26, "pp_send_fwd"),
+            (29, "pp_recv_bwd")} <= res
+    assert {r.device for r in g.resources} == {1}
+    assert {r.kind for r in g.resources} == {ResourceKind.GPU_STREAM}
+    i = _index(g)
+    assert g.resources[g.resource[i["mb0.embedding"]]].name == "compute"
+    assert g.resources[g.resource[i["mb0.send_act_c0"]]].name == "pp_send_fwd"
+    assert g.resources[g.resource[i["mb0.recv_grad_c0"]]].name == "pp_recv_bwd"
+    assert g.resources[g.resource[i["mb0.L0.F.sp_allgather_attn"]]].name == "tp_comm"
+    assert g.resources[g.resource[i["param_allgather"]]].name == "dp_param_comm"
+    assert build_rank_graph(SMALL, plan, 9, gpus_per_node=4).resources[0].device == 1
+    assert build_rank_graph(SMALL, plan, 9, gpus_per_node=16).resources[0].device == 9
+    seen = []
+    gs = generate(SMALL, plan, "symmetric", progress=lambda n, t: seen.append((n, t)))
+    assert [x.rank for x in gs] == [0, 8] and seen == [(1, 2), (2, 2)]
+    assert [x.rank for x in generate(SMALL, plan, [3, 12])] == [3, 12]
+    assert len(generate(SMALL, plan.with_(dp=1, global_batch=2), "all")) == 4
+    # the stream order chains each stream's ops
+    assert _stream_prev(g, "mb0.L0.F.qkv_proj") == "mb0.L0.F.input_norm"
+    assert _stream_prev(g, "mb0.L0.F.sp_reducescatter_attn") == "mb0.L0.F.sp_allgather_attn"
+    assert _stream_prev(g, "mb0.embedding") is None
