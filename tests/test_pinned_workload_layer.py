@@ -679,3 +679,30 @@ def test_fp8_gemms_cast_their_input_and_update_the_amax_history_per_layer():
                                         "bytes": float(T * h * 6)}
     # bf16 layers roll no amax history
     assert "fp8_amax_scale_update" not in [o[0] for o in _RankBuilder(LLAMA, plan.with_(precision="bf16"), 0, 8).layer_template(0, "F").ops]
+
+
+def test_gqa_heads_per_rank_never_drop_below_one_kv_head():
+    """8 heads of 32 with 2 KV heads over TP4: 2 query heads and max(2 / 4, 1) = 1 KV head per rank
+    (Megatron replicates KV heads when tp > kv heads); QKV columns (256 + 2 x 64) / 4 = 96."""
+    m = model_from_dict(dict(name="gqa", layers=1, hidden=256, heads=8, kv_heads=2, ffn=512, vocab=1000))
+    rb = _RankBuilder(m, ParallelPlan(tp=4, seq_len=64, global_batch=1), 0, 8)
+    assert rb._attn_dims() == (2, 1, 32, 32)
+    ops = {o[0]: o[2] for o in rb.layer_template(0, "F").ops}
+    assert (ops["qkv_proj"]["n"], ops["attention"]["heads"], ops["attention"]["kv_heads"]) == (96, 2, 1)
+    assert ops["rope"]["flops"] == 3.0 * 64 * (2 + 1) * 32
+
+
+def test_tp_comm_overlap_leaves_a_reduce_scatter_after_a_non_gemm_op_on_the_chain():
+    """The embedding's reduce-scatter follows a lookup, not a GEMM: nothing to overlap with, so it stays
+    on the chain and the next pass waits for it."""
+    plan = ParallelPlan(tp=2, seq_len=128, global_batch=1, tp_comm_overlap=True)
+    tpl = _RankBuilder(LLAMA, plan, 0, 8).embedding_template(False)
+    assert table(tpl)[1][4] == ("embedding",) and tpl.ops[tpl.head][0] == "embedding_reducescatter"
+    out = _RankBuilder(LLAMA, plan, 0, 8).output_template(True)
+    rows = {r[0]: r[4] for r in table(out)}
+    # the input-grad reduce-scatter runs beside the logits data-grad GEMM (same inputs)
+    assert rows["output_reducescatter_grad"] == ("cross_entropy_bwd",)
+    # TP1: no TP collective at all
+    one = _RankBuilder(LLAMA, ParallelPlan(seq_len=128, global_batch=1), 0, 8)
+    assert [r[0] for r in table(one.embedding_template(False))] == ["embedding"]
+    assert [r[0] for r in table(one.output_template(False))] == ["final_norm", "logits", "cross_entropy"]

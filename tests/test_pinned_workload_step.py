@@ -451,3 +451,36 @@ def test_streams_devices_and_rank_selection():
     assert _stream_prev(g, "mb0.L0.F.qkv_proj") == "mb0.L0.F.input_norm"
     assert _stream_prev(g, "mb0.L0.F.sp_reducescatter_attn") == "mb0.L0.F.sp_allgather_attn"
     assert _stream_prev(g, "mb0.embedding") is None
+
+
+def test_context_parallel_pipeline_sends_the_local_chunk_to_the_same_cp_and_tp_slot():
+    """PP2 CP2 TP2 (SP), 64 tokens: a rank's pipeline message is its 32-token CP chunk's activation,
+    sequence-split over TP: 32 x 64 x 2 B / 2 = 2,048 B. Rank 3 (stage 0, cp 1, tp 1) sends to rank
+    4 x 1 + 3 = 7 (stage 1, same cp and tp)."""
+    plan = ParallelPlan(pp=2, cp=2, tp=2, seq_len=64, global_batch=1)
+    g = build_rank_graph(SMALL, plan, 3)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.send_act_c0"]["comm_size"] == 2048 and a["mb0.send_act_c0"]["comm_dst"] == 7
+    assert a["mb0.recv_grad_c0"]["comm_src"] == 7
+    # the DP gradient group spans dp x cp: ranks 1 and 3 (tp index 1) for CP2 DP1
+    assert a["mb0.L0.grad_reducescatter"]["pg_ranks"] == [1, 3]
+
+
+def test_generate_passes_measured_routing_and_takes_the_straggler_in_symmetric_mode():
+    """generate(..., moe_loads): the symmetric representative computes the busiest EP rank's experts;
+    "all" gives every rank its own."""
+    import numpy as np
+    from estimators.parallelism.workload import MoELoads
+    moe = model_from_dict(dict(name="moe", layers=1, hidden=64, heads=4, ffn=128, vocab=100,
+                               moe=dict(num_experts=4, top_k=1, expert_ffn=64)))
+    plan = ParallelPlan(dp=2, ep=2, seq_len=32, global_batch=2)
+    pairs = np.array([[[[10, 6], [2, 14]]]], dtype=float)
+    slots = np.array([[[[9, 3], [20, 12]]]], dtype=float)
+    loads = MoELoads(pairs, slots)
+    (g,) = generate(moe, plan, "symmetric", moe_loads=loads)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L0.F.expert_up_gate_proj"]["ms"] == (20, 12)
+    assert a["mb0.L0.F.moe_dispatch_alltoall"]["comm_size"] == 16 * 64 * 2
+    g0, g1 = generate(moe, plan, "all", moe_loads=loads)
+    assert {g0.name[i]: x for i, x in g0.attrs.items()}["mb0.L0.F.expert_up_gate_proj"]["ms"] == (9, 3)
+    assert {g1.name[i]: x for i, x in g1.attrs.items()}["mb0.L0.F.expert_up_gate_proj"]["ms"] == (20, 12)
