@@ -440,6 +440,8 @@ def test_streams_devices_and_rank_selection():
     assert g.resources[g.resource[i["mb0.recv_grad_c0"]]].name == "pp_recv_bwd"
     assert g.resources[g.resource[i["mb0.L0.F.sp_allgather_attn"]]].name == "tp_comm"
     assert g.resources[g.resource[i["param_allgather"]]].name == "dp_param_comm"
+    assert build_rank_graph(SMALL, plan, 9).resources[0].device == 1          # 8 GPUs per node by default
+    assert generate(SMALL, plan, [9])[0].resources[0].device == 1
     assert build_rank_graph(SMALL, plan, 9, gpus_per_node=4).resources[0].device == 1
     assert build_rank_graph(SMALL, plan, 9, gpus_per_node=16).resources[0].device == 9
     seen = []
