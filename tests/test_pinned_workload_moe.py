@@ -187,6 +187,10 @@ def test_deepep_sends_each_token_once_per_remote_node_and_forwards_over_nvlink()
     assert ops["moe_dispatch_alltoall_nvlink"]["pg_ranks"] == [0, 1]
     assert ops["moe_dispatch_alltoall_nvlink"]["pg_name"] == "epnode:0"
     assert ops["moe_dispatch_alltoall_rdma"]["comm_type"] == 6
+    # rank 1 (second GPU of node 0): rail peers [1, 3], NVLink peers [0, 1]
+    r1 = {o[0]: o[2] for o in _RankBuilder(MOE2, plan, 1, 2).layer_template(0, "F").ops}
+    assert r1["moe_dispatch_alltoall_rdma"]["pg_ranks"] == [1, 3]
+    assert r1["moe_dispatch_alltoall_nvlink"]["pg_ranks"] == [0, 1]
     # capacity padding travels through DeepEP too
     cf = _rows(_RankBuilder(MOE2, plan.with_(moe_capacity_factor=2.0), 0, 2))
     assert cf["moe_dispatch_alltoall_nvlink"][2] == 131_072 and cf["moe_dispatch_alltoall_rdma"][2] == 98_304
@@ -200,6 +204,9 @@ def test_deepep_node_limited_routing_caps_the_nodes_a_token_reaches():
                                    moe=dict(num_experts=8, top_k=2, expert_ffn=128, groups=4, groups_per_token=1)))
     plan = ParallelPlan(tp=2, dp=4, ep=4, seq_len=128, global_batch=4, moe_a2a="deepep", gpus_per_node=2)
     assert _rows(_RankBuilder(grouped, plan, 0, 2))["moe_dispatch_alltoall_rdma"][2] == 32_768
+    two = model_from_dict(dict(name="g2", layers=2, hidden=256, heads=4, ffn=512, vocab=1000,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128, groups=2, groups_per_token=1)))
+    assert _rows(_RankBuilder(two, plan, 0, 2))["moe_dispatch_alltoall_rdma"][2] == 32_768
     one = _rows(_RankBuilder(MOE2, plan.with_(gpus_per_node=8), 0, 8))
     assert "moe_dispatch_alltoall_rdma" not in one
     assert one["moe_dispatch_alltoall_nvlink"][2] == 65_536

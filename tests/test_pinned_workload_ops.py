@@ -134,6 +134,8 @@ def test_dropless_imbalance_is_one_without_expert_parallelism_or_tokens():
     assert dropless_imbalance(64, 2, 0, 1000) == 1.0
     assert dropless_imbalance(64, 2, 8, 0) == 1.0
     assert dropless_imbalance(64, 2, 8, -5) == 1.0
+    # two ranks, one pair: mean 1/2, sd 1/2 -> 1 + sqrt(2 ln 2) = 2.1774
+    assert dropless_imbalance(8, 1, 2, 1) == pytest.approx(1 + math.sqrt(2 * math.log(2)), rel=1e-12)
     # two ranks, 2 pairs: mean 1, sd sqrt(1/2), sqrt(2 ln 2) = 1.1774 -> 1.8326
     assert dropless_imbalance(8, 1, 2, 2) == pytest.approx(1 + math.sqrt(0.5) * math.sqrt(2 * math.log(2)), rel=1e-12)
 
