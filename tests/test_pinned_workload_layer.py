@@ -498,7 +498,13 @@ def test_mtp_module_projects_the_concatenated_2h_state_back_to_h():
         ("mtp_norms_bwd", C, E(2 * Ts * h, 3, 2, 10), ["mtp_proj_dgrad"]),
     )
     assert rb.mtp_template(True) is bwd and rb.mtp_template(False) is rb.mtp_template(False)
-    assert {o[0]: o[2] for o in rb.mtp_template(False).ops}["mtp_embedding"]["op"] == "embedding"
+    assert {o[0]: o[2]["dtype"] for o in rb.mtp_template(False).ops}["mtp_proj"] == "bf16"
+    fp8 = _RankBuilder(LLAMA, ParallelPlan(tp=2, seq_len=128, global_batch=1, precision="fp8"), 0, 8)
+    assert {o[0]: o[2]["dtype"] for o in fp8.mtp_template(False).ops}["mtp_proj"] == "fp8"
+    assert {o[0]: o[2]["dtype"] for o in fp8.mtp_template(True).ops}["mtp_proj_dgrad"] == "fp8"
+    assert {o[0]: o[2]["dtype"] for o in fp8.mtp_template(True).ops}["mtp_proj_wgrad"] == "fp8"
+    assert {o[0]: o[2] for o in rb.mtp_template(False).ops}["mtp_embedding"] == {
+        "op": "embedding", "dtype": "bf16", "flops": 0.0, "bytes": float(T * h * 2), "launch_us": 8.0}
 
 
 # ----------------------------------------------------------------------------- recomputation
