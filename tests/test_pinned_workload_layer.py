@@ -712,3 +712,37 @@ def test_tp_comm_overlap_leaves_a_reduce_scatter_after_a_non_gemm_op_on_the_chai
     one = _RankBuilder(LLAMA, ParallelPlan(seq_len=128, global_batch=1), 0, 8)
     assert [r[0] for r in table(one.embedding_template(False))] == ["embedding"]
     assert [r[0] for r in table(one.output_template(False))] == ["final_norm", "logits", "cross_entropy"]
+
+
+def _all_templates(rb, layers=(0,)):
+    tpls = []
+    for layer in layers:
+        for p in "FBS":
+            tpls.append(rb.layer_template(layer, p))
+    tpls += [rb.embedding_template(False), rb.embedding_template(True), rb.output_template(False),
+             rb.output_template(True), rb.mtp_template(False), rb.mtp_template(True)]
+    return [o for t in tpls for o in t.ops]
+
+
+BF16_IN_FP8 = ("router", "lora_", "attn_", "recompute_attn_", "logits")
+
+
+@pytest.mark.parametrize("model", ["llama", "moe", "mla", "gpt"])
+def test_gemm_precision_is_fp8_except_router_adapters_attention_bmms_and_logits(model):
+    """Transformer Engine FP8 recipe as Megatron uses it: the linear layers of the transformer (QKV,
+    projections, MLP / experts, MTP projection) run in FP8; the router, LoRA adapters, unfused attention
+    bmms and the output layer stay in bf16. In a bf16 plan every GEMM is bf16."""
+    m = {"llama": LLAMA, "gpt": GPT, "mla": MLA,
+         "moe": model_from_dict(dict(name="m", layers=2, hidden=256, heads=4, ffn=512, vocab=1000,
+                                     moe=dict(num_experts=8, top_k=2, expert_ffn=128, shared_experts=1)))}[model]
+    base = dict(tp=2, dp=2, seq_len=128, global_batch=2, recompute="selective", attention="unfused",
+                recompute_modules=("core_attn", "mlp", "moe", "mla_up_proj"), finetune="lora")
+    if model == "moe":
+        base["ep"] = 2
+    for prec in ("bf16", "fp8"):
+        rb = _RankBuilder(m, ParallelPlan(precision=prec, **base), 0, 8)
+        gemms = [(n, a) for n, _, a, _ in _all_templates(rb) if a.get("op") in ("gemm", "grouped_gemm")]
+        assert len(gemms) > 10
+        for n, a in gemms:
+            want = "fp8" if prec == "fp8" and not n.startswith(BF16_IN_FP8) else "bf16"
+            assert a["dtype"] == want, n
