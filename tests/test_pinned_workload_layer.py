@@ -746,3 +746,18 @@ def test_gemm_precision_is_fp8_except_router_adapters_attention_bmms_and_logits(
         for n, a in gemms:
             want = "fp8" if prec == "fp8" and not n.startswith(BF16_IN_FP8) else "bf16"
             assert a["dtype"] == want, n
+
+
+def test_sequence_parallel_always_overlaps_the_input_grad_reduction():
+    """Megatron overlaps the input-grad reduce-scatter with the weight-grad GEMM whenever SP is on,
+    whatever async_tp_comm says; the MoE layer's main-grad hook covers its local experts too."""
+    plan = ParallelPlan(tp=2, seq_len=128, global_batch=1, async_tp_comm=False)
+    assert table(_RankBuilder(LLAMA, plan, 0, 8).layer_template(0, "B")) == \
+        table(_RankBuilder(LLAMA, plan.with_(async_tp_comm=True), 0, 8).layer_template(0, "B"))
+    moe = model_from_dict(dict(name="m", layers=2, hidden=256, heads=4, ffn=512, vocab=1000,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128, first_dense_layers=1)))
+    rb = _RankBuilder(moe, ParallelPlan(tp=2, dp=2, ep=2, seq_len=128, global_batch=2, grad_accum_fusion=False), 0, 8)
+    # MoE layer 1: attention 262,144 + norms 512 + router 2,048 over TP2 = 132,352; experts 8 x 98,304 / 2
+    assert table(rb.layer_template(1, "B"))[-1][2] == 132_352 + 4 * 98_304
+    # dense layer 0: (262,144 + 512 + 393,216) / 2
+    assert table(rb.layer_template(0, "B"))[-1][2] == (262_144 + 512 + 393_216) / 2

@@ -486,3 +486,56 @@ def test_generate_passes_measured_routing_and_takes_the_straggler_in_symmetric_m
     g0, g1 = generate(moe, plan, "all", moe_loads=loads)
     assert {g0.name[i]: x for i, x in g0.attrs.items()}["mb0.L0.F.expert_up_gate_proj"]["ms"] == (9, 3)
     assert {g1.name[i]: x for i, x in g1.attrs.items()}["mb0.L0.F.expert_up_gate_proj"]["ms"] == (20, 12)
+
+
+def test_gradient_precision_options_and_zero_stage_variants():
+    """NeMo 1.x bf16 main grads (grad_bytes 2): the reduce-scatter moves 2 B per parameter; ZeRO-2
+    all-gathers the updated parameters like ZeRO-1; HSDP with one shard group of all DP ranks is plain
+    FSDP (no replica all-reduce)."""
+    plan = ParallelPlan(dp=2, seq_len=32, global_batch=2, grad_bytes=2)
+    g = build_rank_graph(SMALL, plan, 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L0.grad_reducescatter"]["comm_size"] == S_LAYER * 2
+    z2 = build_rank_graph(SMALL, plan.with_(zero=2, grad_bytes=4), 0)
+    a2 = {z2.name[i]: x for i, x in z2.attrs.items()}
+    assert a2["mb0.L0.grad_reducescatter"]["comm_size"] == S_LAYER * 4
+    assert a2["param_allgather"]["comm_size"] == (2 * S_LAYER + 2 * 6400) * 2
+    h = build_rank_graph(SMALL, ParallelPlan(dp=4, zero=3, dp_shard=4, seq_len=32, global_batch=4), 0)
+    assert not [n for n in h.name if "replicas" in n]
+    ah = {h.name[i]: x for i, x in h.attrs.items()}
+    assert ah["mb0.L0.grad_reducescatter"]["pg_ranks"] == [0, 1, 2, 3]
+
+
+def test_zero3_gathers_expert_parameters_with_the_layer():
+    """FSDP on a MoE layer (DP4 EP2): the layer's gather carries its dense part (17,024) and this rank's
+    experts (98,304) in bf16: 115,328 x 2 B; FP8 casts every local weight once per step (dense and
+    expert: 2 x (17,024 + 98,304) + 2 x 6,400)."""
+    moe = model_from_dict(dict(name="moe", layers=2, hidden=64, heads=4, ffn=128, vocab=100,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128)))
+    g = build_rank_graph(moe, ParallelPlan(dp=4, ep=2, zero=3, seq_len=32, global_batch=4, precision="fp8"), 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L1.F.param_allgather"]["comm_size"] == (17_024 + 98_304) * 2
+    assert a["fp8_weight_cast"]["flops"] == 2 * (17_024 + 98_304) + 2 * 6400
+
+
+def test_mtp_projection_bucket_is_split_over_tensor_parallel_ranks():
+    """MTP on TP2 DP2: layer 41,088 / 2 + projection 2 x 64 x 64 / 2 = 24,640 parameters x 4 B."""
+    mtp = model_from_dict(dict(name="mtp", layers=2, hidden=64, heads=4, ffn=128, vocab=100, mtp_layers=1))
+    g = build_rank_graph(mtp, ParallelPlan(tp=2, dp=2, seq_len=32, global_batch=2), 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.mtp0.grad_reducescatter"]["comm_size"] == (S_LAYER // 2 + 4096) * 4
+    params = 3 * S_LAYER / 2 + 4096 + 2 * 6400 / 2
+    assert a["optimizer_step"]["flops"] == 12.0 * params / 2
+
+
+def test_scatter_gather_receive_is_all_gathered_after_it_arrives():
+    """Narayanan et al. 2021 scatter/gather (TP2 without SP, PP2): the received 1/t shard is all-gathered
+    over the TP group [2, 3] (the full 32 x 64 x 2 B = 4,096 B) before the stage's first layer."""
+    plan = ParallelPlan(tp=2, pp=2, seq_len=32, global_batch=1, sequence_parallel=False)
+    g = build_rank_graph(SMALL, plan, 2)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.recv_act_c1"]["comm_size"] == 2048
+    assert a["mb0.recv_act_c1_allgather"] == {"comm_type": 2, "comm_size": 4096, "pg_ranks": [2, 3],
+                                              "pg_name": "tp:2", "coll_name": "all_gather"}
+    assert _dset(g, "mb0.recv_act_c1_allgather") == {"mb0.recv_act_c1"}
+    assert _dset(g, "mb0.L1.F.input_norm") == {"mb0.recv_act_c1_allgather"}
