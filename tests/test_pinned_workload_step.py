@@ -539,3 +539,28 @@ def test_scatter_gather_receive_is_all_gathered_after_it_arrives():
                                               "pg_name": "tp:2", "coll_name": "all_gather"}
     assert _dset(g, "mb0.recv_act_c1_allgather") == {"mb0.recv_act_c1"}
     assert _dset(g, "mb0.L1.F.input_norm") == {"mb0.recv_act_c1_allgather"}
+
+
+def test_node_types_and_kinds_follow_the_op():
+    """Chakra node types: compute kernels are COMP_NODE / KERNEL, collectives COMM_COLL_NODE / COLLECTIVE,
+    point-to-point COMM_SEND_NODE / SEND and COMM_RECV_NODE / RECV."""
+    from chakra_schema.graph import NodeType, OpKind
+    g = build_rank_graph(SMALL, ParallelPlan(tp=2, pp=2, seq_len=32, global_batch=1), 0)
+    i = _index(g)
+    assert (g.node_type[i["mb0.L0.F.qkv_proj"]], g.kind[i["mb0.L0.F.qkv_proj"]]) == (NodeType.COMP_NODE, OpKind.KERNEL)
+    c = i["mb0.L0.F.sp_allgather_attn"]
+    assert (g.node_type[c], g.kind[c]) == (NodeType.COMM_COLL_NODE, OpKind.COLLECTIVE)
+    s = i["mb0.send_act_c0"]
+    assert (g.node_type[s], g.kind[s]) == (NodeType.COMM_SEND_NODE, OpKind.SEND)
+    r = i["mb0.recv_grad_c0"]
+    assert (g.node_type[r], g.kind[r]) == (NodeType.COMM_RECV_NODE, OpKind.RECV)
+
+
+def test_moe_without_expert_parallelism_has_no_all_to_all():
+    moe = model_from_dict(dict(name="moe", layers=2, hidden=64, heads=4, ffn=128, vocab=100,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128)))
+    g = build_rank_graph(moe, ParallelPlan(dp=2, seq_len=32, global_batch=2), 0)
+    assert not [n for n in g.name if "alltoall" in n]
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    # all 8 experts local: 32 tokens x 2 / 8 = 8 tokens each
+    assert (a["mb0.L0.F.expert_up_gate_proj"]["m"], a["mb0.L0.F.expert_up_gate_proj"]["batch"]) == (8, 8)
