@@ -444,6 +444,7 @@ def test_streams_devices_and_rank_selection():
     assert generate(SMALL, plan, [9])[0].resources[0].device == 1
     assert build_rank_graph(SMALL, plan, 9, gpus_per_node=4).resources[0].device == 1
     assert build_rank_graph(SMALL, plan, 9, gpus_per_node=16).resources[0].device == 9
+    assert [x.rank for x in generate(SMALL, plan)] == [0, 8]                 # symmetric by default
     seen = []
     gs = generate(SMALL, plan, "symmetric", progress=lambda n, t: seen.append((n, t)))
     assert [x.rank for x in gs] == [0, 8] and seen == [(1, 2), (2, 2)]
