@@ -232,6 +232,10 @@ def test_interleaved_blocking_p2p_pairs_forward_and_backward_communication():
     assert _dset(g, "mb3.send_act_c0") == {"mb3.L0.F.residual_add_mlp", "mb1.L2.B.input_norm_bwd"}
     assert _dset(g, "mb2.send_act_c2") == {"mb2.L2.F.residual_add_mlp", "mb0.embedding_bwd"}
     assert _dset(g, "mb3.send_act_c2") == {"mb3.L2.F.residual_add_mlp", "mb1.embedding_bwd"}
+    # a batch posts the receives of the passes up to the next batch: B(mb0,c2)'s gradient receive goes
+    # out with the last warm-up forward's batch; every transfer is posted once
+    assert _dset(g, "mb0.recv_grad_c2") == {"mb1.L2.F.residual_add_mlp"}
+    assert len(set(g.name)) == len(g.name)
     # cool-down: one by one
     assert _dset(g, "mb2.send_grad_c2") == {"mb2.L2.B.input_norm_bwd"}
     assert _dset(g, "mb3.send_grad_c2") == {"mb3.L2.B.input_norm_bwd"}
@@ -565,3 +569,16 @@ def test_moe_without_expert_parallelism_has_no_all_to_all():
     a = {g.name[i]: x for i, x in g.attrs.items()}
     # all 8 experts local: 32 tokens x 2 / 8 = 8 tokens each
     assert (a["mb0.L0.F.expert_up_gate_proj"]["m"], a["mb0.L0.F.expert_up_gate_proj"]["batch"]) == (8, 8)
+
+
+def test_an_explicit_schedule_builds_only_its_passes_then_the_step_tail():
+    """The composed estimate replays a few passes per stage: a forward-only schedule has no backward
+    (no gradient reduction), an empty one only the optimizer step."""
+    plan = ParallelPlan(dp=2, seq_len=32, global_batch=2)
+    g = build_rank_graph(SMALL, plan, 0, schedule=[(True, 0, 0)])
+    assert [x[:3] for x in g.metadata["passes"]] == [[1, 0, 0]]
+    assert not [n for n in g.name if ".B." in n or ".grad_" in n]
+    assert _dset(g, "optimizer_step") == {"mb0.cross_entropy"}
+    e = build_rank_graph(SMALL, plan, 0, schedule=[])
+    assert e.metadata["passes"] == [] and e.name[:2] == ["optimizer_step", "param_allgather"]
+    assert _dset(e, "optimizer_step") == set()
