@@ -582,3 +582,38 @@ def test_an_explicit_schedule_builds_only_its_passes_then_the_step_tail():
     e = build_rank_graph(SMALL, plan, 0, schedule=[])
     assert e.metadata["passes"] == [] and e.name[:2] == ["optimizer_step", "param_allgather"]
     assert _dset(e, "optimizer_step") == set()
+
+
+def test_mtp_module_on_a_moe_model_repeats_the_last_layers_kind_and_its_experts():
+    """MTP reuses the last layer's kind (DeepSeek-V3: a MoE layer). Model: 3 layers, MoE every third
+    layer starting at layer 2 (only the last layer is MoE), 8 experts of 3 x 64 x 128 on DP2 EP2: the
+    MTP layer holds 4 x 24,576 = 98,304 expert parameters on this rank, like layer 2. The optimizer
+    updates both expert sets whole (EP2 over DP2 leaves one expert-DP rank) and the dense parts over
+    the 2 DP ranks (ZeRO-1)."""
+    moe = model_from_dict(dict(name="mm", layers=3, hidden=64, heads=4, ffn=128, vocab=100, mtp_layers=1,
+                               moe=dict(num_experts=8, top_k=2, expert_ffn=128, layer_freq=3, layer_offset=2)))
+    g = build_rank_graph(moe, ParallelPlan(dp=2, ep=2, seq_len=32, global_batch=2), 0)
+    n = set(g.name)
+    assert "mb0.mtp0.L.F.expert_up_gate_proj" in n and "mb0.mtp0.L.B.expert_up_gate_proj_dgrad" in n
+    assert "mb0.L1.F.mlp_up_gate_proj" in n and "mb0.L2.F.expert_up_gate_proj" in n
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    dense_moe = 16_384 + 128 + 64 * 8          # attention + norms + router
+    dense = 2 * S_LAYER + dense_moe + (dense_moe + 8192) + 2 * 6400
+    assert a["optimizer_step"]["flops"] == 12.0 * (dense / 2 + 2 * 98_304)
+
+
+def test_each_micro_batch_backward_uses_its_own_routing_window():
+    """Measured routing with 2 windows, 2 micro-batches: micro-batch 1's backward runs window 1's expert
+    token counts, micro-batch 0's window 0's."""
+    import numpy as np
+    from estimators.parallelism.workload import MoELoads
+    moe = model_from_dict(dict(name="moe", layers=1, hidden=64, heads=4, ffn=128, vocab=100,
+                               moe=dict(num_experts=4, top_k=1, expert_ffn=64)))
+    plan = ParallelPlan(dp=2, ep=2, seq_len=32, global_batch=4)
+    pairs = np.ones((2, 1, 2, 2))
+    slots = np.array([[[[1, 2], [3, 4]]], [[[5, 6], [7, 8]]]], dtype=float)
+    (g,) = generate(moe, plan, [0], moe_loads=MoELoads(pairs, slots))
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.L0.B.expert_down_proj_dgrad"]["ms"] == (1, 2)
+    assert a["mb1.L0.B.expert_down_proj_dgrad"]["ms"] == (5, 6)
+    assert a["mb1.L0.F.expert_down_proj"]["ms"] == (5, 6)
