@@ -108,6 +108,7 @@ def test_llama_layer_forward_with_tp2_sequence_parallel():
     assert [(a["m"], a["n"], a["k"]) for a in gemms] == [(T, 256, h), (T, h, 128), (T, 512, h), (T, h, 256)]
     assert [a["dtype"] for a in gemms] == ["bf16"] * 4
     assert "kernel" not in tpl.ops[4][2]
+    assert tpl.ops[4][2]["backward"] is False and tpl.ops[4][2]["causal"] is True
 
 
 def test_llama_layer_backward_with_tp2_sequence_parallel():
