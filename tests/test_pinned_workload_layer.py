@@ -466,8 +466,10 @@ def test_embedding_lookup_and_its_backward():
     )
     assert rb.embedding_template(True) is rb.embedding_template(True)
     ops = {o[0]: o[2] for o in rb.embedding_template(True).ops}
-    assert ops["embedding_bwd"]["op"] == "embedding" and ops["embedding_bwd"]["dtype"] == "fp32"
-    assert {o[0]: o[2] for o in rb.embedding_template(False).ops}["embedding"]["op"] == "embedding"
+    assert ops["embedding_bwd"] == {"op": "embedding", "dtype": "fp32", "flops": float(T * h),
+                                    "bytes": float(T * h * 10 + Vs * h * 2), "launch_us": 8.0}
+    assert {o[0]: o[2] for o in rb.embedding_template(False).ops}["embedding"] == {
+        "op": "embedding", "dtype": "bf16", "flops": 0.0, "bytes": float(T * h * 2), "launch_us": 8.0}
     gpt = _RankBuilder(GPT, plan.with_(sequence_parallel=False), 0, 8)
     assert table(gpt.embedding_template(False)) == exp(
         ("embedding", C, (0.0, float(T * h * 2 * 2)), ["ENTRY"]),
@@ -762,3 +764,18 @@ def test_sequence_parallel_always_overlaps_the_input_grad_reduction():
     assert table(rb.layer_template(1, "B"))[-1][2] == 132_352 + 4 * 98_304
     # dense layer 0: (262,144 + 512 + 393,216) / 2
     assert table(rb.layer_template(0, "B"))[-1][2] == (262_144 + 512 + 393_216) / 2
+
+
+def test_ffn_not_divisible_by_tp_keeps_whole_columns_per_rank():
+    """FFN 514 over TP4: each rank holds floor(514 / 4) = 128 columns (SwiGLU up 256); the activation
+    runs on 128 x 128 elements (8 FLOPs each, 2 reads, 1 write), its backward 12 FLOPs."""
+    m = model_from_dict(dict(name="odd-ffn", layers=1, hidden=256, heads=4, ffn=514, vocab=1000))
+    rb = _RankBuilder(m, ParallelPlan(tp=4, seq_len=128, global_batch=1, recompute="selective",
+                                      recompute_modules=("mlp",)), 0, 8)
+    f = {r[0]: r for r in table(rb.layer_template(0, "F"))}
+    assert f["mlp_act"][2:4] == E(128 * 128, 2, 1, 8)
+    assert f["mlp_up_gate_proj"][2:4] == G(128, 256, 256)
+    b = {r[0]: r for r in table(rb.layer_template(0, "B"))}
+    assert b["mlp_act_bwd"][2:4] == E(128 * 128, 3, 2, 12)
+    s = {r[0]: r for r in table(rb.layer_template(0, "S"))}
+    assert s["recompute_mlp_act"][2:4] == E(128 * 128, 2, 1)

@@ -617,3 +617,13 @@ def test_each_micro_batch_backward_uses_its_own_routing_window():
     assert a["mb0.L0.B.expert_down_proj_dgrad"]["ms"] == (1, 2)
     assert a["mb1.L0.B.expert_down_proj_dgrad"]["ms"] == (5, 6)
     assert a["mb1.L0.F.expert_down_proj"]["ms"] == (5, 6)
+
+
+def test_tp_comm_overlap_collectives_run_on_the_tp_stream_of_the_graph():
+    """With userbuffers overlap the TP all-gathers / reduce-scatters still run on the TP stream (20)."""
+    g = build_rank_graph(SMALL, ParallelPlan(tp=2, seq_len=32, global_batch=1, tp_comm_overlap=True), 0)
+    i = _index(g)
+    for n in ("mb0.L0.F.sp_allgather_attn", "mb0.L0.F.sp_reducescatter_attn", "mb0.L0.B.sp_allgather_mlp_grad"):
+        r = g.resources[g.resource[i[n]]]
+        assert (r.index, r.name) == (20, "tp_comm"), n
+        assert "launch_us" not in g.attrs[i[n]]
