@@ -779,3 +779,13 @@ def test_ffn_not_divisible_by_tp_keeps_whole_columns_per_rank():
     assert b["mlp_act_bwd"][2:4] == E(128 * 128, 3, 2, 12)
     s = {r[0]: r for r in table(rb.layer_template(0, "S"))}
     assert s["recompute_mlp_act"][2:4] == E(128 * 128, 2, 1)
+
+
+def test_lora_adapter_width_is_whole_qkv_columns_per_rank():
+    """Head dim 5 (h = 40, 8 heads), 1 KV head replicated over TP8: QKV columns per rank
+    floor((40 + 2 x 5) / 8) = 6; the adapter's add runs on 64 tokens x 6 columns."""
+    m = model_from_dict(dict(name="tinyhead", layers=1, hidden=40, heads=8, kv_heads=1, ffn=64, vocab=100))
+    rb = _RankBuilder(m, ParallelPlan(tp=8, seq_len=64, global_batch=1, finetune="lora"), 0, 8)
+    r = {x[0]: x for x in table(rb.layer_template(0, "F"))}
+    assert r["lora_qkv_add"][2:4] == E(64 * 6, 2, 1)
+    assert r["qkv_proj"][2:4] == G(64, 6, 40)
