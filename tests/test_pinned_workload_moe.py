@@ -137,6 +137,11 @@ def test_capacity_factor_pads_every_expert_and_etp_shares_the_tokens():
     assert ops["moe_combine_alltoall_etp_reducescatter"]["comm_type"] == 7       # reduce-scatter
     assert ops["moe_dispatch_alltoall"]["comm_type"] == 6                        # all-to-all
     b = _rows(rb, "B")
+    bops = {o[0]: o[2] for o in rb.layer_template(0, "B").ops}
+    # weight grads reduce over the 160 tokens: [h, tokens] x [tokens, f_in] and [f, tokens] x [tokens, h]
+    assert [bops["expert_up_gate_proj_wgrad"][x] for x in "mnk"] == [256, 128, 160]
+    assert [bops["expert_down_proj_wgrad"][x] for x in "mnk"] == [64, 256, 160]
+    assert [bops["expert_up_gate_proj_dgrad"][x] for x in "mnk"] == [160, 256, 128]
     assert b["moe_combine_alltoall_bwd"][2] == 81_920
     assert b["moe_combine_alltoall_bwd_etp_reducescatter"][2] == 163_840
     assert b["moe_dispatch_alltoall_bwd_etp_allgather"][2] == 163_840

@@ -627,3 +627,22 @@ def test_tp_comm_overlap_collectives_run_on_the_tp_stream_of_the_graph():
         r = g.resources[g.resource[i[n]]]
         assert (r.index, r.name) == (20, "tp_comm"), n
         assert "launch_us" not in g.attrs[i[n]]
+
+
+def test_middle_pipeline_stage_receives_gradients_from_the_next_stage():
+    """PP3 (one layer per stage), stage 1: activations come from stage 0, gradients from
+    stage 2."""
+    m3 = model_from_dict(dict(name="m3", layers=3, hidden=64, heads=4, ffn=128, vocab=100))
+    g = build_rank_graph(m3, ParallelPlan(pp=3, seq_len=32, global_batch=1), 1)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.recv_act_c1"]["comm_src"] == 0 and a["mb0.recv_grad_c1"]["comm_src"] == 2
+    assert a["mb0.send_act_c1"]["comm_dst"] == 2 and a["mb0.send_grad_c1"]["comm_dst"] == 0
+
+
+def test_interleaved_blocking_p2p_with_all_forwards_first_communicates_pass_by_pass():
+    """PP2 VP2 with 2 micro-batches: stage 0 runs its 4 forwards before any backward (no steady
+    state), so every pass communicates on its own."""
+    m4 = model_from_dict(dict(name="m4", layers=4, hidden=64, heads=4, ffn=128, vocab=100))
+    g = build_rank_graph(m4, ParallelPlan(pp=2, vp=2, seq_len=32, global_batch=2, overlap_p2p=False), 0)
+    assert _dset(g, "mb1.send_act_c2") == {"mb1.L2.F.residual_add_mlp"}
+    assert _dset(g, "mb0.send_act_c2") == {"mb0.L2.F.residual_add_mlp"}
