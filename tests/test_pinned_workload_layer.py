@@ -789,3 +789,21 @@ def test_lora_adapter_width_is_whole_qkv_columns_per_rank():
     r = {x[0]: x for x in table(rb.layer_template(0, "F"))}
     assert r["lora_qkv_add"][2:4] == E(64 * 6, 2, 1)
     assert r["qkv_proj"][2:4] == G(64, 6, 40)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_every_tp_collective_has_the_type_its_name_says(sp):
+    """Megatron TP: all-reduce without SP, all-gather / reduce-scatter with it (Korthikanti et al. 2022);
+    the Chakra comm type of each collective matches (ALL_REDUCE 0, ALL_GATHER 2, REDUCE_SCATTER 7)."""
+    plan = ParallelPlan(tp=2, seq_len=128, global_batch=1, sequence_parallel=sp)
+    rb = _RankBuilder(GPT, plan, 0, 8)
+    kinds = {"allreduce": 0, "allgather": 2, "reducescatter": 7}
+    seen = set()
+    for n, slot, a, _ in _all_templates(rb):
+        if slot != TPS:
+            continue
+        kind = next(k for k in kinds if k in n.replace("_", ""))
+        assert a["comm_type"] == kinds[kind], n
+        assert a["coll_name"] == {0: "all_reduce", 2: "all_gather", 7: "reduce_scatter"}[kinds[kind]], n
+        seen.add(kind)
+    assert seen == ({"allgather", "reducescatter", "allreduce"} if sp else {"allreduce"})

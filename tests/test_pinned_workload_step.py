@@ -617,6 +617,12 @@ def test_each_micro_batch_backward_uses_its_own_routing_window():
     assert a["mb0.L0.B.expert_down_proj_dgrad"]["ms"] == (1, 2)
     assert a["mb1.L0.B.expert_down_proj_dgrad"]["ms"] == (5, 6)
     assert a["mb1.L0.F.expert_down_proj"]["ms"] == (5, 6)
+    # the selective recompute of the experts replays the same micro-batch's routing
+    (s,) = generate(moe, plan.with_(recompute="selective", recompute_modules=("moe",)), [0],
+                    moe_loads=MoELoads(pairs, slots))
+    a = {s.name[i]: x for i, x in s.attrs.items()}
+    assert a["mb0.L0.R.recompute_expert_fc1"]["ms"] == (1, 2)
+    assert a["mb1.L0.R.recompute_expert_fc1"]["ms"] == (5, 6)
 
 
 def test_tp_comm_overlap_collectives_run_on_the_tp_stream_of_the_graph():
