@@ -807,3 +807,16 @@ def test_every_tp_collective_has_the_type_its_name_says(sp):
         assert a["coll_name"] == {0: "all_reduce", 2: "all_gather", 7: "reduce_scatter"}[kinds[kind]], n
         seen.add(kind)
     assert seen == ({"allgather", "reducescatter", "allreduce"} if sp else {"allreduce"})
+
+
+def test_ring_step_half_block_is_a_whole_number_of_keys_and_norms_are_norm_ops():
+    """CP2 over 6 tokens: 3-token blocks, the off-diagonal ring step attends to floor(3 / 2) = 1 key
+    per query: 2 x 4 heads x 3 x 1 x 128 FLOPs. Norm ops carry the 'norm' op kind (the compute model's
+    memory-bound norm kernel)."""
+    rb = _RankBuilder(LLAMA, ParallelPlan(cp=2, seq_len=6, global_batch=1), 0, 8)
+    ops = {o[0]: o[2] for o in rb.layer_template(0, "F").ops}
+    assert ops["attention_ring1"]["seq_kv"] == 1 and type(ops["attention_ring1"]["seq_kv"]) is int
+    assert ops["attention_ring1"]["flops"] == 2.0 * 4 * 3 * 1 * 128
+    assert ops["input_norm"]["op"] == "norm" and ops["post_attn_norm"]["op"] == "norm"
+    bops = {o[0]: o[2] for o in rb.layer_template(0, "B").ops}
+    assert bops["input_norm_bwd"]["op"] == "norm"
