@@ -652,3 +652,25 @@ def test_interleaved_blocking_p2p_with_all_forwards_first_communicates_pass_by_p
     g = build_rank_graph(m4, ParallelPlan(pp=2, vp=2, seq_len=32, global_batch=2, overlap_p2p=False), 0)
     assert _dset(g, "mb1.send_act_c2") == {"mb1.L2.F.residual_add_mlp"}
     assert _dset(g, "mb0.send_act_c2") == {"mb0.L2.F.residual_add_mlp"}
+
+
+def test_pipeline_message_sizes_are_whole_bytes():
+    """Chakra's comm_size is an integer byte count: a 32-token activation of h = 64 over CP2 without SP,
+    with the TP2 scatter/gather shard: 16 x 64 x 2 / 2 = 1,024 B, an int."""
+    g = build_rank_graph(SMALL, ParallelPlan(pp=2, cp=2, tp=2, seq_len=32, global_batch=1,
+                                             sequence_parallel=False), 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["mb0.send_act_c0"]["comm_size"] == 1024 and type(a["mb0.send_act_c0"]["comm_size"]) is int
+    assert type(a["mb0.recv_grad_c0"]["comm_size"]) is int
+    gs = build_rank_graph(SMALL, ParallelPlan(pp=2, cp=2, seq_len=32, global_batch=1), 0)
+    s = {gs.name[i]: x for i, x in gs.attrs.items()}["mb0.send_act_c0"]["comm_size"]
+    assert s == 2048 and type(s) is int
+
+
+def test_tied_embeddings_on_one_stage_are_updated_once():
+    """Tied input / output embedding on a single stage (DP2, ZeRO-1): the optimizer updates the shared
+    100 x 64 table once: (2 x 41,088 + 6,400) / 2 parameters."""
+    tied = model_from_dict(dict(name="t", layers=2, hidden=64, heads=4, ffn=128, vocab=100, tied_embeddings=True))
+    g = build_rank_graph(tied, ParallelPlan(dp=2, seq_len=32, global_batch=2), 0)
+    a = {g.name[i]: x for i, x in g.attrs.items()}
+    assert a["optimizer_step"]["flops"] == 12.0 * (2 * S_LAYER + 6400) / 2
