@@ -805,6 +805,7 @@ def test_every_tp_collective_has_the_type_its_name_says(sp):
         kind = next(k for k in kinds if k in n.replace("_", ""))
         assert a["comm_type"] == kinds[kind], n
         assert a["coll_name"] == {0: "all_reduce", 2: "all_gather", 7: "reduce_scatter"}[kinds[kind]], n
+        assert a["pg_name"] == "tp:0" and a["pg_ranks"] == [0, 1], n
         seen.add(kind)
     assert seen == ({"allgather", "reducescatter", "allreduce"} if sp else {"allreduce"})
 
