@@ -13,6 +13,12 @@ GROUP_BY = ("none", "domain")
 OVERLAPS = ("none", "dual-batch")
 
 
+# Caps that keep one estimate bounded in time and memory (a typo such as 1e9 is refused, not run for hours).
+MAX_TIMED_WINDOWS = 1024
+MAX_SAMPLED_WINDOW = 1 << 24         # tokens per batch; the routing synthesizer's own cap
+MAX_SYNTHETIC_TOKENS = 1 << 24
+
+
 @dataclass(frozen=True)
 class MoEOptions:
     routing: str = "synthetic"         # trace file / directory, or synthetic[:k=v,...]
@@ -57,6 +63,11 @@ class MoEOptions:
         for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1")
+        for name, cap, why in (("timed_windows", MAX_TIMED_WINDOWS, "each is an event-level replay"),
+                               ("sampled_window", MAX_SAMPLED_WINDOW, "a batch's routing is held in memory"),
+                               ("synthetic_tokens", MAX_SYNTHETIC_TOKENS, "generated in memory")):
+            if getattr(self, name) > cap:
+                bad(f"{name} must be at most {cap:,} ({why}), got {getattr(self, name):,}")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
         if self.coactivation_weight < 0:

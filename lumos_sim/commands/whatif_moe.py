@@ -3,8 +3,9 @@
 EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
-
 from chakra_schema.errors import TraceInputError
+
+MAX_GPUS_PER_NODE = 4096   # one NVLink domain of GPUs; larger is a typo
 
 EPILOG = """\
 --routing takes a trace (.npy [tokens, layers, top_k] from vLLM, a directory of layer_*.parquet with
@@ -110,8 +111,11 @@ def scenario_from_args(args):
     st = settings_from_args(args)
     if st["ep"] < 2:
         raise TraceInputError(args.deployment, "--ep must be >= 2")
-    if st["gpus_per_node"] is not None and st["gpus_per_node"] < 1:
-        raise TraceInputError(args.deployment, f"--gpus-per-node must be >= 1, got {st['gpus_per_node']}")
+    gpn = st["gpus_per_node"]
+    if gpn is not None and gpn < 1:
+        raise TraceInputError(args.deployment, f"--gpus-per-node must be >= 1, got {gpn}")
+    if gpn is not None and gpn > MAX_GPUS_PER_NODE:
+        raise TraceInputError(args.deployment, f"--gpus-per-node must be at most {MAX_GPUS_PER_NODE:,}, got {gpn}")
     model = load_model(st["model"])
     if model.moe is None:
         raise TraceInputError(st["model"], "is not a MoE model")
