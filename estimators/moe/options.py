@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, check_choice
 from estimators.moe.placement import PLACEMENTS, SLOTTED
 
 PHASES = ("prefill", "decode", "train")
@@ -47,16 +47,9 @@ class MoEOptions:
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
             raise TraceInputError(None, f"moe.{msg}")
-        if self.placement not in PLACEMENTS:
-            bad(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
-        if self.phase not in PHASES:
-            bad(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
-        if self.fit not in FITS:
-            bad(f"fit must be one of {', '.join(FITS)}, got {self.fit!r}")
-        if self.group_by not in GROUP_BY:
-            bad(f"group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
-        if self.overlap not in OVERLAPS:
-            bad(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
+        for name, choices in (("placement", PLACEMENTS), ("phase", PHASES), ("fit", FITS), ("group_by", GROUP_BY),
+                              ("overlap", OVERLAPS)):
+            check_choice(f"moe.{name}", getattr(self, name), choices)
         for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")

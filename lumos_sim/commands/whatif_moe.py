@@ -201,6 +201,12 @@ def _print_table(scenario, pred) -> None:
         rows.append((f"{what} tokens/s per GPU", f"{m['tokens_per_s_per_gpu']:,.0f}", ""))
         rows.append((f"{what} tokens/s per node", f"{m['tokens_per_s_per_node']:,.0f}", ""))
         rows.append((f"{what} tokens/s (EP{m['ep']})", f"{pred.tokens_per_s:,.0f}", ""))
+        mem = pred.detail.get("serving_memory_gib", {})
+        if mem:
+            rows.append(("memory GiB per GPU (experts / other weights / KV)",
+                         f"{mem['total']:.1f}" + (" OUT OF MEMORY" if pred.oom else ""),
+                         f"{mem['expert_weights']:.1f} / {mem['other_weights']:.1f} / {mem['kv_cache']:.1f} "
+                         f"of {mem['capacity']:.0f}"))
     for r in rows:
         t.add_row(*r)
     console.print(t)
