@@ -81,6 +81,10 @@ class ParallelPlan:
     attention_kernel: str = "fa2"
     grad_bytes: int = 4
     master_weight_bytes: int = 4
+    # fused vocab-parallel cross entropy (Transformer Engine's, Megatron `cross_entropy_fusion_impl="te"`):
+    # one kernel over the bf16 logits that writes the loss gradient in place; False: Megatron's unfused
+    # fp32 cross entropy (an fp32 copy of the logits, several passes)
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model
