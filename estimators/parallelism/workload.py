@@ -189,6 +189,7 @@ class _Template:
         self.frozen = frozen
         self.launch_us = launch_us
         self.join: list[int] = []          # collectives the next chained op must also wait for
+        self.overlapped: list[int] = []    # EP all-to-alls that run under later compute (moe_a2a_overlap)
         self.join_after_gemm: list[int] = []  # ... once the next GEMM has been added
 
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
@@ -261,6 +262,7 @@ class _RankBuilder:
         self.device = rank % gpus_per_node
         self.res: dict[int, int] = {}
         self.last: dict[int, int] = {}
+        self.overlapped: list[int] = []
         self.groups()
         self.templates: dict[tuple, _Template] = {}
         self.layer_local_params = {}
@@ -332,7 +334,19 @@ class _RankBuilder:
                 else:
                     d.append(idx[j])
             idx.append(self.node(prefix + name, slot, attrs, d))
-        return idx[0], idx[tpl.head]
+        out = idx[tpl.head]
+        # overlapped all-to-alls (moe_a2a_overlap) of the previous template must be done by this one's end;
+        # this template's own wait for the next one (or the end of the pass: `join_overlapped`)
+        self.join_overlapped(out)
+        self.overlapped = [idx[j] for j in tpl.overlapped]
+        return idx[0], out
+
+    def join_overlapped(self, node: int) -> None:
+        """`node` waits for the all-to-alls left running under compute (moe_a2a_overlap)."""
+        for a in self.overlapped:
+            if a < node:
+                self.g.add_dep(a, node, EdgeKind.DATA)
+        self.overlapped = []
 
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
@@ -664,12 +678,20 @@ class _RankBuilder:
             pair_bytes = (pairs.T if transpose else pairs) * (self.m.hidden * ACT_BYTES)
             attrs["comm_pair_bytes"] = pair_bytes
             attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
-        tpl.add(name, EP, attrs)
+        if p.moe_a2a_overlap:
+            # the other micro-batch's compute runs meanwhile: the compute stream goes on, and the
+            # all-to-all need only be done by the end of the next layer (throughput view of the overlap)
+            i = tpl.add(name, EP, attrs, deps=(tpl.head,), chain=False)
+        else:
+            i = tpl.add(name, EP, attrs)
         if p.etp > 1:   # the ETP group shares its tokens (all-gather after dispatch, reduce-scatter before combine)
             ag = "combine" in name
-            tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
-                    coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
-                         self._pg("etp", self.etp_g)))
+            i = tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
+                        coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
+                             self._pg("etp", self.etp_g)), deps=(i,) if p.moe_a2a_overlap else None,
+                        chain=not p.moe_a2a_overlap)
+        if p.moe_a2a_overlap:
+            tpl.overlapped.append(i)
 
     def _deepep(self, tpl: _Template, name: str, size: float) -> None:
         """DeepEP's fused dispatch / combine: a token bound for another node crosses the network once per
@@ -699,7 +721,10 @@ class _RankBuilder:
             joins.append(tpl.add(name + "_nvlink", EP,
                                  coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
                                  deps=(head,), chain=False))
-        tpl.join += joins
+        if p.moe_a2a_overlap:
+            tpl.overlapped += joins
+        else:
+            tpl.join += joins
 
     def _expert_tokens(self) -> tuple[int, ...] | None:
         """Tokens of each local expert slot under measured routing (symmetric simulation: the rank with
@@ -1179,6 +1204,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             else:
                 send_spec = (pre + f"send_grad_c{gch}", PP_SEND_B, peer(gch - 1), _tag(False, mb, gch))
         step_end = entry[0]
+        rb.join_overlapped(step_end)    # a pass's output waits for its overlapped all-to-alls
         passes[-1][4] = step_end
         finish_pass(k, send_spec, step_end)
 
