@@ -82,3 +82,23 @@ def test_overlapped_all_to_all_hides_under_compute_but_still_bounds_the_step():
     assert bd.exposed_ep_comm_us > 0.05 * bd.window_us          # the all-to-alls matter here
     assert hidden.step_time_s < exposed.step_time_s - 0.5 * bd.exposed_ep_comm_us / 1e6
     assert hidden.step_time_s >= bd.compute_us / 1e6 * 0.999
+
+
+def test_clamped_glu_adds_the_clamp_and_concat_passes_over_the_expert_input():
+    """GPT-OSS (swiglu_limit 7): Megatron-Core clamps both halves of fc1's output and concatenates them
+    before the fused activation: read 2 + write 2 bytes-per-element passes over tokens x top-k x 2*ffn."""
+    model = load_model("gpt-oss-120b")
+    assert model.glu_clamp == 7.0
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8)
+    fwd = _ops(model, plan)
+    routed = 4096 * 4 * 8 // 128 * 16          # tokens x top-4 x EP8 / 128 experts, 16 local experts
+    assert fwd["expert_act_clamp"]["bytes"] == routed * 2 * 2880 * 2 * (2 + 2)
+    assert "expert_act_clamp_bwd" in _ops(model, plan, "B")
+    assert "expert_act_clamp" not in _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan())
+
+
+def test_gpt_oss_config_json_swiglu_limit_is_the_clamp():
+    from pathlib import Path
+    from estimators.model_config import load_hf_config
+    m = load_hf_config(Path(__file__).parent / "data" / "hf_configs" / "gpt-oss-120b.json")
+    assert m.glu_clamp == 7.0 and m.glu_clamp == load_model("gpt-oss-120b").glu_clamp

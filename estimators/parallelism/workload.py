@@ -543,9 +543,11 @@ class _RankBuilder:
             tok, le, per, f_in, f = self._moe_dims()
             if "moe" in mods:
                 self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
+                self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1))
                 self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
             elif "moe_act" in mods:
+                self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE,
                         elementwise(self._routed(per * le) * f, 2 if m.activation == "swiglu" else 1, 1))
             if ("shared_experts" in mods or "moe" in mods) and m.moe.shared_experts:
@@ -754,6 +756,18 @@ class _RankBuilder:
         tokens = self._expert_tokens()
         return balanced_tokens if tokens is None else sum(tokens)
 
+    def _glu_clamp(self, tpl: _Template, name: str, elems: float, backward: bool = False) -> None:
+        """Clamped gated activation (`ModelConfig.glu_clamp`, GPT-OSS): Megatron-Core clamps the gate and
+        linear halves of the FFN input (two kernels, each reading and writing its half) and concatenates
+        them (read and write the whole) before the fused activation; the backward masks the gradient
+        where the clamps cut (read the gradient and the input, write the gradient)."""
+        if not getattr(self.m, "glu_clamp", 0.0):
+            return
+        if backward:
+            tpl.add(name, COMPUTE, elementwise(elems, 2, 1))
+        else:
+            tpl.add(name, COMPUTE, elementwise(elems, 2, 2))
+
     def _sort_chunks(self, tpl: _Template, name: str, per: int, le: int) -> None:
         """Megatron-Core's all-to-all dispatcher receives tokens grouped by source EP rank, then by
         expert; with more than one local expert it regroups them by expert for the grouped GEMM
@@ -773,6 +787,7 @@ class _RankBuilder:
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)
         self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
+        self._glu_clamp(tpl, "expert_act_clamp", self._routed(per * le) * f_in)
         tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1, flops_per=8))
         self._expert_gemm(tpl, "expert_down_proj", per, h, f, le)
         self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
@@ -803,6 +818,7 @@ class _RankBuilder:
         self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
         self._expert_gemm(tpl, "expert_down_proj_wgrad", per, f, h, le, wgrad=True, chain=False)
         tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, 3, 2, flops_per=12))
+        self._glu_clamp(tpl, "expert_act_clamp_bwd", self._routed(per * le) * f_in, backward=True)
         self._expert_gemm(tpl, "expert_up_gate_proj_dgrad", per, h, f_in, le)
         dg = tpl.head
         self._expert_gemm(tpl, "expert_up_gate_proj_wgrad", per, h, f_in, le, wgrad=True, chain=False)
