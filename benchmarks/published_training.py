@@ -5,6 +5,7 @@ memory) and the mean / max |error| (the README table).
     python benchmarks/published_training.py                 # the table
     python benchmarks/published_training.py --json out.json # rows as JSON
     python benchmarks/published_training.py --fit           # leave-one-model-out fit of the sustained clock
+    python benchmarks/published_training.py --breakdown     # where each row's step goes (diagnosis)
 
 `--fit` re-predicts every row with the H100 sustained tensor clock (replay.hardware.compute.
 SUSTAINED_CLOCK_FRACTION) at a few values, interpolates each row's log throughput in log clock, and for
@@ -77,6 +78,30 @@ def run_all(path: Path, only=None, progress: bool = True) -> list[RowResult]:
     return out
 
 
+def breakdown(path: Path, only=None) -> str:
+    """Per row: predicted vs published step time and the predicted step's parts (the slowest pipeline
+    stage's compute, exposed communication by kind, pipeline bubble), to see which cost a row's error
+    sits in."""
+    from estimators.parallelism.evaluate import predict
+    from lumos_sim.published_training import row_scenario
+
+    lines = ["| # | model | published step s | predicted step s | compute | exposed EP | exposed TP | "
+             "exposed PP | exposed DP | bubble |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in read_rows(path):
+        if only is not None and row.index not in only:
+            continue
+        model, plan = row_scenario(row)
+        p = predict(model, plan, "h100-sxm")
+        b = p.breakdown.mean
+        kinds = b.exposed_comm_by_kind_us()
+        pub = plan.global_batch * plan.seq_len / plan.gpus / row.tokens_per_gpu if row.tokens_per_gpu else None
+        lines.append(f"| {row.index} | {row.model_name} | {fmt(pub, 2)} | {p.step_time_s:.2f} | "
+                     f"{b.compute_us / 1e6:.2f} | " + " | ".join(f"{kinds.get(k, 0.0) / 1e6:.2f}"
+                                                             for k in ("ep", "tp", "pp", "dp"))
+                     + f" | {b.idle_us / 1e6:.2f} |")
+    return "\n".join(lines)
+
+
 def fit(path: Path, clocks=(1.0, 0.85)) -> None:
     """Leave-one-model-out fit of the H100 sustained clock fraction."""
     import replay.hardware.compute as compute
@@ -125,12 +150,16 @@ def main() -> int:
     ap.add_argument("--rows", help="only these row indices, e.g. 0,3,25")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--fit", action="store_true", help="leave-one-model-out fit of the sustained clock")
+    ap.add_argument("--breakdown", action="store_true", help="where each row's predicted step goes")
     args = ap.parse_args()
     path = csv_path(args.csv)
     if args.fit:
         fit(path)
         return 0
     only = [int(x) for x in args.rows.split(",")] if args.rows else None
+    if args.breakdown:
+        print(breakdown(path, only))
+        return 0
     results = run_all(path, only)
     print(table(results))
     if args.json:

@@ -168,6 +168,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     if "25." in row.release:
         # Megatron-Bridge 25.x (Transformer Engine 2.x, cuDNN 9) runs cuDNN's fused flash attention on Hopper
         kw["attention_kernel"] = "cudnn"
+        # its performance scripts (scripts/performance, 25.11 tree 97ad8cc6f: configs/*/..._llm_pretrain.py
+        # `ddp.grad_reduce_in_fp32 = False`; utils/overrides.py `cross_entropy_fusion_impl = "te"`) keep
+        # bf16 gradient buffers, reduce gradients in bf16, and run TE's fused cross entropy
+        kw.update(grad_bytes=2, fused_cross_entropy=True)
     if row.release.startswith("NeMo 24."):
         # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
         # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:
@@ -188,8 +192,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
             kw["moe_capacity_factor"] = 1.0
         if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
             kw["moe_a2a"] = "deepep"
+        # Megatron-Bridge 25.x dropless runs force-balance the router (utils/overrides.py: use_tokendrop
+        # False -> moe_router_force_load_balancing = True; the Qwen3 / GPT-OSS / DeepSeek scripts set it)
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
-            kw.get("moe_capacity_factor", 0) > 0
+            kw.get("moe_capacity_factor", 0) > 0 or "25." in row.release
     return ParallelPlan(**kw)
 
 
