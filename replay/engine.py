@@ -27,6 +27,7 @@ engine replay hundreds of thousands of nodes per second.
 from __future__ import annotations
 
 import gc
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -384,6 +385,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     unique_rvs = {id(rv): rv for rv in plan.values()}
     rv_key = {i: ("rv", k) for k, i in enumerate(unique_rvs)}
     transfer_end = fabric.transfer_end
+    offsets_list = offsets.tolist()
 
     def run_pass():
         """One replay of every rank; the fabric may ask for another (contended transfer times)."""
@@ -411,8 +413,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
             return ev
 
         def locate(i: int) -> tuple[ExecutionGraph, int]:
-            r = int(np.searchsorted(offsets, i, side="right") - 1)
-            return graphs[r], i - int(offsets[r])
+            r = bisect_right(offsets_list, i) - 1
+            return graphs[r], i - offsets_list[r]
 
         def rendezvous(i: int, arrival: float):
             """Generator: register arrival of node i at its rendezvous; returns the completion time.

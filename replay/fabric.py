@@ -80,6 +80,11 @@ class SharedLinkFabric:
     _used: dict = field(default_factory=dict)        # key -> duration this pass used
     _last_step: dict = field(default_factory=dict)   # key -> the correction of the previous pass
     _damped: set = field(default_factory=set)        # keys whose corrections oscillated
+    # Kept across passes (the same transfers recur every pass): each transfer's path list, by its ends or
+    # group, and the speeds of each mix of path lists in flight (`shared_transfer_times`' cache, keyed by
+    # the path lists' ids, which `_path_lists` keeps alive).
+    _path_lists: dict = field(default_factory=dict)
+    _share_cache: dict = field(default_factory=dict)
 
     def begin_pass(self) -> None:
         self.passes += 1
@@ -108,7 +113,7 @@ class SharedLinkFabric:
         alone = [self._seen[k][1] for k in keys]
         paths = [self._seen[k][2] for k in keys]
         begins, ends = shared_transfer_times(starts, alone, paths, self.network.topology.capacity,
-                                             self._stream_predecessors(keys, starts))
+                                             self._stream_predecessors(keys, starts), cache=self._share_cache)
         moved = 0.0
         for k, s, e in zip(keys, begins.tolist(), ends.tolist()):
             d = e - s
@@ -146,8 +151,16 @@ class SharedLinkFabric:
             me = graph.rank
             src = me if kind == OpKind.SEND else int(a.get("comm_src", me))
             dst = int(a.get("comm_dst", me)) if kind == OpKind.SEND else me
-            return self.network.p2p_paths(src, dst)
-        return self.network.transfer_paths(group_ranks)
+            key = ("p2p", src, dst)
+            hit = self._path_lists.get(key)
+            if hit is None:
+                hit = self._path_lists[key] = self.network.p2p_paths(src, dst)
+            return hit
+        key = tuple(group_ranks)
+        hit = self._path_lists.get(key)
+        if hit is None:
+            hit = self._path_lists[key] = self.network.transfer_paths(group_ranks)
+        return hit
 
 
 def fabric_for(timing) -> Fabric:
