@@ -169,7 +169,7 @@ class SharedLinkFabric:
 
 
 _STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_STATE_LIMIT = 200_000   # cached mixes and path lists of one network model before they start afresh
+_STATE_LIMIT = 50_000   # cached mixes and path lists of one network model before they start afresh
 
 
 def _shared_state(network) -> tuple[dict, dict]:
