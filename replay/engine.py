@@ -209,18 +209,29 @@ def _solo_transfers(graphs: Sequence[ExecutionGraph], offsets: np.ndarray,
     for r, g in enumerate(graphs):
         off = int(offsets[r])
         count: dict[tuple, int] = {}
-        for i in np.flatnonzero(np.isin(g.node_type, _COLL_TYPES) & g.is_gpu()).tolist():
+        # a node's group depends only on its type and attrs, which generated graphs share between the
+        # nodes of one template op: work it out once per attrs object
+        seen: dict[tuple, tuple[tuple, list[int]]] = {}
+        node_type = g.node_type
+        for i in np.flatnonzero(np.isin(node_type, _COLL_TYPES) & g.is_gpu()).tolist():
             if off + i in plan:
                 continue
-            if int(g.node_type[i]) == NodeType.COMM_COLL_NODE:
-                group = sorted(int(x) for x in (g.attr(i, "pg_ranks") or range(max(g.world_size, 1))))
-                name = g.attr(i, "pg_name")
-                gk: tuple = ("pg", str(name)) if name not in (None, "") else ("ranks", tuple(group))
-            else:
-                src = int(g.attr(i, "comm_src", g.rank))
-                dst = int(g.attr(i, "comm_dst", g.rank))
-                group = sorted({src, dst})
-                gk = ("p2p", src, dst, g.attr(i, "comm_tag"))
+            a = g.attrs.get(i)
+            t = int(node_type[i])
+            memo = (t, id(a))
+            hit = seen.get(memo)
+            if hit is None:
+                if t == NodeType.COMM_COLL_NODE:
+                    group = sorted(int(x) for x in (g.attr(i, "pg_ranks") or range(max(g.world_size, 1))))
+                    name = g.attr(i, "pg_name")
+                    gk: tuple = ("pg", str(name)) if name not in (None, "") else ("ranks", tuple(group))
+                else:
+                    src = int(g.attr(i, "comm_src", g.rank))
+                    dst = int(g.attr(i, "comm_dst", g.rank))
+                    group = sorted({src, dst})
+                    gk = ("p2p", src, dst, g.attr(i, "comm_tag"))
+                hit = seen[memo] = (gk, group)
+            gk, group = hit
             k = count[gk] = count.get(gk, -1) + 1
             out[off + i] = (gk + (k,), group)
     return out
