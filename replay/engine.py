@@ -397,6 +397,17 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     rv_key = {i: ("rv", k) for k, i in enumerate(unique_rvs)}
     transfer_end = fabric.transfer_end
     offsets_list = offsets.tolist()
+    # every pass serves the same nodes on each GPU stream / CPU thread, in graph order
+    streams: list[tuple[int, object, list[int]]] = []
+    for r, g in enumerate(graphs):
+        off = int(offsets[r])
+        res_of = g.resource
+        order = np.argsort(res_of, kind="stable")
+        bounds = np.searchsorted(res_of[order], np.arange(len(g.resources) + 1))
+        for k, res in enumerate(g.resources):
+            nodes = (order[bounds[k]:bounds[k + 1]] + off).tolist()
+            if nodes:
+                streams.append((r, res, nodes))
 
     def run_pass():
         """One replay of every rank; the fabric may ask for another (contended transfer times)."""
@@ -578,17 +589,9 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 
         plan_end: dict[int, float] = {}
         processes = []
-        for r, g in enumerate(graphs):
-            off = int(offsets[r])
-            res_of = g.resource
-            order = np.argsort(res_of, kind="stable")
-            bounds = np.searchsorted(res_of[order], np.arange(len(g.resources) + 1))
-            for k, res in enumerate(g.resources):
-                nodes = (order[bounds[k]:bounds[k + 1]] + off).tolist()
-                if not nodes:
-                    continue
-                proc = env.process(gpu_stream(nodes) if res.is_gpu else cpu_thread(nodes))
-                processes.append((r, res, nodes, proc))
+        for r, res, nodes in streams:
+            proc = env.process(gpu_stream(nodes) if res.is_gpu else cpu_thread(nodes))
+            processes.append((r, res, nodes, proc))
         env.run()
 
         if done_count[0] != total:
