@@ -156,8 +156,15 @@ def _plan_rendezvous(graphs: Sequence[ExecutionGraph], offsets: np.ndarray) -> d
     issued: dict[object, dict[int, list[int]]] = {}
     members_of: dict[object, list[int]] = {}
     for r, g in enumerate(graphs):
+        # a node's group depends only on its type and attrs (shared by the nodes of a generated template op)
+        groups: dict[tuple, tuple[object, list[int]] | None] = {}
+        node_type = g.node_type
         for i in g.collectives().tolist():
-            grp = _group_of(g, i, simulated)
+            memo = (int(node_type[i]), id(g.attrs.get(i)))
+            if memo in groups:
+                grp = groups[memo]
+            else:
+                grp = groups[memo] = _group_of(g, i, simulated)
             if grp is None:
                 continue
             key, ranks = grp
