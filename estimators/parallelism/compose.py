@@ -119,7 +119,6 @@ def sample_position(chunks: list[int], fwd: bool, chunk: int, last: bool) -> int
     return 3 * n + 2 * (n - 1 - i) + 1
 
 
-_COMM_OPS = (int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV))
 _KERNEL_OPS = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET))
 
 
