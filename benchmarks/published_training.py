@@ -5,6 +5,14 @@ memory) and the mean / max |error| (the README table).
     python benchmarks/published_training.py                 # the table
     python benchmarks/published_training.py --json out.json # rows as JSON
     python benchmarks/published_training.py --fit           # leave-one-model-out fit of the sustained clock
+    python benchmarks/published_training.py --breakdown     # where each row's step goes (diagnosis)
+
+Each row also shows the CPU seconds its estimate took (`time.process_time` around building the scenario and
+`evaluate.predict` in the default fast mode), and the last line names the slowest row. What every process
+loads once (the modules the replay imports lazily, the hardware preset) is loaded by a first estimate of a
+small plan before the rows and reported on its own line, so that row 0 is not charged for it. The target is
+<= 0.5 s per estimate (issue 19); on a shared machine the CPU time still rises with the load
+(`OPENBLAS_NUM_THREADS=1` keeps numpy to one thread).
 
 `--fit` re-predicts every row with the H100 sustained tensor clock (replay.hardware.compute.
 SUSTAINED_CLOCK_FRACTION) at a few values, interpolates each row's log throughput in log clock, and for
@@ -17,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +50,10 @@ def fmt(v: float | None, nd: int = 0) -> str:
     return f"{v:,.{nd}f}"
 
 
-def table(results: list[RowResult]) -> str:
+def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
+    cpu = cpu or {}
     lines = ["| # | release | model | GPUs | layout | published tok/s/GPU | predicted | published TFLOP/s | "
-             "predicted | error | memory GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted | error | memory GiB | estimate CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         w = r.row
         lay = f"TP{w.tp} PP{w.pp}" + (f"x{w.vp}" if w.vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
@@ -53,28 +63,60 @@ def table(results: list[RowResult]) -> str:
                      f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
                      f"{fmt(r.predicted_tflops)} | "
                      + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
-                     f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} |")
+                     f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} | {fmt(cpu.get(w.index), 2)} |")
     errs = [abs(r.relative_error) for r in results if r.relative_error is not None]
     if errs:
         lines.append("")
         lines.append(f"{len(errs)} of {len(results)} rows ran; mean |error| {100 * sum(errs) / len(errs):.1f}%, "
                      f"max {100 * max(errs):.1f}%; {sum(r.oom for r in results)} flagged out of memory")
+    if cpu:
+        slow = max(cpu, key=cpu.get)
+        lines.append(f"slowest estimate: row {slow}, {cpu[slow]:.2f} s CPU (mean {sum(cpu.values()) / len(cpu):.2f} s)")
     return "\n".join(lines)
 
 
-def run_all(path: Path, only=None, progress: bool = True) -> list[RowResult]:
+def run_all(path: Path, only=None, progress: bool = True, cpu: dict[int, float] | None = None) -> list[RowResult]:
+    """Predict every row (`only`: these indices); `cpu`, when given, receives each row's CPU seconds."""
     out = []
     for row in read_rows(path):
         if only is not None and row.index not in only:
             continue
+        c0 = time.process_time()
         r = run_row(row)
+        c = time.process_time() - c0
+        if cpu is not None:
+            cpu[row.index] = c
         out.append(r)
         if progress:
             e = r.relative_error
             print(f"  row {row.index:2d} {row.label[:50]:50s} "
-                  + (f"{100 * e:+6.1f}%" if e is not None else f"failed: {r.error}") + f" ({r.wall_s:.1f} s)",
-                  file=sys.stderr, flush=True)
+                  + (f"{100 * e:+6.1f}%" if e is not None else f"failed: {r.error}")
+                  + f" ({r.wall_s:.2f} s wall, {c:.2f} s CPU)", file=sys.stderr, flush=True)
     return out
+
+
+def breakdown(path: Path, only=None) -> str:
+    """Per row: predicted vs published step time and the predicted step's parts (the slowest pipeline
+    stage's compute, exposed communication by kind, pipeline bubble), to see which cost a row's error
+    sits in."""
+    from estimators.parallelism.evaluate import predict
+    from lumos_sim.published_training import row_scenario
+
+    lines = ["| # | model | published step s | predicted step s | compute | exposed EP | exposed TP | "
+             "exposed PP | exposed DP | bubble |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in read_rows(path):
+        if only is not None and row.index not in only:
+            continue
+        model, plan = row_scenario(row)
+        p = predict(model, plan, "h100-sxm")
+        b = p.breakdown.mean
+        kinds = b.exposed_comm_by_kind_us()
+        pub = plan.global_batch * plan.seq_len / plan.gpus / row.tokens_per_gpu if row.tokens_per_gpu else None
+        lines.append(f"| {row.index} | {row.model_name} | {fmt(pub, 2)} | {p.step_time_s:.2f} | "
+                     f"{b.compute_us / 1e6:.2f} | " + " | ".join(f"{kinds.get(k, 0.0) / 1e6:.2f}"
+                                                             for k in ("ep", "tp", "pp", "dp"))
+                     + f" | {b.idle_us / 1e6:.2f} |")
+    return "\n".join(lines)
 
 
 def fit(path: Path, clocks=(1.0, 0.85)) -> None:
@@ -119,22 +161,40 @@ def fit(path: Path, clocks=(1.0, 0.85)) -> None:
     print(f"leave-one-model-out: mean |error| {100 * sum(held) / len(held):.1f}%, max {100 * max(held):.1f}%")
 
 
+def warm_up() -> None:
+    """One small estimate: loads what every process loads once (lazy imports, the hardware preset)."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import predict
+    from estimators.parallelism.plan import ParallelPlan
+    predict(load_model("llama3-8b"), ParallelPlan(tp=2, pp=2, dp=2, seq_len=4096, global_batch=16), "h100-sxm")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", help="default: {shared}/reference/training-throughput.csv")
     ap.add_argument("--rows", help="only these row indices, e.g. 0,3,25")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--fit", action="store_true", help="leave-one-model-out fit of the sustained clock")
+    ap.add_argument("--breakdown", action="store_true", help="where each row's predicted step goes")
     args = ap.parse_args()
     path = csv_path(args.csv)
     if args.fit:
         fit(path)
         return 0
     only = [int(x) for x in args.rows.split(",")] if args.rows else None
-    results = run_all(path, only)
-    print(table(results))
+    if args.breakdown:
+        print(breakdown(path, only))
+        return 0
+    cpu: dict[int, float] = {}
+    c0 = time.process_time()
+    warm_up()
+    once = time.process_time() - c0
+    results = run_all(path, only, cpu=cpu)
+    print(table(results, cpu))
+    print(f"(loaded once per process before the rows: {once:.2f} s CPU)")
     if args.json:
-        Path(args.json).write_text(json.dumps([r.to_json() for r in results], indent=1))
+        Path(args.json).write_text(json.dumps([dict(r.to_json(), cpu_s=cpu.get(r.row.index)) for r in results],
+                                              indent=1))
     return 0
 
 

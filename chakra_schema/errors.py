@@ -30,8 +30,6 @@ def reject_unknown_keys(path: str | os.PathLike | None, keys: Iterable[str], all
 
 def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
     """A TOML file as a dict; a missing or malformed file is a one-line TraceInputError naming it."""
-    import tomllib
-
     try:
         with open(path, "rb") as f:
             return loads_toml(f.read().decode("utf-8"), path)
@@ -76,6 +74,13 @@ def check_number(what: str, value: object, low: float | None = None, high: float
     if high is not None and value > high:
         rule = f"<= {high:g}" if low is None else f"in {'(' if low_open else '['}{low:g}, {high:g}]"
         raise TraceInputError(None, f"{what} must be {rule}, got {value}")
+
+
+def check_choice(what: str, value: object, choices) -> None:
+    """Raise a one-line TraceInputError "{what} must be one of a, b, c, got 'x'" unless `value` is one of
+    `choices`."""
+    if value not in choices:
+        raise TraceInputError(None, f"{what} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 def with_path(error: TraceInputError, path: str | os.PathLike | None) -> TraceInputError:

@@ -227,6 +227,10 @@ def _gpt_oss(f: _Fields) -> dict[str, Any]:
     kw["ffn"] = 0
     kw["bias"] = f.bool("attention_bias", True)   # q/k/v/o biases; the experts carry biases too
     kw["attention_sinks"] = True
+    limit = f.data.get("swiglu_limit", 7.0)        # the released configs: 7.0
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit < 0:
+        raise TraceInputError(None, f"field 'swiglu_limit' must be a number >= 0, got {limit!r}")
+    kw["glu_clamp"] = float(limit)
     kw["moe"] = dict(num_experts=f.first("num_local_experts", "num_experts"),
                      top_k=f.first("num_experts_per_tok", "experts_per_token"),
                      expert_ffn=f.int("intermediate_size"))

@@ -143,6 +143,11 @@ class ModelConfig:
     # Attention sinks (GPT-OSS): one learned logit per head added to the softmax denominator; `heads`
     # parameters per layer, no matmul.
     attention_sinks: bool = False
+    # Clamped gated activation (GPT-OSS `swiglu_limit` 7): the gate half is clamped above at this value,
+    # the linear half to [-value, value] (0: no clamp).  Megatron-Core clamps the two halves and
+    # concatenates them before its fused activation (fused_bias_geglu `weighted_bias_quick_geglu_impl`
+    # with `activation_func_clamp_value`): passes over the FFN input the plain activation does not make.
+    glu_clamp: float = 0.0
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
 
@@ -488,6 +493,9 @@ def _validate(cfg: ModelConfig) -> None:
         check_number(f"'{key}'", getattr(cfg, key), 0)
     if cfg.activation not in ACTIVATIONS:
         bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
+    if cfg.glu_clamp < 0 or (cfg.glu_clamp and cfg.activation not in GATED_ACTIVATIONS):
+        bad(f"'glu_clamp' must be >= 0 and needs a gated activation, got {cfg.glu_clamp!r} with "
+            f"{cfg.activation!r}")
     for key in ("mtp_layers", "sliding_window"):
         check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
     if not isinstance(cfg.window_pattern, str) or set(cfg.window_pattern) - {"S", "F"}:

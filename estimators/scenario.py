@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, check_choice, reject_unknown_keys
 from estimators.failures.options import FailureOptions
 from estimators.model_config import ModelConfig, load_model
 from estimators.moe.options import MoEOptions
@@ -103,11 +103,8 @@ class Scenario:
     def __post_init__(self) -> None:
         if not isinstance(self.whatif, str) or not self.whatif:
             raise TraceInputError(None, f"scenario 'whatif' must be a what-if name, got {self.whatif!r}")
-        if self.timing not in TIMING_MODES:
-            raise TraceInputError(None, f"timing must be one of {', '.join(TIMING_MODES)}, got {self.timing!r}")
-        if self.simulation not in SIMULATION_MODES:
-            raise TraceInputError(None, f"simulation must be one of {', '.join(SIMULATION_MODES)}, "
-                                        f"got {self.simulation!r}")
+        check_choice("timing", self.timing, TIMING_MODES)
+        check_choice("simulation", self.simulation, SIMULATION_MODES)
         if self.model is not None and not isinstance(self.model, ModelConfig):
             raise TraceInputError(None, "scenario 'model' must be a ModelConfig (Scenario.build loads names)")
         if self.hardware is not None and not isinstance(self.hardware, HardwareConfig):

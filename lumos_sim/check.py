@@ -5,6 +5,7 @@ A suite is a TOML file:
     [suite]
     name = "hta-a100"
     description = "..."
+    mean_tolerance = 0.08       # optional: max mean |error| over every counted step of the suite's cases
 
     [[case]]
     name = "trace_diff_control"
@@ -55,6 +56,7 @@ class CaseSpec:
     kind: str = "replay"          # "published_training": rows of a published-throughput CSV (`csv`)
     csv: str | None = None
     in_sample: bool = False
+    suite_mean_tolerance: float | None = None   # the suite's bound on the mean over all its counted steps
 
 
 @dataclass
@@ -114,15 +116,20 @@ def load_suite(path: str | os.PathLike) -> tuple[str, list[CaseSpec]]:
     suite = doc.get("suite", {})
     if not isinstance(suite, dict):
         raise TraceInputError(path, "[suite] must be a table (name = ..., description = ...)")
-    reject_unknown_keys(path, suite, ("name", "description"), where=" in [suite]")
+    reject_unknown_keys(path, suite, ("name", "description", "mean_tolerance"), where=" in [suite]")
     suite_name = _typed(path, "[suite] name", suite.get("name", path.stem), str)
+    suite_mean = (_fraction(path, "[suite] mean_tolerance", suite["mean_tolerance"])
+                  if "mean_tolerance" in suite else None)
     raw_cases = doc.get("case", [])
     if not isinstance(raw_cases, list) or not all(isinstance(c, dict) for c in raw_cases):
         raise TraceInputError(path, "'case' must be an array of tables: [[case]] blocks")
     if not raw_cases:
         raise TraceInputError(path, "the suite has no [[case]]: a check that checks nothing cannot pass")
     shared = find_shared(path.resolve().parent)
-    return suite_name, [_case_from_table(path, k, raw, shared) for k, raw in enumerate(raw_cases)]
+    cases = [_case_from_table(path, k, raw, shared) for k, raw in enumerate(raw_cases)]
+    for c in cases:
+        c.suite_mean_tolerance = suite_mean
+    return suite_name, cases
 
 
 def _typed(path: Path, what: str, value: Any, tp: type) -> Any:
@@ -265,7 +272,35 @@ def collect_suites(paths: list[str]) -> list[Path]:
     return out
 
 
+@dataclass
+class SuiteMean:
+    """A suite's bound on the mean |error| over the steps of all its counted (not in-sample) cases."""
+    suite: str
+    tolerance: float
+    errors: list[float]
+
+    @property
+    def mean_error(self) -> float | None:
+        return sum(self.errors) / len(self.errors) if self.errors else None
+
+    @property
+    def passed(self) -> bool:
+        return self.mean_error is not None and self.mean_error <= self.tolerance
+
+
+def suite_means(results: list[CaseResult]) -> list[SuiteMean]:
+    out: dict[str, SuiteMean] = {}
+    for r in results:
+        if r.case.suite_mean_tolerance is None:
+            continue
+        sm = out.setdefault(r.suite, SuiteMean(r.suite, r.case.suite_mean_tolerance, []))
+        if not r.case.in_sample:
+            sm.errors.extend(abs(s.error) for s in r.steps)
+    return list(out.values())
+
+
 def results_json(results: list[CaseResult]) -> dict[str, Any]:
+    means = suite_means(results)
     return {
         "cases": [{"suite": r.suite, "case": r.case.name, "timing": r.case.timing, "hardware": r.case.hardware,
                    "passed": r.passed, "in_sample": r.case.in_sample, "error": r.error, "tolerance": r.case.tolerance,
@@ -274,8 +309,10 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
                    "steps": [{"rank": s.rank, "step": s.step, "measured_us": s.measured_us,
                               "predicted_us": s.predicted_us, "error": s.error} for s in r.steps]}
                   for r in results],
-        "passed": sum(r.passed for r in results),
-        "failed": sum(not r.passed for r in results),
+        "suite_means": [{"suite": m.suite, "mean_error": m.mean_error, "mean_tolerance": m.tolerance,
+                         "steps": len(m.errors), "passed": m.passed} for m in means],
+        "passed": sum(r.passed for r in results) + sum(m.passed for m in means),
+        "failed": sum(not r.passed for r in results) + sum(not m.passed for m in means),
         # accuracy = the cases whose traces did not fit their preset
         "accuracy_passed": sum(r.passed for r in results if not r.case.in_sample),
         "in_sample": sum(r.case.in_sample for r in results),
@@ -307,6 +344,10 @@ def print_results(results: list[CaseResult], verbose: bool = False, file=None) -
                       + (" [yellow]in-sample[/yellow]" if r.case.in_sample else ""))
             if verbose:
                 for s in r.steps:
-                    t.add_row(f"  rank {s.rank} {s.step}", "", f"{100 * s.error:+.2f}%", "",
-                              f"{s.measured_us / 1000:.3f} ms", f"pred {s.predicted_us / 1000:.3f} ms")
+                    t.add_row(f"  rank {s.rank} {s.step}: measured {s.measured_us / 1000:.3f} ms, predicted "
+                              f"{s.predicted_us / 1000:.3f} ms", "", f"{100 * s.error:+.2f}%", "", "", "")
+        for m in (m for m in suite_means(results) if m.suite == suite):
+            t.add_row("suite mean over every counted step", str(len(m.errors)), "",
+                      "-" if m.mean_error is None else f"{100 * m.mean_error:.2f}%", f"mean {100 * m.tolerance:.1f}%",
+                      "[green]PASS[/green]" if m.passed else "[red]FAIL[/red]")
         console.print(t)

@@ -36,6 +36,7 @@ from estimators.parallelism.plan import ParallelPlan
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
 # projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
 LORA_RANK = 16
+SQUAD_EXAMPLE_TOKENS = 256        # mean packed SQuAD example, Llama-2 tokens (see row_plan)
 # Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B)
 ALIASES = {"nemotron340b": "nemotron4-340b"}
 
@@ -168,6 +169,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     if "25." in row.release:
         # Megatron-Bridge 25.x (Transformer Engine 2.x, cuDNN 9) runs cuDNN's fused flash attention on Hopper
         kw["attention_kernel"] = "cudnn"
+        # its performance scripts (scripts/performance, 25.11 tree 97ad8cc6f: configs/*/..._llm_pretrain.py
+        # `ddp.grad_reduce_in_fp32 = False`; utils/overrides.py `cross_entropy_fusion_impl = "te"`) keep
+        # bf16 gradient buffers, reduce gradients in bf16, and run TE's fused cross entropy
+        kw.update(grad_bytes=2, fused_cross_entropy=True)
     if row.release.startswith("NeMo 24."):
         # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
         # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:
@@ -178,8 +183,13 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         kw.update(zero=3, dp_shard=row.fsdp if row.fsdp < dp else 0, fsdp="megatron")
     ft = _finetune(row)
     kw["finetune"] = ft
-    # packed SFT / LoRA sequences: the documents' lengths inside a pack are not published, so attention
-    # is priced over the whole packed sequence (packed_doc_len 0), an upper bound on its cost
+    # packed SFT / LoRA sequences: NeMo 24.07's fine-tuning recipes pack SQuAD examples into the sequence
+    # with their boundaries (cu_seqlens), so attention runs per example, not over the pack. SQuAD v1.1
+    # (Rajpurkar et al. 2016) contexts average about 120-140 words; with the question, the answer and
+    # NeMo's prompt template an example is about 200-300 Llama-2 tokens. The estimate moves < 0.5% between
+    # 192 and 384. NeMo's published TFLOP/s for these rows count no attention at all (test_model_configs).
+    if ft != "none":
+        kw["packed_doc_len"] = SQUAD_EXAMPLE_TOKENS
     if ft == "lora":
         kw["lora_rank"] = LORA_RANK
     text = f"{row.model_name} {row.notes}".lower()
@@ -188,8 +198,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
             kw["moe_capacity_factor"] = 1.0
         if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
             kw["moe_a2a"] = "deepep"
+        # Megatron-Bridge 25.x dropless runs force-balance the router (utils/overrides.py: use_tokendrop
+        # False -> moe_router_force_load_balancing = True; the Qwen3 / GPT-OSS / DeepSeek scripts set it)
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
-            kw.get("moe_capacity_factor", 0) > 0
+            kw.get("moe_capacity_factor", 0) > 0 or "25." in row.release
     return ParallelPlan(**kw)
 
 

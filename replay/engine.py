@@ -27,6 +27,7 @@ engine replay hundreds of thousands of nodes per second.
 from __future__ import annotations
 
 import gc
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -155,8 +156,15 @@ def _plan_rendezvous(graphs: Sequence[ExecutionGraph], offsets: np.ndarray) -> d
     issued: dict[object, dict[int, list[int]]] = {}
     members_of: dict[object, list[int]] = {}
     for r, g in enumerate(graphs):
+        # a node's group depends only on its type and attrs (shared by the nodes of a generated template op)
+        groups: dict[tuple, tuple[object, list[int]] | None] = {}
+        node_type = g.node_type
         for i in g.collectives().tolist():
-            grp = _group_of(g, i, simulated)
+            memo = (int(node_type[i]), id(g.attrs.get(i)))
+            if memo in groups:
+                grp = groups[memo]
+            else:
+                grp = groups[memo] = _group_of(g, i, simulated)
             if grp is None:
                 continue
             key, ranks = grp
@@ -208,18 +216,29 @@ def _solo_transfers(graphs: Sequence[ExecutionGraph], offsets: np.ndarray,
     for r, g in enumerate(graphs):
         off = int(offsets[r])
         count: dict[tuple, int] = {}
-        for i in np.flatnonzero(np.isin(g.node_type, _COLL_TYPES) & g.is_gpu()).tolist():
+        # a node's group depends only on its type and attrs, which generated graphs share between the
+        # nodes of one template op: work it out once per attrs object
+        seen: dict[tuple, tuple[tuple, list[int]]] = {}
+        node_type = g.node_type
+        for i in np.flatnonzero(np.isin(node_type, _COLL_TYPES) & g.is_gpu()).tolist():
             if off + i in plan:
                 continue
-            if int(g.node_type[i]) == NodeType.COMM_COLL_NODE:
-                group = sorted(int(x) for x in (g.attr(i, "pg_ranks") or range(max(g.world_size, 1))))
-                name = g.attr(i, "pg_name")
-                gk: tuple = ("pg", str(name)) if name not in (None, "") else ("ranks", tuple(group))
-            else:
-                src = int(g.attr(i, "comm_src", g.rank))
-                dst = int(g.attr(i, "comm_dst", g.rank))
-                group = sorted({src, dst})
-                gk = ("p2p", src, dst, g.attr(i, "comm_tag"))
+            a = g.attrs.get(i)
+            t = int(node_type[i])
+            memo = (t, id(a))
+            hit = seen.get(memo)
+            if hit is None:
+                if t == NodeType.COMM_COLL_NODE:
+                    group = sorted(int(x) for x in (g.attr(i, "pg_ranks") or range(max(g.world_size, 1))))
+                    name = g.attr(i, "pg_name")
+                    gk: tuple = ("pg", str(name)) if name not in (None, "") else ("ranks", tuple(group))
+                else:
+                    src = int(g.attr(i, "comm_src", g.rank))
+                    dst = int(g.attr(i, "comm_dst", g.rank))
+                    group = sorted({src, dst})
+                    gk = ("p2p", src, dst, g.attr(i, "comm_tag"))
+                hit = seen[memo] = (gk, group)
+            gk, group = hit
             k = count[gk] = count.get(gk, -1) + 1
             out[off + i] = (gk + (k,), group)
     return out
@@ -384,6 +403,18 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     unique_rvs = {id(rv): rv for rv in plan.values()}
     rv_key = {i: ("rv", k) for k, i in enumerate(unique_rvs)}
     transfer_end = fabric.transfer_end
+    offsets_list = offsets.tolist()
+    # every pass serves the same nodes on each GPU stream / CPU thread, in graph order
+    streams: list[tuple[int, object, list[int]]] = []
+    for r, g in enumerate(graphs):
+        off = int(offsets[r])
+        res_of = g.resource
+        order = np.argsort(res_of, kind="stable")
+        bounds = np.searchsorted(res_of[order], np.arange(len(g.resources) + 1))
+        for k, res in enumerate(g.resources):
+            nodes = (order[bounds[k]:bounds[k + 1]] + off).tolist()
+            if nodes:
+                streams.append((r, res, nodes))
 
     def run_pass():
         """One replay of every rank; the fabric may ask for another (contended transfer times)."""
@@ -411,8 +442,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
             return ev
 
         def locate(i: int) -> tuple[ExecutionGraph, int]:
-            r = int(np.searchsorted(offsets, i, side="right") - 1)
-            return graphs[r], i - int(offsets[r])
+            r = bisect_right(offsets_list, i) - 1
+            return graphs[r], i - offsets_list[r]
 
         def rendezvous(i: int, arrival: float):
             """Generator: register arrival of node i at its rendezvous; returns the completion time.
@@ -565,17 +596,9 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 
         plan_end: dict[int, float] = {}
         processes = []
-        for r, g in enumerate(graphs):
-            off = int(offsets[r])
-            res_of = g.resource
-            order = np.argsort(res_of, kind="stable")
-            bounds = np.searchsorted(res_of[order], np.arange(len(g.resources) + 1))
-            for k, res in enumerate(g.resources):
-                nodes = (order[bounds[k]:bounds[k + 1]] + off).tolist()
-                if not nodes:
-                    continue
-                proc = env.process(gpu_stream(nodes) if res.is_gpu else cpu_thread(nodes))
-                processes.append((r, res, nodes, proc))
+        for r, res, nodes in streams:
+            proc = env.process(gpu_stream(nodes) if res.is_gpu else cpu_thread(nodes))
+            processes.append((r, res, nodes, proc))
         env.run()
 
         if done_count[0] != total:

@@ -12,6 +12,8 @@ tests/test_et_only_kernels.py), never from per-trace figures:
 - Only the innermost ops launch kernels (`aten::linear` -> `aten::mm`: the kernel belongs to `aten::mm`);
   an op launches nothing when its outputs only alias its inputs (views: view, t, transpose, slice, ...),
   when it only allocates (empty*, resize_), or when it has no tensors on the GPU.
+- Convolutions (cudnn_convolution, convolution_backward, ...): implicit GEMMs (forward; dgrad and wgrad as
+  the backward's outputs ask), timed by the GEMM model.
 - GEMMs (mm, addmm, bmm, baddbmm, linear, matmul, _scaled_mm, ...): one `gemm` kernel with m, n, k and the
   batch from the shapes (transposes are views: the shapes that reach mm are the GEMM's).
 - Attention (scaled_dot_product_* / flash / efficient / cuDNN attention, forward and backward): one
@@ -58,7 +60,7 @@ import numpy as np
 
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
-from .hardware.compute import _dtype_of, _elem_bytes, _gemm_dims, _numel
+from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _numel
 
 COMPUTE_STREAM = 7         # CUDA's default stream as Kineto numbers it
 COMM_STREAM_BASE = 1000    # same numbering as chakra_schema.pytorch.et_graph
@@ -79,6 +81,14 @@ class HostModel:
     op_us: float = 28.0
     launch_us: float = 9.6
     python_us: float = 19.0
+    # The first GEMM of a shape in a process costs the host a cuBLASLt algorithm search (heuristic query,
+    # plan setup) before its launch; later GEMMs of that shape reuse it. Static shapes were searched in the
+    # warm-up steps; data-dependent ones (MoE experts' token counts, varying sequence lengths) are new in
+    # every step. Measured in the H100 MoE traces of tests/data/h100 (torch 2.11, CUDA 12.8): aten::mm of a
+    # shape first seen in the trace spends a median 339 us (4,096 tokens) / 290 us (16,384 tokens) on the
+    # host, one of a seen shape 107 / 105 us: 208 us extra as the mean of the two. The Llama traces (static
+    # shapes) hold no such GEMM, so they do not inform it.
+    new_gemm_shape_us: float = 208.0
 
 
 HOST_MODEL = HostModel()
@@ -103,6 +113,7 @@ class InferenceReport:
     uninferred: Counter = field(default_factory=Counter)   # op name -> count: launches, work unknown
     cpu_trace: bool = False               # tensors were on the CPU: the kernels are those of a CUDA run
     collectives_moved: int = 0            # host (gloo) transfers moved to a GPU communication stream
+    new_gemm_shapes: int = 0              # GEMMs whose shape is not in every step: a cuBLASLt search each
 
     def lines(self) -> list[str]:
         out = [f"inferred {self.kernels:,} GPU kernels from {self.launching_ops:,} of {self.ops:,} ET ops ("
@@ -118,12 +129,16 @@ class InferenceReport:
                        + ", ".join(f"{name} x{c}" for name, c in self.uninferred.most_common(8)))
         else:
             out.append("every operator's kernels were inferred")
+        if self.new_gemm_shapes:
+            out.append(f"{self.new_gemm_shapes:,} GEMMs of a shape not run in every step (data-dependent) pay the "
+                       "host's cuBLASLt algorithm search")
         return out
 
     def to_json(self) -> dict:
         return {"ops": self.ops, "launching_ops": self.launching_ops, "kernels": self.kernels,
                 "kernels_by_class": dict(self.kernels_by_class), "uninferred": dict(self.uninferred),
-                "cpu_trace": self.cpu_trace, "collectives_moved": self.collectives_moved}
+                "cpu_trace": self.cpu_trace, "collectives_moved": self.collectives_moved,
+                "new_gemm_shapes": self.new_gemm_shapes}
 
 
 # ----------------------------------------------------------------------------------- op -> kernels
@@ -135,6 +150,9 @@ _SYNCS = re.compile(r"::(_local_scalar_dense|nonzero|nonzero_static|unique|_uniq
                     r"masked_select|repeat_interleave)$")
 _GEMM = re.compile(r"::(mm|addmm|_addmm_activation|bmm|baddbmm|linear|matmul|_scaled_mm|addbmm|mv|addmv|dot)$")
 _ATTENTION = re.compile(r"attention|flash|_sdpa|scaled_dot_product", re.I)
+_CONV = re.compile(r"::(convolution|_convolution|cudnn_convolution|cudnn_convolution_transpose|conv[123]d|"
+                   r"convolution_backward|_convolution_double_backward|miopen_convolution|mkldnn_convolution|"
+                   r"_slow_conv2d_forward|slow_conv3d_forward|conv_depthwise2d|_conv_depthwise2d)$")
 _OPTIMIZER = re.compile(r"::(_foreach_\w+|_fused_adamw?_|_fused_sgd_|_fused_adagrad_)$")
 _NORM = re.compile(r"norm", re.I)
 _SOFTMAX = re.compile(r"softmax", re.I)
@@ -293,6 +311,8 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
                 names += ["attention_bwd_reduce_head_dk", "attention_bwd_reduce_head_dv"]
             kernels += [KernelSpec(nm, helper) for nm in names]
         return kernels
+    if _CONV.search(low):
+        return _conv_kernels(low, tens, out_shapes, dtype)
     dims = _gemm_dims(low, tens) if _GEMM.search(low) else None
     if dims is not None:
         m, n, k, batch = dims
@@ -514,6 +534,7 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
         if last_kernel >= 0:
             b.add_dep(last_kernel, tn, EdgeKind.CROSS_STREAM)
 
+    warm_gemms = _gemm_shapes_in_every_step(graph, specs_of)
     for i in range(n):
         k = kinds[i]
         if res_of[i] in gpu_res or k in (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV):
@@ -538,6 +559,11 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
             clock += host.op_us
             specs = specs_of[i]
             for spec in specs:
+                key = _gemm_key(spec)
+                if key is not None and key not in warm_gemms:
+                    clock += host.new_gemm_shape_us   # first GEMM of this shape: cuBLASLt searches an algorithm
+                    warm_gemms.add(key)
+                    report.new_gemm_shapes += 1
                 # the runtime call under the op (as Kineto records it) launches the kernel
                 ln = b.add_node("cudaLaunchKernel" if _gpu_kind(spec) == OpKind.KERNEL else "cudaMemcpyAsync",
                                 NodeType.COMP_NODE, int(OpKind.LAUNCH), new_res[th], clock, host.launch_us, ni,
@@ -596,6 +622,62 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
     b.metadata["et_inference"] = report.to_json()
     out = b.build()
     return out, report
+
+
+def _conv_kernels(low: str, tens: list[list[int]], out_shapes: list, dtype: str) -> list[KernelSpec] | None:
+    """A convolution as the implicit GEMM cuDNN runs (M = N*Ho*Wo output pixels, N = C_out / groups, K =
+    C_in / groups * kernel window, one GEMM per group). The backward runs the input gradient (dgrad) and
+    the weight gradient (wgrad) as two GEMMs with the forward's multiply-adds each, those its outputs ask
+    for (an empty output shape: not computed), and the bias gradient as a reduction of grad_output."""
+    backward = "backward" in low
+    if backward:   # (grad_output, input, weight, ...)
+        if len(tens) < 3 or not (len(tens[0]) == len(tens[1]) == len(tens[2]) >= 3):
+            return None
+        out, x, w = tens[0], tens[1], tens[2]
+    else:          # (input, weight, ...) -> output
+        o = out_shapes[0] if out_shapes and isinstance(out_shapes[0], (list, tuple)) else []
+        if len(tens) < 2 or len(tens[0]) < 3 or len(tens[1]) != len(tens[0]) or len(o) != len(tens[0]):
+            return None
+        x, w, out = tens[0], tens[1], list(o)
+    groups = max(1, x[1] // max(w[1], 1))
+    pixels = out[0] * _numel(out[2:])
+    c_out_g, window = max(1, w[0] // groups), w[1] * _numel(w[2:])
+    # fp32 convolutions run on TF32 tensor cores where the GPU has them: PyTorch's
+    # torch.backends.cudnn.allow_tf32 defaults to True (unlike matmuls' allow_tf32, False since 1.12)
+    conv = {"op": "gemm", "dtype": "tf32" if dtype == "fp32" else dtype, "batch": groups, "conv": True}
+    if not backward:
+        return [KernelSpec("conv_fwd", dict(conv, m=pixels, n=c_out_g, k=window))]
+    wanted = [bool(isinstance(sh, (list, tuple)) and len(sh)) for sh in (list(out_shapes) + [[]] * 3)[:3]]
+    specs = []
+    if wanted[0]:
+        specs.append(KernelSpec("conv_dgrad", dict(conv, m=pixels, n=w[1], k=c_out_g * _numel(w[2:]))))
+    if wanted[1]:
+        specs.append(KernelSpec("conv_wgrad", dict(conv, m=c_out_g, n=window, k=pixels)))
+    if wanted[2]:
+        e = DTYPE_BYTES.get(dtype, 4)
+        specs.append(KernelSpec("conv_bgrad", {"op": "reduction", "dtype": dtype, "bytes": float(_numel(out) * e)}))
+    return specs
+
+
+def _gemm_key(spec: KernelSpec) -> tuple | None:
+    a = spec.attrs
+    if a.get("op") != "gemm" or a.get("conv"):   # cuDNN picks convolution algorithms its own way
+        return None
+    return (a.get("dtype"), a.get("m"), a.get("n"), a.get("k"), a.get("batch", 1))
+
+
+def _gemm_shapes_in_every_step(graph: ExecutionGraph, specs_of: list[list[KernelSpec]]) -> set[tuple]:
+    """GEMM shapes that every recorded step runs: static shapes, searched during the warm-up steps that ran
+    before the trace. A trace with fewer than two steps cannot tell static shapes from data-dependent
+    ones, so all of its shapes count as warm (no search cost assumed)."""
+    bounds = sorted(s.node for s in graph.steps if s.node >= 0)
+    all_keys = [{_gemm_key(sp) for sp in specs} - {None} for specs in specs_of]
+    if len(bounds) < 2:
+        return set().union(*all_keys)
+    per_step = []
+    for lo, hi in zip(bounds, bounds[1:] + [len(specs_of)]):
+        per_step.append(set().union(*all_keys[lo:hi]))
+    return set.intersection(*per_step)
 
 
 def _gpu_kind(spec: KernelSpec) -> int:

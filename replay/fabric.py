@@ -23,6 +23,7 @@ is a new class here, not a branch in the engine.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Hashable, Protocol, Sequence
 
@@ -80,6 +81,15 @@ class SharedLinkFabric:
     _used: dict = field(default_factory=dict)        # key -> duration this pass used
     _last_step: dict = field(default_factory=dict)   # key -> the correction of the previous pass
     _damped: set = field(default_factory=set)        # keys whose corrections oscillated
+    # Kept across passes and across the replays on one network model (the same transfers recur every pass,
+    # and the same groups in every stage sample of an estimate): each transfer's path list, by its ends or
+    # group, and the speeds of each mix of path lists in flight (`shared_transfer_times`' cache, keyed by
+    # the path lists' ids, which `_path_lists` keeps alive: the two always travel together).
+    _path_lists: dict = field(default_factory=dict)
+    _share_cache: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._path_lists, self._share_cache = _shared_state(self.network)
 
     def begin_pass(self) -> None:
         self.passes += 1
@@ -108,7 +118,7 @@ class SharedLinkFabric:
         alone = [self._seen[k][1] for k in keys]
         paths = [self._seen[k][2] for k in keys]
         begins, ends = shared_transfer_times(starts, alone, paths, self.network.topology.capacity,
-                                             self._stream_predecessors(keys, starts))
+                                             self._stream_predecessors(keys, starts), cache=self._share_cache)
         moved = 0.0
         for k, s, e in zip(keys, begins.tolist(), ends.tolist()):
             d = e - s
@@ -146,8 +156,32 @@ class SharedLinkFabric:
             me = graph.rank
             src = me if kind == OpKind.SEND else int(a.get("comm_src", me))
             dst = int(a.get("comm_dst", me)) if kind == OpKind.SEND else me
-            return self.network.p2p_paths(src, dst)
-        return self.network.transfer_paths(group_ranks)
+            key = ("p2p", src, dst)
+            hit = self._path_lists.get(key)
+            if hit is None:
+                hit = self._path_lists[key] = self.network.p2p_paths(src, dst)
+            return hit
+        key = tuple(group_ranks)
+        hit = self._path_lists.get(key)
+        if hit is None:
+            hit = self._path_lists[key] = self.network.transfer_paths(group_ranks)
+        return hit
+
+
+_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STATE_LIMIT = 50_000   # cached mixes and path lists of one network model before they start afresh
+
+
+def _shared_state(network) -> tuple[dict, dict]:
+    """The (path lists, mix speeds) caches of `network`'s fabrics. Past `_STATE_LIMIT` entries a new pair
+    replaces the old one (a fabric still using the old pair keeps it: never cleared under its feet)."""
+    try:
+        state = _STATE.get(network)
+    except TypeError:   # not weak-referenceable / hashable: a cache of its own
+        return {}, {}
+    if state is None or len(state[0]) + len(state[1]) > _STATE_LIMIT:
+        state = _STATE[network] = ({}, {})
+    return state
 
 
 def fabric_for(timing) -> Fabric:

@@ -194,3 +194,79 @@ def test_cli_simulation_flag_picks_the_mode():
     fast, full = run(), run("--simulation", "symmetric")
     assert (fast["simulation"], full["simulation"]) == ("fast", "symmetric")
     assert fast["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.02)
+
+
+# ------------------------------------------------------------------ repeated work removed, answers kept
+SHARED_LINKS = [   # plans whose samples share links (TP / EP / DP / CP traffic, several fabric passes)
+    (DSV3ISH, ParallelPlan(tp=2, pp=2, dp=4, ep=4, etp=2, seq_len=1024, global_batch=16, first_stage_layers=3)),
+    (SMALL, ParallelPlan(tp=2, pp=2, cp=2, dp=2, seq_len=4096, global_batch=16, zero=3)),
+    (DEEP, ParallelPlan(tp=2, pp=2, dp=8, vp=4, seq_len=2048, global_batch=16)),
+]
+
+
+@pytest.mark.parametrize("model,plan", SHARED_LINKS, ids=["dsv3ish-ep", "small-cp-zero3", "deep-vp4-dp8"])
+def test_timing_each_distinct_op_once_gives_every_nodes_own_time(model, plan, monkeypatch):
+    """The stage samples ask the timing source once per distinct generated op (the template ops of every
+    layer share their attrs): the durations, and so the estimate, are exactly those of asking for every node."""
+    import estimators.parallelism.compose as compose
+    from replay.model_timing import ModelTiming
+
+    asked = []
+    whole = ModelTiming.node_durations
+
+    def counting(self, graph):
+        asked.append(len(graph))
+        return whole(self, graph)
+
+    monkeypatch.setattr(ModelTiming, "node_durations", counting)
+    fast = predict(model, plan, "h100-sxm")
+    distinct = sum(asked)
+    asked.clear()
+    monkeypatch.setattr(compose, "_distinct_node_durations", lambda timing, graph: timing.node_durations(graph))
+    every = predict(model, plan, "h100-sxm")
+    assert fast.step_time_s == every.step_time_s
+    assert fast.breakdown.mean.compute_us == every.breakdown.mean.compute_us
+    assert fast.num_nodes == every.num_nodes and distinct < sum(asked) / 3
+
+
+@pytest.mark.parametrize("model,plan", SHARED_LINKS, ids=["dsv3ish-ep", "small-cp-zero3", "deep-vp4-dp8"])
+def test_link_sharing_reused_across_passes_and_samples_gives_the_same_step(model, plan, monkeypatch):
+    """The fabric keeps the max-min shares of each mix of groups in flight across its passes and across the
+    stage samples of an estimate; solving every mix afresh in every pass gives the same step, with more work."""
+    import replay.fabric as fabric
+    import replay.hardware.network as network
+
+    solved = []
+    of = network.FlowIncidence.of
+
+    def counting(paths, capacity):
+        solved.append(len(paths))
+        return of(paths, capacity)
+
+    monkeypatch.setattr(network.FlowIncidence, "of", staticmethod(counting))
+    kept = predict(model, plan, "h100-sxm")
+    reused = len(solved)
+    solved.clear()
+    share = network.shared_transfer_times
+    monkeypatch.setattr(fabric, "_shared_state", lambda network: ({}, {}))
+    monkeypatch.setattr(network, "shared_transfer_times",
+                        lambda *args, cache=None, **kw: share(*args, **kw))   # a fresh cache every pass
+    fresh = predict(model, plan, "h100-sxm")
+    assert kept.step_time_s == fresh.step_time_s
+    assert kept.extra.get("stage_kinds") == fresh.extra.get("stage_kinds")
+    assert 0 < reused < len(solved)
+
+
+def test_p2p_time_is_the_same_when_asked_again():
+    """Point-to-point times are memoized per (bytes, source, destination): asking again, or after other
+    pairs, gives the first answer, and a different size or direction its own."""
+    from replay.hardware.network import NetworkModel
+
+    fresh = NetworkModel("h100-sxm")
+    net = NetworkModel("h100-sxm")
+    first = net.p2p_us(4 << 20, 0, 8)
+    net.p2p_us(4 << 20, 8, 0)
+    net.p2p_us(1 << 20, 0, 8)
+    assert net.p2p_us(4 << 20, 0, 8) == first == fresh.p2p_us(4 << 20, 0, 8)
+    assert net.p2p_us(1 << 20, 0, 8) < first
+    assert net.p2p_us(4 << 20, 0, 1) < first   # NVLink inside a node beats the NIC

@@ -194,3 +194,35 @@ def test_multi_tensor_apply_launches_are_timed_in_whole_waves_of_ctas():
     assert _wave_quantized(est, {"blocks": 64}, 132).time_us == pytest.approx(100.0)
     ks = _foreach(40, 4 * 65536)   # 160 chunks, under the 320-chunk and tensor limits: one launch
     assert [k.attrs["blocks"] for k in ks] == [160]
+
+
+def test_convolutions_become_implicit_gemms_with_the_forward_multiply_adds():
+    # ResNet-50's stem: 32 x 3 x 224 x 224 input, 64 filters of 3 x 7 x 7, stride 2 -> 32 x 64 x 112 x 112
+    x, w, y = [32, 3, 224, 224], [64, 3, 7, 7], [32, 64, 112, 112]
+    fwd = op_kernels("aten::cudnn_convolution", {
+        "input_shapes": [x, w, [], [], [], [], [], [], []],
+        "input_types": ["Tensor(float)", "Tensor(float)"] + ["GenericList[Int]"] * 3 + ["Int"] + ["Bool"] * 3,
+        "output_shapes": [y], "output_types": ["Tensor(float)"]})
+    macs = 32 * 112 * 112 * 64 * 3 * 7 * 7          # output pixels x filters x window
+    [k] = fwd
+    a = k.attrs
+    assert a["op"] == "gemm" and a["m"] * a["n"] * a["k"] * a["batch"] == macs
+    assert a["dtype"] == "tf32"                     # cudnn.allow_tf32 is on by default
+    # the backward: input gradient not wanted for the stem (its input is data), weight and bias gradients are
+    bwd = op_kernels("aten::convolution_backward", {
+        "input_shapes": [y, x, w, [], [], [], [], [], [], [], []],
+        "input_types": ["Tensor(float)"] * 3 + ["GenericList[Int]"] * 4 + ["Bool", "GenericList[Int]", "Int",
+                                                                           "GenericList[Bool]"],
+        "output_shapes": [[], w, [64]], "output_types": ["Tensor(float)"] * 3})
+    assert [s.name for s in bwd] == ["conv_wgrad", "conv_bgrad"]
+    wg = bwd[0].attrs
+    assert wg["m"] * wg["n"] * wg["k"] == macs
+    assert bwd[1].attrs["bytes"] == 32 * 64 * 112 * 112 * 4      # grad_output read once for the bias sum
+
+
+def test_grouped_convolution_splits_the_gemm_per_group():
+    # a depthwise 3 x 3 over 256 channels (groups = 256): one tiny GEMM per channel
+    x, w, y = [8, 256, 56, 56], [256, 1, 3, 3], [8, 256, 56, 56]
+    [k] = op_kernels("aten::cudnn_convolution", {"input_shapes": [x, w], "input_types": ["Tensor(c10::BFloat16)"] * 2,
+                                                 "output_shapes": [y], "output_types": ["Tensor(c10::BFloat16)"]})
+    assert (k.attrs["batch"], k.attrs["m"], k.attrs["n"], k.attrs["k"]) == (256, 8 * 56 * 56, 1, 9)

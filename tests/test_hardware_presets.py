@@ -66,7 +66,7 @@ def test_user_file_with_extends_overrides_one_number(tmp_path):
     ('name = "x"\nextends = "h100-sxm"\n[[protocols]]\nname = "LL"\nbw_frac = 0.5\n', "unknown key 'bw_frac'"),
     ('name = "x"\n[gpu]\nmodel = "g"\n', "missing required [compute]"),
     ('name = "x"\nextends = "nope"\n', "unknown preset 'nope'"),
-    ('name = "x\n', "invalid TOML"),
+    ('name = "x\n', "not a valid TOML file"),
 ])
 def test_bad_user_file_gives_one_line_error_naming_the_key(tmp_path, body, message):
     f = tmp_path / "bad.toml"

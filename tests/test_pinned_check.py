@@ -34,13 +34,29 @@ def test_in_sample_must_be_a_boolean(tmp_path):
         load_suite(suite)
 
 
-def test_suites_mark_exactly_the_calibrated_preset_cases_in_sample():
-    """The calibrated presets were fitted on these suites' traces (their comments say so); the held-out
-    H100 suite uses traces no fit has seen."""
-    for path in (ROOT / "tests/data/h100/suite.toml", ROOT / "tests/accuracy/model_a100.toml"):
-        _, cases = load_suite(path)
+def _fitted_on_case_traces(case) -> bool:
+    """Whether the case's preset was calibrated on the case's own traces (its [calibration] traces name the
+    trace files, or the folders holding them)."""
+    from replay.hardware.config import get_hardware, load_hardware_file
+
+    if not case.hardware:
+        return False
+    hw = load_hardware_file(case.hardware) if str(case.hardware).endswith(".toml") else get_hardware(case.hardware)
+    if hw.calibration is None:
+        return False
+    labels = {t.split("#")[0] for t in hw.calibration.traces}
+    paths = [p for p in [*case.inputs, case.et, case.kineto] if p]
+    return any(Path(p).name in labels or Path(p).parent.name in labels for p in paths)
+
+
+def test_suites_mark_exactly_the_cases_whose_preset_fitted_their_traces_in_sample():
+    """A case is in-sample exactly when its calibrated preset was fitted on its traces (the preset's own
+    [calibration] provenance says so); the held-out and ET-only H100 suites hold none."""
+    for path in ("tests/data/h100/suite.toml", "tests/accuracy/model_a100.toml", "tests/data/h100/heldout/suite.toml",
+                 "tests/data/h100/et_only_suite.toml"):
+        _, cases = load_suite(ROOT / path)
         for c in cases:
-            assert c.in_sample == ("calibrated" in str(c.hardware)), c.name
+            assert c.in_sample == _fitted_on_case_traces(c), (path, c.name)
     _, held = load_suite(ROOT / "tests/data/h100/heldout/suite.toml")
     assert len(held) == 2 and not any(c.in_sample for c in held)
-    assert all("calibrated" in str(c.hardware) and c.timing == "model" for c in held)
+    assert all(c.hardware == "h100-sxm" and c.timing == "model" for c in held)

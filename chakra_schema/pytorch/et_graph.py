@@ -373,9 +373,6 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
             steps.append((nm, g, start, dur))
         for src in wait_of:
             b.add_dep(src, g, EdgeKind.SYNC)
-        if synthetic is not None:
-            add_transfer(i, i, synthetic, f"{synthetic['coll_name']} (transfer)", next_id, i)
-            next_id += 1
 
         # ---- data deps between top-level ops
         is_op[i] = kind != OpKind.ANNOTATION
@@ -387,6 +384,10 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
                     b.add_dep(src, g, EdgeKind.DATA)
             for t in _tensors(et.out_values[i], et.out_types[i]):
                 producer[(t[0], t[1])] = g
+        if synthetic is not None:
+            # after the op's own inputs are resolved: the transfer writes them (in place), it does not feed them
+            add_transfer(i, i, synthetic, f"{synthetic['coll_name']} (transfer)", next_id, i)
+            next_id += 1
 
     for step in steps:
         b.add_step(*step)

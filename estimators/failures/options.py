@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, check_choice
 from estimators.failures.recovery import DEFAULTS
 
 STRATEGIES = ("sync", "ft-hsdp")   # mirrors estimators.failures.recovery's registry (checked there too)
@@ -66,13 +66,10 @@ class FailureOptions:
         _positive(self, "weibull_shape", 100.0)
         _positive(self, "storage_write_gbs", 1e9)
         _positive(self, "checkpoint_bytes_per_param", 1e3)
-        if self.restart_semantics not in RESTART_SEMANTICS:
-            raise TraceInputError(None, f"failure.restart_semantics must be one of {', '.join(RESTART_SEMANTICS)}, "
-                                        f"got {self.restart_semantics!r}")
+        check_choice("failure.restart_semantics", self.restart_semantics, RESTART_SEMANTICS)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
             raise TraceInputError(None, f"failure.seed must be an integer from 0 to 2^63-1, got {self.seed!r}")
-        if self.strategy not in STRATEGIES:
-            raise TraceInputError(None, f"failure.strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        check_choice("failure.strategy", self.strategy, STRATEGIES)
         if self.distribution not in (None, "exponential", "weibull"):
             raise TraceInputError(None, f"failure.distribution must be exponential or weibull, got {self.distribution!r}")
         if self.engine not in ("vector", "simpy"):

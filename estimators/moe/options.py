@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, check_choice
 from estimators.moe.placement import PLACEMENTS, SLOTTED
 
 PHASES = ("prefill", "decode", "train")
 FITS = ("first-half", "prefill", "all")
 GROUP_BY = ("none", "domain")
 OVERLAPS = ("none", "dual-batch")
+
+
+# Caps that keep one estimate bounded in time and memory (a typo such as 1e9 is refused, not run for hours).
+MAX_TIMED_WINDOWS = 1024
+MAX_SAMPLED_WINDOW = 1 << 24         # tokens per batch; the routing synthesizer's own cap
+MAX_SYNTHETIC_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -41,22 +47,20 @@ class MoEOptions:
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
             raise TraceInputError(None, f"moe.{msg}")
-        if self.placement not in PLACEMENTS:
-            bad(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
-        if self.phase not in PHASES:
-            bad(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
-        if self.fit not in FITS:
-            bad(f"fit must be one of {', '.join(FITS)}, got {self.fit!r}")
-        if self.group_by not in GROUP_BY:
-            bad(f"group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
-        if self.overlap not in OVERLAPS:
-            bad(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
+        for name, choices in (("placement", PLACEMENTS), ("phase", PHASES), ("fit", FITS), ("group_by", GROUP_BY),
+                              ("overlap", OVERLAPS)):
+            check_choice(f"moe.{name}", getattr(self, name), choices)
         for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0")
         for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1")
+        for name, cap, why in (("timed_windows", MAX_TIMED_WINDOWS, "each is an event-level replay"),
+                               ("sampled_window", MAX_SAMPLED_WINDOW, "a batch's routing is held in memory"),
+                               ("synthetic_tokens", MAX_SYNTHETIC_TOKENS, "generated in memory")):
+            if getattr(self, name) > cap:
+                bad(f"{name} must be at most {cap:,} ({why}), got {getattr(self, name):,}")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
         if self.coactivation_weight < 0:

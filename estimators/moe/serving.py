@@ -198,6 +198,43 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
     return _estimate(spec, total, parts, seqs, d)
 
 
+@dataclass(frozen=True)
+class ServingMemory:
+    """Bytes one GPU holds to serve (weights + KV cache; activations of one forward are small beside them
+    and left out). Weights: the GPU's expert slots (routed + redundant) in the GEMM precision (FP8: 1 byte,
+    plus one FP32 scale per 128 x 128 block, DeepSeek-V3's recipe); everything else (attention, shared
+    experts, dense layers, router, embeddings and head, MTP modules) is held by every attention group, its
+    attention weights split over `attention_tp` GPUs. KV cache: every sequence the GPU decodes at the full
+    `context` length (MLA caches kv_lora_rank + rope dims per token and layer; other models 2 x KV heads x
+    head dim, split over attention TP while heads last; sliding-window layers keep at most the window)."""
+    expert_weights: float
+    other_weights: float
+    kv_cache: float
+
+    @property
+    def total(self) -> float:
+        return self.expert_weights + self.other_weights + self.kv_cache
+
+
+def serving_memory(model: ModelConfig, spec: ServingSpec, slots_per_gpu: int) -> ServingMemory:
+    m = model
+    w = 1.0 + 4.0 / (128 * 128) if spec.dtype == "fp8" else 2.0       # bytes per weight (FP8 + block scales)
+    mtp_moe = m.mtp_layers if m.moe and m.is_moe_layer(m.layers - 1) else 0
+    expert_layers = (m.moe_layers + mtp_moe) if m.moe else 0           # MTP modules of a MoE last layer too
+    expert = m.ffn_params(m.moe.expert_ffn) if m.moe else 0
+    routed = expert_layers * m.moe.num_experts * expert if m.moe else 0
+    attention = (m.layers + m.mtp_layers) * m.attn_params()
+    other = m.param_count() + m.mtp_params() - routed - attention + attention / spec.attention_tp
+    per_token = 0.0                                                    # cached elements per token, all layers
+    for i in range(m.layers):
+        width = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim if m.mla is not None
+                 else 2 * max(1, m.n_kv // spec.attention_tp) * m.d_head)
+        per_token += width * m.attention_span(i, spec.context) / spec.context
+    seqs = spec.tokens / (1 + draft_tokens(m, spec)) if spec.phase == "decode" else spec.tokens / spec.context
+    kv = max(1.0, seqs) * spec.context * per_token * spec.kv_bytes
+    return ServingMemory(w * expert * slots_per_gpu * expert_layers, w * other, kv)
+
+
 def _mtp_module_us(at: AttentionTimer, seqs: float, last: int, moe_us: float | None) -> float:
     """One MTP module on the sequences: attention of the last layer's kind, its MoE parts (`moe_us`: the
     MoE layers' mean scaled from the micro-batch's tokens; None: a dense FFN), the logits and the 2h -> h

@@ -25,10 +25,11 @@ from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementC
                                      evaluate_placements, fit_stats, moe_layer_parts)
 from estimators.moe.placement import (SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
                                       max_over_mean)
-from estimators.moe.serving import ServingSpec, serve
+from estimators.moe.serving import ServingSpec, serve, serving_memory
 from estimators.moe.routing import MaskedSource, RoutingSource, check_against_model, load_routing
 from estimators.moe.options import MoEOptions
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
+from estimators.parallelism.memory import GIB, hbm_capacity_gib
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
 from estimators.registry import register_options, register_whatif
@@ -445,6 +446,18 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
         "mtp_acceptance": opts.mtp_acceptance,
     })
     pred.detail["serving_parts_us"] = {k: float(v) for k, v in parts.items()}
+    mem = serving_memory(model, serving_spec(scenario, opts, layout), cost.placement.slots_per_gpu)
+    pred.memory_gib_per_gpu = mem.total / GIB
+    capacity = hbm_capacity_gib(scenario.hardware)
+    pred.oom = pred.memory_gib_per_gpu > capacity
+    pred.detail["serving_memory_gib"] = {"expert_weights": mem.expert_weights / GIB,
+                                         "other_weights": mem.other_weights / GIB, "kv_cache": mem.kv_cache / GIB,
+                                         "total": mem.total / GIB, "capacity": capacity}
+    if pred.oom:
+        pred.notes.append(f"OUT OF MEMORY: {pred.memory_gib_per_gpu:.1f} GiB per GPU (experts "
+                          f"{mem.expert_weights / GIB:.1f}, other weights {mem.other_weights / GIB:.1f}, KV cache "
+                          f"{mem.kv_cache / GIB:.1f}) > {capacity:.0f} GiB: fewer tokens per GPU, a shorter context "
+                          "or more GPUs")
     what = "input" if opts.phase == "prefill" else "output"
     pred.notes.append(f"{opts.phase}: {layout.tokens_per_gpu} routed tokens per GPU per forward on EP{layout.gpus}, "
                       f"{opts.context}-token {'prompts' if opts.phase == 'prefill' else 'KV cache'}, attention "

@@ -119,6 +119,50 @@ def sample_position(chunks: list[int], fwd: bool, chunk: int, last: bool) -> int
     return 3 * n + 2 * (n - 1 - i) + 1
 
 
+_KERNEL_OPS = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET))
+
+
+def _distinct_node_durations(timing, graph: ExecutionGraph) -> np.ndarray:
+    """`timing.node_durations(graph)`, asking it once per distinct node. The generator stamps every layer
+    out of one template, whose ops share their attrs dict, so a sample repeats a few hundred distinct ops
+    thousands of times. For the model timing source (`replay.model_timing.ModelTiming`) a node's time
+    depends only on its kind, GPU or host resource, attrs and recorded duration, except for a kernel
+    without an `op` (timed by its launching host op and neighbours) or a trace from known hardware: those
+    graphs, and other timing sources, are asked whole."""
+    from replay.model_timing import ModelTiming, source_hardware
+
+    n = len(graph)
+    if type(timing) is not ModelTiming or n < 64 or timing.source_hw is not None or source_hardware(graph):
+        return timing.node_durations(graph)
+    attrs = graph.attrs
+    kinds = graph.kind.tolist()
+    gpu = graph.is_gpu().tolist()
+    recorded = graph.duration_us.tolist()
+    index: dict[tuple, int] = {}
+    inv = np.empty(n, np.int64)
+    reps: list[int] = []
+    for i in range(n):
+        a = attrs.get(i)
+        k = kinds[i]
+        if k in _KERNEL_OPS and not (a and "op" in a):
+            return timing.node_durations(graph)   # a kernel timed from its context
+        key = (k, gpu[i], id(a), recorded[i])
+        j = index.get(key)
+        if j is None:
+            j = index[key] = len(reps)
+            reps.append(i)
+        inv[i] = j
+    if 2 * len(reps) > n:
+        return timing.node_durations(graph)
+    b = GraphBuilder(graph.rank, graph.world_size)
+    b.resources = list(graph.resources)
+    b.metadata = dict(graph.metadata or {})
+    for i in reps:
+        b.add_node(graph.name[i], int(graph.node_type[i]), kinds[i], int(graph.resource[i]),
+                   float(graph.start_us[i]), recorded[i], attrs=attrs.get(i))
+    return np.asarray(timing.node_durations(b.build()), np.float64)[inv]
+
+
 class _PipelineDataReady:
     """The timing source of a sample: the wrapped one, except that pipeline receives take no time (the
     schedule simulation decides when their data arrives)."""
@@ -128,7 +172,7 @@ class _PipelineDataReady:
         self.name = getattr(base, "name", "timing")
 
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
-        d = np.array(self.base.node_durations(graph), dtype=np.float64)
+        d = np.array(_distinct_node_durations(self.base, graph), dtype=np.float64)
         sids = np.array([r.index for r in graph.resources])
         recv = (graph.node_type == NodeType.COMM_RECV_NODE) & np.isin(sids[graph.resource], _PP_RECV_SIDS)
         d[recv] = 0.0

@@ -194,8 +194,9 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
         if stage == 0:
             act += in_flight * 2 * s_tok * model.hidden / t  # embedding output
         if stage == p - 1:
-            # logits in fp32 for the cross entropy (one micro-batch at a time)
-            act += 4.0 * s_tok * model.vocab / t
+            # logits for the cross entropy (one micro-batch at a time): an fp32 copy (Megatron's unfused
+            # cross entropy), or the bf16 logits whose gradient the fused kernel writes in place
+            act += (2.0 if plan.fused_cross_entropy else 4.0) * s_tok * model.vocab / t
         est = MemoryEstimate(weights_gib=w / GIB, grads_gib=g / GIB, optimizer_gib=o / GIB,
                              activations_gib=act / GIB, stage=stage, capacity_gib=hbm_gib)
         if best is None or est.total_gib > best.total_gib:

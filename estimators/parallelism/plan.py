@@ -67,6 +67,10 @@ class ParallelPlan:
     moe_capacity_factor: float = 0.0   # token drop: each expert takes at most cf x its mean tokens (0: dropless)
     moe_a2a: str = "alltoall"
     moe_force_balance: bool = True     # balanced routing (Megatron --moe-router-force-load-balancing)
+    # EP communication overlap (Megatron-Core `overlap_moe_expert_parallel_comm`, Megatron-Bridge
+    # `moe_a2a_overlap`): the 1F1B schedule interleaves one micro-batch's forward with another's backward
+    # layer by layer, so each dispatch / combine all-to-all runs under the other micro-batch's compute
+    moe_a2a_overlap: bool = False
     fp8_recipe: str = "delayed"
     cuda_graphs: bool = False          # layers captured in CUDA graphs: no per-kernel launch overhead
     tp_comm_overlap: bool = False      # TP all-gather / reduce-scatter pipelined with the GEMMs (userbuffers)
@@ -81,6 +85,10 @@ class ParallelPlan:
     attention_kernel: str = "fa2"
     grad_bytes: int = 4
     master_weight_bytes: int = 4
+    # fused vocab-parallel cross entropy (Transformer Engine's, Megatron `cross_entropy_fusion_impl="te"`):
+    # one kernel over the bf16 logits that writes the loss gradient in place; False: Megatron's unfused
+    # fp32 cross entropy (an fp32 copy of the logits, several passes)
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         # cheap field checks only (the search builds ~100K plans/s); rules between fields and the model

@@ -75,6 +75,11 @@ FP8_AMAX_HISTORY = 1024
 # tensor once (the amax is recorded on the way); current (tensorwise) scaling first reduces the amax of
 # the tensor (one more read), then casts; blockwise / mxfp8 compute each block's scale inside the cast.
 FP8_CAST_READS = {"delayed": 2.0, "tensorwise": 4.0, "blockwise": 2.0, "mxfp8": 2.0}
+# Kernels the host launches per FP8 cast, by recipe: current (tensorwise) scaling runs the amax reduction,
+# the scale computation and the cast as three kernels (Transformer Engine 2.x: compute_amax,
+# compute_scale_from_amax, quantize); the other recipes one fused cast (their scales come from the amax
+# history or are computed inside the cast)
+FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
 # CPU time to issue one kernel from eager PyTorch (Python module code + ATen dispatch + cudaLaunchKernel),
 # which bounds how fast a GPU can run a sequence of short kernels; CUDA graphs replay the captured layer
 # without it. hardware.md: the launch call alone takes 3-6 us of CPU; Megatron-Core's Python around each
@@ -175,14 +180,16 @@ class _Template:
     run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
 
     def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
-                 attention_kernel: str = "fa2") -> None:
+                 attention_kernel: str = "fa2", fp8_cast_kernels: int = 1) -> None:
         self.attention_kernel = attention_kernel
+        self.fp8_cast_kernels = fp8_cast_kernels
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
         self.fp8_cast_reads = fp8_cast_reads
         self.frozen = frozen
         self.launch_us = launch_us
         self.join: list[int] = []          # collectives the next chained op must also wait for
+        self.overlapped: list[int] = []    # EP all-to-alls that run under later compute (moe_a2a_overlap)
         self.join_after_gemm: list[int] = []  # ... once the next GEMM has been added
 
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
@@ -207,8 +214,9 @@ class _Template:
             cast["bytes"] = float(elems * (self.fp8_cast_reads + 2.0))   # read bf16 (+ amax pass), write fp8 + fp8^T
             if self.launch_us:
                 cast["launch_us"] = self.launch_us
-            if attrs.get("launches", 1) > 1:
-                cast["launches"] = attrs["launches"]    # one quantize kernel per expert (GroupedLinear)
+            casts = int(attrs.get("launches", 1)) * self.fp8_cast_kernels   # GroupedLinear: per expert
+            if casts > 1:
+                cast["launches"] = casts
             self.ops.append((name + "_fp8_cast", slot, cast, d))
             d = (len(self.ops) - 1,)
         self.ops.append((name, slot, attrs, d))
@@ -254,6 +262,7 @@ class _RankBuilder:
         self.device = rank % gpus_per_node
         self.res: dict[int, int] = {}
         self.last: dict[int, int] = {}
+        self.overlapped: list[int] = []
         self.groups()
         self.templates: dict[tuple, _Template] = {}
         self.layer_local_params = {}
@@ -325,11 +334,24 @@ class _RankBuilder:
                 else:
                     d.append(idx[j])
             idx.append(self.node(prefix + name, slot, attrs, d))
-        return idx[0], idx[tpl.head]
+        out = idx[tpl.head]
+        # overlapped all-to-alls (moe_a2a_overlap) of the previous template must be done by this one's end;
+        # this template's own wait for the next one (or the end of the pass: `join_overlapped`)
+        self.join_overlapped(out)
+        self.overlapped = [idx[j] for j in tpl.overlapped]
+        return idx[0], out
+
+    def join_overlapped(self, node: int) -> None:
+        """`node` waits for the all-to-alls left running under compute (moe_a2a_overlap)."""
+        for a in self.overlapped:
+            if a < node:
+                self.g.add_dep(a, node, EdgeKind.DATA)
+        self.overlapped = []
 
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
-        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel)
+        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel,
+                         FP8_CAST_KERNELS[self.p.fp8_recipe])
 
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
         if self.p.tp == 1:
@@ -521,9 +543,11 @@ class _RankBuilder:
             tok, le, per, f_in, f = self._moe_dims()
             if "moe" in mods:
                 self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
+                self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1))
                 self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
             elif "moe_act" in mods:
+                self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE,
                         elementwise(self._routed(per * le) * f, 2 if m.activation == "swiglu" else 1, 1))
             if ("shared_experts" in mods or "moe" in mods) and m.moe.shared_experts:
@@ -656,12 +680,20 @@ class _RankBuilder:
             pair_bytes = (pairs.T if transpose else pairs) * (self.m.hidden * ACT_BYTES)
             attrs["comm_pair_bytes"] = pair_bytes
             attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
-        tpl.add(name, EP, attrs)
+        if p.moe_a2a_overlap:
+            # the other micro-batch's compute runs meanwhile: the compute stream goes on, and the
+            # all-to-all need only be done by the end of the next layer (throughput view of the overlap)
+            i = tpl.add(name, EP, attrs, deps=(tpl.head,), chain=False)
+        else:
+            i = tpl.add(name, EP, attrs)
         if p.etp > 1:   # the ETP group shares its tokens (all-gather after dispatch, reduce-scatter before combine)
             ag = "combine" in name
-            tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
-                    coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
-                         self._pg("etp", self.etp_g)))
+            i = tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
+                        coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
+                             self._pg("etp", self.etp_g)), deps=(i,) if p.moe_a2a_overlap else None,
+                        chain=not p.moe_a2a_overlap)
+        if p.moe_a2a_overlap:
+            tpl.overlapped.append(i)
 
     def _deepep(self, tpl: _Template, name: str, size: float) -> None:
         """DeepEP's fused dispatch / combine: a token bound for another node crosses the network once per
@@ -691,7 +723,10 @@ class _RankBuilder:
             joins.append(tpl.add(name + "_nvlink", EP,
                                  coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
                                  deps=(head,), chain=False))
-        tpl.join += joins
+        if p.moe_a2a_overlap:
+            tpl.overlapped += joins
+        else:
+            tpl.join += joins
 
     def _expert_tokens(self) -> tuple[int, ...] | None:
         """Tokens of each local expert slot under measured routing (symmetric simulation: the rank with
@@ -721,6 +756,27 @@ class _RankBuilder:
         tokens = self._expert_tokens()
         return balanced_tokens if tokens is None else sum(tokens)
 
+    def _glu_clamp(self, tpl: _Template, name: str, elems: float, backward: bool = False) -> None:
+        """Clamped gated activation (`ModelConfig.glu_clamp`, GPT-OSS): Megatron-Core clamps the gate and
+        linear halves of the FFN input (two kernels, each reading and writing its half) and concatenates
+        them (read and write the whole) before the fused activation; the backward masks the gradient
+        where the clamps cut (read the gradient and the input, write the gradient)."""
+        if not getattr(self.m, "glu_clamp", 0.0):
+            return
+        if backward:
+            tpl.add(name, COMPUTE, elementwise(elems, 2, 1))
+        else:
+            tpl.add(name, COMPUTE, elementwise(elems, 2, 2))
+
+    def _sort_chunks(self, tpl: _Template, name: str, per: int, le: int) -> None:
+        """Megatron-Core's all-to-all dispatcher receives tokens grouped by source EP rank, then by
+        expert; with more than one local expert it regroups them by expert for the grouped GEMM
+        (`sort_chunks_by_idxs` after the dispatch, the inverse before the combine; each one more pass
+        over the received tokens, read and written). DeepEP's fused dispatch delivers them grouped."""
+        if self.p.ep <= 1 or le <= 1 or self.p.moe_a2a != "alltoall":
+            return
+        tpl.add(name, COMPUTE, elementwise(self._routed(per * le) * self.m.hidden, 1, 1))
+
     def _moe_fwd(self, tpl: _Template) -> None:
         m, dt = self.m, self.sh.dtype
         mo, h = m.moe, m.hidden
@@ -729,9 +785,12 @@ class _RankBuilder:
         tpl.add("router_topk", COMPUTE, elementwise(tok * mo.num_experts, 1, 1, op="softmax", flops_per=5))
         tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
+        self._sort_chunks(tpl, "moe_sort_chunks", per, le)
         self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
+        self._glu_clamp(tpl, "expert_act_clamp", self._routed(per * le) * f_in)
         tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1, flops_per=8))
         self._expert_gemm(tpl, "expert_down_proj", per, h, f, le)
+        self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         if mo.shared_experts:
@@ -755,13 +814,16 @@ class _RankBuilder:
             tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, fs_in * S, tok, dt), chain=False)
         tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
+        self._sort_chunks(tpl, "moe_unsort_chunks_bwd", per, le)
         self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
         self._expert_gemm(tpl, "expert_down_proj_wgrad", per, f, h, le, wgrad=True, chain=False)
         tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, 3, 2, flops_per=12))
+        self._glu_clamp(tpl, "expert_act_clamp_bwd", self._routed(per * le) * f_in, backward=True)
         self._expert_gemm(tpl, "expert_up_gate_proj_dgrad", per, h, f_in, le)
         dg = tpl.head
         self._expert_gemm(tpl, "expert_up_gate_proj_wgrad", per, h, f_in, le, wgrad=True, chain=False)
         tpl.head = dg
+        self._sort_chunks(tpl, "moe_sort_chunks_bwd", per, le)
         self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
@@ -835,11 +897,18 @@ class _RankBuilder:
             # Megatron's vocab-parallel cross entropy runs unfused in fp32 over the logits: cast fp16->fp32
             # (2+4 B), max (4), subtract max (4+4), exp (4+4), sum (4), divide by the sum -> softmax kept
             # for the backward (4+4): 22 B read + 16 B written per logit
-            tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 11, 8, op="softmax", flops_per=5))
+            if self.p.fused_cross_entropy:
+                # fused kernel: read the bf16 logits once (online max/sum), write the gradient in place
+                tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=5))
+            else:
+                tpl.add("cross_entropy", COMPUTE, elementwise(T * V, 11, 8, op="softmax", flops_per=5))
             self.tp_coll(tpl, "cross_entropy_allreduce", CommType.ALL_REDUCE, T * 4 * 2)
         else:
             # grad = softmax - one-hot, scaled in place (4+4 B), then cast back to 16 bit (4+2 B)
-            tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 4, 3, op="softmax", flops_per=3))
+            if self.p.fused_cross_entropy:   # the stored gradient scaled by the loss gradient
+                tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 1, 1, op="softmax", flops_per=1))
+            else:
+                tpl.add("cross_entropy_bwd", COMPUTE, elementwise(T * V, 4, 3, op="softmax", flops_per=3))
             dt = "bf16" if dt == "fp8" else dt
             tpl.add("logits_dgrad", COMPUTE, gemm(T, h, V, dt))
             dg = tpl.head
@@ -1151,6 +1220,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             else:
                 send_spec = (pre + f"send_grad_c{gch}", PP_SEND_B, peer(gch - 1), _tag(False, mb, gch))
         step_end = entry[0]
+        rb.join_overlapped(step_end)    # a pass's output waits for its overlapped all-to-alls
         passes[-1][4] = step_end
         finish_pass(k, send_spec, step_end)
 

@@ -3,8 +3,9 @@
 EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
-
 from chakra_schema.errors import TraceInputError
+
+MAX_GPUS_PER_NODE = 4096   # one NVLink domain of GPUs; larger is a typo
 
 EPILOG = """\
 --routing takes a trace (.npy [tokens, layers, top_k] from vLLM, a directory of layer_*.parquet with
@@ -110,8 +111,11 @@ def scenario_from_args(args):
     st = settings_from_args(args)
     if st["ep"] < 2:
         raise TraceInputError(args.deployment, "--ep must be >= 2")
-    if st["gpus_per_node"] is not None and st["gpus_per_node"] < 1:
-        raise TraceInputError(args.deployment, f"--gpus-per-node must be >= 1, got {st['gpus_per_node']}")
+    gpn = st["gpus_per_node"]
+    if gpn is not None and gpn < 1:
+        raise TraceInputError(args.deployment, f"--gpus-per-node must be >= 1, got {gpn}")
+    if gpn is not None and gpn > MAX_GPUS_PER_NODE:
+        raise TraceInputError(args.deployment, f"--gpus-per-node must be at most {MAX_GPUS_PER_NODE:,}, got {gpn}")
     model = load_model(st["model"])
     if model.moe is None:
         raise TraceInputError(st["model"], "is not a MoE model")
@@ -197,6 +201,12 @@ def _print_table(scenario, pred) -> None:
         rows.append((f"{what} tokens/s per GPU", f"{m['tokens_per_s_per_gpu']:,.0f}", ""))
         rows.append((f"{what} tokens/s per node", f"{m['tokens_per_s_per_node']:,.0f}", ""))
         rows.append((f"{what} tokens/s (EP{m['ep']})", f"{pred.tokens_per_s:,.0f}", ""))
+        mem = pred.detail.get("serving_memory_gib", {})
+        if mem:
+            rows.append(("memory GiB per GPU (experts / other weights / KV)",
+                         f"{mem['total']:.1f}" + (" OUT OF MEMORY" if pred.oom else ""),
+                         f"{mem['expert_weights']:.1f} / {mem['other_weights']:.1f} / {mem['kv_cache']:.1f} "
+                         f"of {mem['capacity']:.0f}"))
     for r in rows:
         t.add_row(*r)
     console.print(t)

@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-from chakra_schema.errors import TraceInputError, check_number, reject_unknown_keys, with_path
+from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -337,17 +331,7 @@ def _build(cls: type, table: Any, section: str, path: str) -> Any:
 
 
 def _read_toml(path: Path) -> dict:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise TraceInputError(path, "hardware file not found") from None
-    except IsADirectoryError:
-        raise TraceInputError(path, "is a directory, not a hardware .toml file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise TraceInputError(path, f"invalid TOML: {e}") from None
-    except OSError as e:
-        raise TraceInputError(path, f"cannot read: {e.strerror}") from None
+    return read_toml(path, "hardware .toml file")
 
 
 def _resolve(path: Path, seen: tuple[str, ...] = ()) -> dict:

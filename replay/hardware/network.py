@@ -151,7 +151,8 @@ def shared_completion_times(starts: Sequence[float], alone_us: Sequence[float], 
 
 def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], paths: Sequence[Sequence[Path]],
                           capacity: dict[Link, float] | callable,
-                          after: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                          after: Sequence[int] | None = None,
+                          cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(begin, end) of transfers that start at `starts` and would take `alone_us` on an idle network, when
     those in flight at the same time share links. Each transfer is a set of flows (`paths[i]`, one path
     per flow); while it runs, its speed is the lowest ratio over its flows of the max-min fair rate
@@ -159,7 +160,9 @@ def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], pa
     link). Speeds are re-shared whenever a transfer starts or ends (a fluid model). A transfer with no
     path, or alone in flight, runs at full speed. `after[i]` >= 0: transfer i cannot begin before that
     transfer ends (the previous transfer of its GPU stream: stream order holds however long sharing
-    makes the first), so it begins at max(its start, that end)."""
+    makes the first), so it begins at max(its start, that end). `cache`: a dict to keep the speeds of
+    each mix of path lists across calls on the same path list objects and capacity (the keys are the
+    path lists' ids: the caller keeps them alive); a fresh one per call by default."""
     n = len(starts)
     start = np.asarray(starts, float).copy()
     left = np.asarray(alone_us, float).copy()
@@ -174,7 +177,8 @@ def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], pa
                 nxt[a] = i
                 waiting[i] = True
     eps = 1e-9 * np.maximum(1.0, np.asarray(alone_us, float))
-    cache: dict[tuple, dict[int, float]] = {}  # the same mix of transfers recurs every layer and step
+    if cache is None:
+        cache = {}  # the same mix of transfers recurs every layer and step
     pending = [(start[j], j) for j in range(n) if not waiting[j]]
     heapq.heapify(pending)
     active: list[int] = []
@@ -995,6 +999,7 @@ class NetworkModel:
         self._protos = {p.name: p for p in self.hw.protocols}
         self._cache: dict[tuple, CollectiveEstimate] = {}
         self._paths_cache: dict[tuple, list] = {}
+        self._p2p_cache: dict[tuple, float] = {}
 
     def algorithms_for(self, comm: CommType, ranks: Sequence[int], auto_only: bool = False) -> list[str]:
         """Registered algorithms that can run `comm` over `ranks` (`auto_only`: those the tuner
@@ -1067,11 +1072,18 @@ class NetworkModel:
         """A send/recv pair: protocol base latency + hop latency + size over the path's fair share."""
         if src == dst or size_bytes <= 0:
             return 0.0
+        key = (float(size_bytes), src, dst)   # a ring of CP / pipeline sends repeats the same pair thousands of times
+        hit = self._p2p_cache.get(key)
+        if hit is not None:
+            return hit
         best = math.inf
         for proto in self.hw.protocols:
             t = (proto.base_latency_us + self.topology.hop_latency(src, dst, proto)
                  + self.topology.bandwidth_time([(src, dst, float(size_bytes))], proto))
             best = min(best, t)
+        if len(self._p2p_cache) > 100_000:
+            self._p2p_cache.clear()
+        self._p2p_cache[key] = best
         return best
 
     def all_to_all_v_us(self, pair_bytes: np.ndarray, ranks: Sequence[int]) -> float:

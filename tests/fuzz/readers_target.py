@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from atheris_main import run_atheris  # noqa: E402
 from chakra_schema.errors import TraceInputError  # noqa: E402
 from chakra_schema.graph import GraphError  # noqa: E402
 from chakra_schema.safe_io import set_max_input_bytes  # noqa: E402
@@ -79,17 +80,15 @@ def fuzz_one(data: bytes) -> None:
 
 
 def main(argv: list[str]) -> None:
-    import atheris
-    with atheris.instrument_imports():
-        import chakra_schema.et_io  # noqa: F401
-        import chakra_schema.graph_io  # noqa: F401
-        import chakra_schema.pytorch.converter  # noqa: F401
-        import chakra_schema.pytorch.execution_trace  # noqa: F401
-        import chakra_schema.pytorch.kineto  # noqa: F401
-        import chakra_schema.pytorch.kineto_graph  # noqa: F401
-        import chakra_schema.inputs  # noqa: F401
-    atheris.Setup(argv, fuzz_one)
-    atheris.Fuzz()
+    run_atheris(argv, fuzz_one, [
+        "chakra_schema.et_io",
+        "chakra_schema.graph_io",
+        "chakra_schema.pytorch.converter",
+        "chakra_schema.pytorch.execution_trace",
+        "chakra_schema.pytorch.kineto",
+        "chakra_schema.pytorch.kineto_graph",
+        "chakra_schema.inputs",
+    ])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from atheris_main import run_atheris  # noqa: E402
 from chakra_schema.errors import TraceInputError  # noqa: E402
 from chakra_schema.safe_io import set_max_input_bytes  # noqa: E402
 
@@ -57,12 +58,7 @@ def fuzz_one(data: bytes) -> None:
 
 
 def main(argv: list[str]) -> None:
-    import atheris
-    with atheris.instrument_imports():
-        import chakra_schema.safe_io  # noqa: F401
-        import estimators.moe.routing  # noqa: F401
-    atheris.Setup(argv, fuzz_one)
-    atheris.Fuzz()
+    run_atheris(argv, fuzz_one, ["chakra_schema.safe_io", "estimators.moe.routing"])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from atheris_main import run_atheris  # noqa: E402
 from chakra_schema.errors import TraceInputError  # noqa: E402
 
 _DIR = tempfile.mkdtemp(prefix="lumos-fuzz-specs-")
@@ -54,14 +55,12 @@ def fuzz_one(data: bytes) -> None:
 
 
 def main(argv: list[str]) -> None:
-    import atheris
-    with atheris.instrument_imports():
-        import chakra_schema.errors  # noqa: F401
-        import estimators.scenario  # noqa: F401
-        import lumos_sim.check  # noqa: F401
-        import lumos_sim.sweeps  # noqa: F401
-    atheris.Setup(argv, fuzz_one)
-    atheris.Fuzz()
+    run_atheris(argv, fuzz_one, [
+        "chakra_schema.errors",
+        "estimators.scenario",
+        "lumos_sim.check",
+        "lumos_sim.sweeps",
+    ])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""ET-only host model: a GEMM whose shape is not run in every recorded step (a data-dependent shape, like an
+MoE expert's token count) pays cuBLASLt's algorithm search on the host before its launch; static shapes,
+searched in the warm-up steps before the trace, do not."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from chakra_schema.inputs import load_graphs
+from replay.et_kernels import HOST_MODEL, infer_gpu_work
+
+
+def _mm(nid: int, parent: int, m: int, k: int, n: int) -> dict:
+    shapes = [[m, k], [k, n]]
+    values = [[nid * 10 + j, nid * 10 + j, 0, a * b, 2, "cuda:0"] for j, (a, b) in enumerate(shapes)]
+    return {"id": nid, "name": "aten::mm", "ctrl_deps": parent,
+            "inputs": {"values": values, "shapes": shapes, "types": ["Tensor(c10::BFloat16)"] * 2,
+                       "strides": [[k, 1], [n, 1]]},
+            "outputs": {"values": [[nid * 10 + 9, nid * 10 + 9, 0, m * n, 2, "cuda:0"]], "shapes": [[m, n]],
+                        "types": ["Tensor(c10::BFloat16)"], "strides": [[n, 1]]},
+            "attrs": [{"name": "rf_id", "type": "uint64", "value": nid}, {"name": "tid", "type": "uint64", "value": 1}]}
+
+
+def _step(nid: int, name: str) -> dict:
+    return {"id": nid, "name": name, "ctrl_deps": 1, "inputs": {"values": [], "shapes": [], "types": []},
+            "outputs": {"values": [], "shapes": [], "types": []},
+            "attrs": [{"name": "rf_id", "type": "uint64", "value": nid}, {"name": "tid", "type": "uint64", "value": 1}]}
+
+
+def _et(tmp_path, expert_tokens: list[int]):
+    """Steps of one static GEMM (4096 x 4096 x 4096) and one expert GEMM of `tokens` rows each."""
+    nodes = [{"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0,
+              "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []},
+              "attrs": [{"name": "tid", "type": "uint64", "value": 1}]}]
+    nid = 2
+    for s, tokens in enumerate(expert_tokens):
+        step = nid
+        nodes.append(_step(step, f"ProfilerStep#{s + 3}"))
+        nodes.append(_mm(step + 1, step, 4096, 4096, 4096))
+        nodes.append(_mm(step + 2, step, tokens, 4096, 14336))
+        nid += 3
+    path = tmp_path / "host.0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"schema": "1.1.1-chakra.0.0.4", "pid": 1, "nodes": nodes}).encode()))
+    return load_graphs([], et_pattern=str(path))[0]
+
+
+def _mm_host_spans(graph) -> list[float]:
+    return [float(graph.duration_us[i]) for i in range(len(graph)) if graph.name[i] == "aten::mm"]
+
+
+def test_data_dependent_gemm_shapes_pay_the_algorithm_search_each_step(tmp_path):
+    g, report = infer_gpu_work(_et(tmp_path, [978, 1068, 1038]))
+    assert report.new_gemm_shapes == 3       # one expert shape per step; the static GEMM is warm
+    spans = _mm_host_spans(g)
+    plain = HOST_MODEL.op_us + HOST_MODEL.launch_us
+    # static, expert, static, expert, ...: the expert GEMMs carry the 208 us search on top of dispatch + launch
+    assert spans == pytest.approx([plain, plain + 208.0] * 3)
+
+
+def test_a_shape_seen_earlier_in_the_trace_is_not_searched_again(tmp_path):
+    # the third step's expert received as many tokens as the first's: cuBLASLt's cache already holds it
+    g, report = infer_gpu_work(_et(tmp_path, [978, 1068, 978]))
+    assert report.new_gemm_shapes == 2
+    plain = HOST_MODEL.op_us + HOST_MODEL.launch_us
+    assert _mm_host_spans(g)[-1] == pytest.approx(plain)
+
+
+def test_static_shapes_and_single_step_traces_assume_warm_up_ran(tmp_path):
+    _, same = infer_gpu_work(_et(tmp_path, [1024, 1024, 1024]))
+    assert same.new_gemm_shapes == 0
+    _, one = infer_gpu_work(_et(tmp_path, [978]))
+    assert one.new_gemm_shapes == 0          # one step cannot tell a data-dependent shape from a static one

@@ -1,0 +1,104 @@
+"""Costs of a Megatron-Core MoE layer and of Megatron-Bridge 25.x recipe settings that the parallelism what-if
+prices: the all-to-all dispatcher's regrouping of received tokens by local expert, FP8 current scaling's
+three kernels per cast, and the fused (bf16, in-place) cross entropy. Figures are written from the
+formulas in the tests, not read from the code."""
+from __future__ import annotations
+
+from estimators.model_config import load_model
+from estimators.parallelism.memory import estimate_memory
+from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.workload import _RankBuilder
+
+
+def _qwen30b_plan(**kw) -> ParallelPlan:
+    # Qwen3-30B-A3B: hidden 2048, 128 experts top-8; EP8 on 8 GPUs, mb 2 x 4096 tokens
+    base = dict(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=2, global_batch=16, precision="bf16")
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def _ops(model, plan, pas="F"):
+    rb = _RankBuilder(model, plan, 0, 8)
+    layer = next(i for i in range(model.layers) if model.is_moe_layer(i))
+    return {name: attrs for name, _, attrs, _ in rb.layer_template(layer, pas).ops}
+
+
+def test_alltoall_dispatcher_regroups_received_tokens_by_expert_both_ways():
+    model = load_model("qwen3-30b-a3b")
+    fwd = _ops(model, _qwen30b_plan())
+    # tokens an EP rank receives: 8192 local tokens x top-8 x EP8 / 128 experts per expert, 16 experts
+    received = 8192 * 8 * 8 // 128 * 16
+    for name in ("moe_sort_chunks", "moe_unsort_chunks"):
+        assert fwd[name]["bytes"] == received * 2048 * 2 * 2     # read + write, bf16
+    bwd = _ops(model, _qwen30b_plan(), "B")
+    assert "moe_sort_chunks_bwd" in bwd and "moe_unsort_chunks_bwd" in bwd
+
+
+def test_no_regrouping_with_one_local_expert_or_deepep():
+    model = load_model("qwen3-30b-a3b")
+    assert "moe_sort_chunks" not in _ops(model, _qwen30b_plan(ep=128, dp=128, global_batch=256))  # 1 expert per rank
+    assert "moe_sort_chunks" not in _ops(model, _qwen30b_plan(moe_a2a="deepep"))
+    assert "moe_sort_chunks" not in _ops(model, _qwen30b_plan(ep=1))
+
+
+def test_fp8_current_scaling_launches_three_kernels_per_expert_cast():
+    model = load_model("qwen3-30b-a3b")
+    cs = _ops(model, _qwen30b_plan(precision="fp8", fp8_recipe="tensorwise"))
+    ds = _ops(model, _qwen30b_plan(precision="fp8", fp8_recipe="delayed"))
+    # 16 local experts: amax + scale + cast per expert under current scaling, one fused cast under delayed
+    assert cs["expert_up_gate_proj_fp8_cast"]["launches"] == 48
+    assert ds["expert_up_gate_proj_fp8_cast"]["launches"] == 16
+    assert cs["qkv_proj_fp8_cast"].get("launches", 1) == 3
+
+
+def test_fused_cross_entropy_keeps_bf16_logits_instead_of_an_fp32_copy():
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, seq_len=8192, micro_batch=1, global_batch=128)
+    unfused = estimate_memory(model, plan, 80.0)
+    fused = estimate_memory(model, plan.with_(fused_cross_entropy=True), 80.0)
+    # 8192 tokens x 128256 vocab logits: 4 B -> 2 B each
+    assert abs((unfused.activations_gib - fused.activations_gib) * 1024 ** 3 - 2.0 * 8192 * 128256) < 1.0
+
+
+def test_fused_cross_entropy_reads_and_writes_the_logits_once():
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, seq_len=8192, micro_batch=1, global_batch=128, fused_cross_entropy=True)
+    rb = _RankBuilder(model, plan, 0, 8)
+    fwd = {n: a for n, _, a, _ in rb.output_template(False).ops}
+    bwd = {n: a for n, _, a, _ in rb.output_template(True).ops}
+    assert fwd["cross_entropy"]["bytes"] == 8192 * 128256 * 2 * 2
+    assert bwd["cross_entropy_bwd"]["bytes"] == 8192 * 128256 * 2 * 2
+
+
+def test_overlapped_all_to_all_hides_under_compute_but_still_bounds_the_step():
+    """EP communication overlap: the all-to-alls run under compute, so the step is shorter than with them
+    exposed, but never shorter than the compute alone or the all-to-alls alone (both streams are busy)."""
+    from estimators.parallelism.evaluate import predict
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(tp=1, pp=2, dp=8, ep=8, seq_len=4096, micro_batch=2, global_batch=64, precision="bf16")
+    exposed = predict(model, plan, "h100-sxm")
+    hidden = predict(model, plan.with_(moe_a2a_overlap=True), "h100-sxm")
+    bd = exposed.breakdown.mean
+    assert bd.exposed_ep_comm_us > 0.05 * bd.window_us          # the all-to-alls matter here
+    assert hidden.step_time_s < exposed.step_time_s - 0.5 * bd.exposed_ep_comm_us / 1e6
+    assert hidden.step_time_s >= bd.compute_us / 1e6 * 0.999
+
+
+def test_clamped_glu_adds_the_clamp_and_concat_passes_over_the_expert_input():
+    """GPT-OSS (swiglu_limit 7): Megatron-Core clamps both halves of fc1's output and concatenates them
+    before the fused activation: read 2 + write 2 bytes-per-element passes over tokens x top-k x 2*ffn."""
+    model = load_model("gpt-oss-120b")
+    assert model.glu_clamp == 7.0
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8)
+    fwd = _ops(model, plan)
+    routed = 4096 * 4 * 8 // 128 * 16          # tokens x top-4 x EP8 / 128 experts, 16 local experts
+    assert fwd["expert_act_clamp"]["bytes"] == routed * 2 * 2880 * 2 * (2 + 2)
+    assert "expert_act_clamp_bwd" in _ops(model, plan, "B")
+    assert "expert_act_clamp" not in _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan())
+
+
+def test_gpt_oss_config_json_swiglu_limit_is_the_clamp():
+    from pathlib import Path
+    from estimators.model_config import load_hf_config
+    m = load_hf_config(Path(__file__).parent / "data" / "hf_configs" / "gpt-oss-120b.json")
+    assert m.glu_clamp == 7.0 and m.glu_clamp == load_model("gpt-oss-120b").glu_clamp
