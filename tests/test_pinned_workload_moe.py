@@ -12,6 +12,9 @@ References:
   S x shared_ffn columns.
 - Expert tensor parallelism (Megatron-Core ETP): the etp ranks of an expert split its FFN, all-gather
   their tokens after the dispatch and reduce-scatter them before the combine.
+- The alltoall dispatcher receives tokens grouped by source rank; with more than one local expert it
+  regroups them by expert before the grouped GEMM (Megatron-Core sort_chunks_by_idxs) and back before
+  the combine: one read + write pass over the received [tokens, h] bf16 each way.
 - Token drop with capacity factor cf (Fedus et al. 2022, Switch Transformer Eq. 4): each expert takes
   ceil(cf x mean) tokens, padded to that capacity (Megatron --moe-pad-expert-input-to-capacity), and the
   all-to-all carries the padding (cf x the balanced bytes).
@@ -58,10 +61,12 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
         ("router_topk", C, E(64 * 8, 1, 1, 5), ["router"]),
         ("moe_permute", C, E(64 * 2 * 256, 1, 1), ["router_topk"]),
         ("moe_dispatch_alltoall", EPS, a2a, ["moe_permute"]),
-        ("expert_up_gate_proj", C, G(64, 256, 256, batch=2), ["moe_dispatch_alltoall"]),
+        ("moe_sort_chunks", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall"]),
+        ("expert_up_gate_proj", C, G(64, 256, 256, batch=2), ["moe_sort_chunks"]),
         ("expert_act", C, E(64 * 2 * 128, 2, 1, 8), ["expert_up_gate_proj"]),
         ("expert_down_proj", C, G(64, 256, 128, batch=2), ["expert_act"]),
-        ("moe_combine_alltoall", EPS, a2a, ["expert_down_proj"]),
+        ("moe_unsort_chunks", C, E(64 * 2 * 256, 1, 1), ["expert_down_proj"]),
+        ("moe_combine_alltoall", EPS, a2a, ["moe_unsort_chunks"]),
         ("moe_unpermute", C, E(64 * 2 * 256, 1, 1), ["moe_combine_alltoall"]),
         ("shared_expert_up_gate_proj", C, G(64, 128, 256), ["moe_unpermute"]),
         ("shared_expert_act", C, E(64 * 64, 2, 1, 8), ["shared_expert_up_gate_proj"]),
@@ -87,12 +92,14 @@ def test_moe_backward_with_ep4_tp2_balanced_routing():
         ("shared_expert_up_gate_proj_wgrad", C, G(256, 128, 64), ["shared_expert_up_gate_proj_dgrad"]),
         ("moe_unpermute_bwd", C, E(64 * 2 * 256, 1, 1), ["shared_expert_up_gate_proj_dgrad"]),
         ("moe_combine_alltoall_bwd", EPS, a2a, ["moe_unpermute_bwd"]),
-        ("expert_down_proj_dgrad", C, G(64, 128, 256, batch=2), ["moe_combine_alltoall_bwd"]),
+        ("moe_unsort_chunks_bwd", C, E(64 * 2 * 256, 1, 1), ["moe_combine_alltoall_bwd"]),
+        ("expert_down_proj_dgrad", C, G(64, 128, 256, batch=2), ["moe_unsort_chunks_bwd"]),
         ("expert_down_proj_wgrad", C, G(128, 256, 64, batch=2), ["expert_down_proj_dgrad"]),
         ("expert_act_bwd", C, E(64 * 2 * 128, 3, 2, 12), ["expert_down_proj_dgrad"]),
         ("expert_up_gate_proj_dgrad", C, G(64, 256, 256, batch=2), ["expert_act_bwd"]),
         ("expert_up_gate_proj_wgrad", C, G(256, 256, 64, batch=2), ["expert_up_gate_proj_dgrad"]),
-        ("moe_dispatch_alltoall_bwd", EPS, a2a, ["expert_up_gate_proj_dgrad"]),
+        ("moe_sort_chunks_bwd", C, E(64 * 2 * 256, 1, 1), ["expert_up_gate_proj_dgrad"]),
+        ("moe_dispatch_alltoall_bwd", EPS, a2a, ["moe_sort_chunks_bwd"]),
         ("moe_permute_bwd", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall_bwd"]),
         ("router_bwd", C, G(64, 256, 8), ["moe_permute_bwd"]),
         ("router_wgrad", C, G(256, 8, 64), ["router_bwd"]),
@@ -125,7 +132,8 @@ def test_capacity_factor_pads_every_expert_and_etp_shares_the_tokens():
         "moe_dispatch_alltoall_etp_allgather", EPS, 163_840, None, ("moe_dispatch_alltoall",))
     assert r["moe_combine_alltoall_etp_reducescatter"] == (
         "moe_combine_alltoall_etp_reducescatter", EPS, 163_840, None, ("moe_combine_alltoall",))
-    assert r["expert_up_gate_proj"][2:5] == (*G(160, 128, 256, batch=2), ("moe_dispatch_alltoall_etp_allgather",))
+    assert r["moe_sort_chunks"][2:5] == (*E(160 * 2 * 256, 1, 1), ("moe_dispatch_alltoall_etp_allgather",))
+    assert r["expert_up_gate_proj"][2:5] == (*G(160, 128, 256, batch=2), ("moe_sort_chunks",))
     assert r["expert_act"][2:4] == E(160 * 2 * 64, 2, 1, 8)
     assert r["expert_down_proj"][2:4] == G(160, 256, 64, batch=2)
     assert r["moe_unpermute"][4] == ("moe_combine_alltoall_etp_reducescatter",)
