@@ -181,3 +181,15 @@ def test_efficiency_is_computed_up_to_e_to_the_700_and_zero_beyond():
     assert _plan(700.0).efficiency(1.0) == pytest.approx(700.0 / math.expm1(700.0), rel=1e-12)
     assert _plan(700.0).efficiency(1.0) > 0.0
     assert _plan(700.5).efficiency(1.0) == 0.0
+
+
+def test_an_asynchronous_plan_without_a_snapshot_time_blocks_for_nothing():
+    p = plan_checkpoints(1.5, 0.25, True, 8.0)
+    assert (p.blocking, p.persist, p.cycle) == (0.0, 0.25, 1.5)
+
+
+def test_kept_hours_of_whole_hours_are_float_hours():
+    """Integer running hours in, float hours out (the estimators add fractions to them in place)."""
+    for plan in (_plan(math.inf), _plan(0.0), _plan(1.0, 0.25)):
+        assert plan.kept_after_rollback(np.array([1, 2])).dtype == np.float64
+        assert plan.kept_at_end(np.array([1, 2])).dtype == np.float64
