@@ -84,8 +84,9 @@ def test_an_empty_spare_pool_adds_the_whole_replacement_to_every_stall_or_degrad
     out = with_spare_waits([_sync(0.5), _replica(2.0, 0.25, 0.1)], _times(0))
     assert out[0].stall == {**SYNC_STALL, "spare_wait": 0.5}
     assert out[0].rollback is True and out[0].rate_per_h == 0.5 and out[0].name == "job restart"
-    assert out[0].degraded_h == 0.0 and out[0].spare_wait_stalls is True
+    assert out[0].degraded_h == 0.0 and out[0].degraded_fraction == 0.0 and out[0].spare_wait_stalls is True
     assert out[1].stall == {"detection": 0.05}
+    assert out[1].name == "1 of 4 replicas" and out[1].rate_per_h == 2.0
     assert out[1].degraded_h == pytest.approx(0.6, rel=1e-15)
     assert out[1].degraded_fraction == 0.25 and out[1].rollback is False and out[1].spare_wait_stalls is False
 
@@ -304,3 +305,79 @@ def test_an_empty_spare_pool_stalls_every_sync_failure_for_the_replacement_too()
     assert cf.time_lost_h["spare_wait"] == pytest.approx(stalled * 0.1 / 0.12, rel=1e-12)
     cf_none = closed_form([_sync(0.2)], _plan(0.0), 100.0, times=_times(None))
     assert cf_none.ettr == pytest.approx(math.exp(-0.02), rel=QUAD)
+
+
+# ---------------------------------------------------------------------- edge cases of the loss breakdown
+def test_a_failure_class_without_a_stall_loses_no_stalled_time():
+    """0.5 / h failures that stall nothing (load 0): nothing stalled, nothing lost to any stall part."""
+    cf = closed_form([FailureClass("free", 0.5, {"detection": 0.0, "restart": 0.0}, rollback=False)], _plan(0.0),
+                     10.0)
+    assert cf.stalled_fraction == 0.0
+    assert cf.time_lost_h["detection"] == 0.0 and cf.time_lost_h["restart"] == 0.0
+    assert cf.ettr == pytest.approx(1.0, rel=QUAD)
+
+
+def test_checkpoint_writes_lose_their_share_of_the_running_time():
+    """tau 0.5 h, write 0.1 h: writes take 0.1 / 0.6 of the running time; with rollbacks (0.2 / h) the
+    time not kept exceeds it, so the writes are lost in full and the rest is recompute."""
+    cf = closed_form([_sync(0.2)], _plan(0.5, 0.1), 100.0)
+    run = math.exp(-0.02) * 100.0
+    writes = run * 0.1 / 0.6
+    assert cf.time_lost_h["checkpoint_writes"] == pytest.approx(writes, rel=1e-12)
+    assert cf.time_lost_h["recompute"] == pytest.approx(run - cf.ettr * 100.0 - writes, rel=1e-9)
+    assert cf.ettr * 100.0 < run - writes
+
+
+def test_recompute_adds_the_redone_step_of_a_stall_to_the_work_rolled_back():
+    """A replica stall part named recompute (FT-HSDP's redone step) plus rollbacks' lost work."""
+    replica = FailureClass("1 of 4 replicas", 1.0, {"detection": 0.02, "recompute": 0.03}, rollback=False)
+    cf = closed_form([_sync(0.2), replica], _plan(math.inf), 10.0)
+    load = 0.2 * 0.1 + 1.0 * 0.05
+    stalled = (1 - math.exp(-load)) * 10.0
+    run = math.exp(-load) * 10.0
+    rate = 0.2 + 1.0 * (1 - _restart_over_g(1.0, 0.2, 0.05))
+    kept = -math.expm1(-rate * run) / rate
+    assert cf.time_lost_h["recompute"] == pytest.approx(stalled * 0.03 / load + run - kept, rel=1e-4)
+    assert cf.rollback_mttf_h == pytest.approx(1 / rate, rel=1e-12)
+
+
+def test_queued_closed_form_rolls_back_at_the_kendall_rate():
+    """queue semantics: the rollback rate of a whole-job failure inside a replica's busy period comes from
+    Kendall's equation, never the restart-over transform."""
+    classes = [_sync(0.4), _replica(2.0, 0.25, 0.0, stall_h=0.3)]
+    cf = closed_form(classes, _plan(math.inf), 10.0, semantics="queue")
+    rate = 0.4 + 2.0 * (1 - _kendall_g(2.0, 0.4, 0.3))
+    assert cf.rollback_mttf_h == pytest.approx(1 / rate, rel=1e-9)
+    run = (1 - (0.4 * 0.1 + 2.0 * 0.3)) * 10.0
+    assert cf.ettr == pytest.approx(-math.expm1(-rate * run) / rate / 10.0, rel=QUAD)
+
+
+def test_without_whole_job_failures_nothing_rolls_back_even_under_a_heavy_queue():
+    """lambda u = 1.5 > 1 has a Kendall root below 1, but with no rollback failure there is no rollback."""
+    assert effective_rollback_rate([_replica(3.0, 0.25, 0.1, stall_h=0.5)], "queue") == 0.0
+    assert effective_rollback_rate([_replica(3.0, 0.25, 0.1, stall_h=0.5)], "restart-over") == 0.0
+
+
+def test_replica_classes_without_a_stall_are_left_out_of_the_merged_stall():
+    """2 / h at 0.3 h and 1 / h at 0 h: the merged class is the first alone (a zero stall never ends in a
+    rollback), not 3 / h at 0.2 h."""
+    classes = [_sync(0.4), _replica(2.0, 0.25, 0.1, stall_h=0.3), _replica(1.0, 0.5, 0.1, stall_h=0.0)]
+    assert effective_rollback_rate(classes) == pytest.approx(0.4 + 2.0 * (1 - _restart_over_g(2.0, 0.4, 0.3)),
+                                                             rel=1e-13)
+
+
+def test_long_horizons_with_short_checkpoint_cycles_are_integrated_finely():
+    """1,000 h at 0.01 rollbacks / h with a checkpoint every 0.1 h (+ 0.01 h write): the exact sum."""
+    got = expected_kept_hours(_plan(0.1, 0.01), 0.01, 1000.0)
+    assert got == pytest.approx(_kept_periodic(0.01, 0.1, 0.01, 0.0, 1000.0), rel=4e-3)
+    got = expected_kept_hours(_plan(0.3, 0.05, 0.2), 0.02, 300.0)
+    assert got == pytest.approx(_kept_periodic(0.02, 0.3, 0.05, 0.2, 300.0), rel=4e-3)
+
+
+def test_the_cumulative_trapezoid_starts_at_zero_even_in_recycled_memory():
+    from estimators.failures.closed_form import _cumulative_trapezoid
+    for n in (3, 5, 4001):
+        junk = np.full(n, 7.5)          # freed just before: the next array of this size may reuse its memory
+        del junk
+        out = _cumulative_trapezoid(np.ones(n), np.arange(float(n)))
+        assert out.tolist() == [float(i) for i in range(n)]
