@@ -235,3 +235,23 @@ def test_every_default_names_its_source_first():
                             "checkpoint_write_min_without_model", "node_repair_h", "replacement_min"}
     for key, text in SOURCES.items():
         assert text.startswith(("Salpekar et al. 2026", "ZeRO paper", "Llama 3 paper", "assumption")), key
+
+
+def test_cold_restart_between_inner_points_of_a_longer_table_uses_their_segment():
+    """Five points 1 -> 1, 10 -> 10, 100 -> 1,000, 1,000 -> 10,000, 10,000 -> 1,000,000: at 316.23 (between
+    the third and fourth) the segment of slope 1 gives 1,000 x 10^0.5; at 31.62, slope 2: 10 x 10^1."""
+    pts = ((1.0, 1.0), (10.0, 10.0), (100.0, 1000.0), (1000.0, 10_000.0), (10_000.0, 1_000_000.0))
+    assert cold_restart_s(10 ** 2.5, pts) == pytest.approx(1000 * 10 ** 0.5, rel=1e-12)
+    assert cold_restart_s(10 ** 1.5, pts) == pytest.approx(100.0, rel=1e-12)
+    assert cold_restart_s(10 ** 3.5, pts) == pytest.approx(100_000.0, rel=1e-12)
+
+
+def test_a_spare_pool_with_no_failures_is_empty_only_without_spares():
+    assert spare_unavailable_probability(0.0, 24.0, 1) == 0.0
+    assert spare_unavailable_probability(0.0, 24.0, 2) == 0.0
+
+
+@pytest.mark.parametrize("a, spares", [(0.5, 1), (0.5, 2), (1.0, 1), (0.01, 1)])
+def test_less_than_one_node_in_repair_still_empties_a_small_pool_sometimes(a, spares):
+    """a = 0.5: P(N >= 1) = 1 - e^-0.5 = 0.3935; P(N >= 2) = 1 - 1.5 e^-0.5 = 0.0902."""
+    assert spare_unavailable_probability(a, 1.0, spares) == pytest.approx(_tail(a, spares), rel=1e-12)
