@@ -185,3 +185,49 @@ def test_a_missing_model_file_is_read_as_a_path(tmp_path):
         with pytest.raises(TraceInputError) as e:
             get_failure_model(key)
         assert "unknown failure model" not in str(e.value)
+
+
+@pytest.mark.parametrize("data", [
+    {"components": {}},
+    {"observation": _obs(), "components": {"a": 3}},
+    {"observation": _obs(), "components": {"a": {"scope": "node"}}},
+    {"components": {"a": {"count": 1}}},
+    {"observation": _obs(gpus=0), "components": {"a": {"count": 1}}},
+    {"observation": _obs(days="x"), "components": {"a": {"count": 1}}},
+    {"observation": _obs(), "components": {"a": {"count": -2}}},
+    {"components": {"a": {"rate_per_1000_node_days": "x"}}},
+    {"rate_per_1000_node_days": -3, "components": {"a": {"count": 1}}},
+    {"observation": _obs(), "components": {"a": {"count": 1, "colour": 1}}},
+    {"observation": {**_obs(), "hours": 1}, "components": {"a": {"count": 1}}},
+    {"colour": 1, "components": {"a": {"rate_per_1000_node_days": 1}}},
+])
+def test_a_bad_table_names_the_file_it_came_from(data):
+    with pytest.raises(TraceInputError) as e:
+        failure_model_from_dict(data, "cluster.toml")
+    assert e.value.path == "cluster.toml"
+
+
+def test_a_bad_model_names_its_file():
+    with pytest.raises(TraceInputError) as e:
+        FailureModel("m", (), path="m.toml")
+    assert e.value.path == "m.toml"
+    with pytest.raises(TraceInputError) as e:
+        FailureModel("m", (FailureComponent("a", 1.0),), distribution="gamma", path="m.toml")
+    assert e.value.path == "m.toml"
+
+
+def test_an_observation_of_one_gpu_on_one_gpu_nodes_is_valid():
+    """1 GPU, 1 GPU a node, 1 day, 2 interruptions: 2 / (1 x 1) x 1,000 = 2,000 per 1,000 node-days."""
+    m = failure_model_from_dict({"observation": _obs(gpus=1, gpus_per_node=1, days=1, interruptions=2),
+                                 "components": {"a": {"count": 1}}})
+    assert m.rate_per_1000_node_days == 2000.0
+
+
+def test_with_rate_of_a_model_below_one_per_1000_node_days_keeps_the_mix():
+    m = FailureModel("m", (FailureComponent("a", 0.6), FailureComponent("b", 0.2)))
+    assert [c.rate_per_1000_node_days for c in m.with_rate(8.0).components] == pytest.approx([6.0, 2.0], rel=1e-15)
+
+
+def test_a_missing_model_file_named_without_a_folder_is_read_as_a_file():
+    with pytest.raises(TraceInputError, match=r"^none\.toml: failure model file not found$"):
+        get_failure_model("none.toml")
