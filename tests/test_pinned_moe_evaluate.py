@@ -491,3 +491,282 @@ def test_a_placement_cost_without_timed_batches_has_no_layer_parts():
     cost = PlacementCost(_contiguous(), pair_tokens=np.zeros((0, 1, 4, 4)), slot_tokens=np.zeros((0, 1, 4, 1)))
     experts, dispatch, combine, shared = moe_layer_parts(cost, _timer())
     assert experts.tolist() == [0.0] and dispatch.tolist() == [0.0] and combine.tolist() == [0.0]
+
+
+# ---------------------------------------------------------------------- shapes large enough to leave the launch floor
+# A DeepSeek-V2-Lite-like expert (hidden 4,096, expert FFN 1,536, FP8 GEMMs) with 4,096 tokens: every GEMM and
+# the activation traffic (4,096 x 1,536 x 6 B = 37.7 MB) take longer than the minimum kernel time, so each
+# term of the sums below is visible.
+BIG = ExpertShape(hidden=4096, expert_ffn=1536, gated=True, shared_experts=2, experts=64, dtype="fp8",
+                  shared_ffn=3072)
+
+
+def _big_timer(gpus=8, tokens=4096) -> LayerTimer:
+    return LayerTimer(BIG, HW, _layout(gpus=gpus, gpn=8 if gpus % 8 == 0 else gpus, tokens=tokens))
+
+
+def _big_ffn(c, m: int, f: int = 1536, batch: int = 1, dtype: str = "fp8") -> float:
+    return (c.gemm(m, 2 * f, 4096, batch=batch, dtype=dtype).time_us
+            + c.gemm(m, 4096, f, batch=batch, dtype=dtype).time_us)
+
+
+def test_a_large_expert_is_its_fp8_gemms_plus_its_activation_traffic():
+    t = _big_timer()
+    c = t.compute
+    assert c.memory_op(4096 * 1536 * 6).time_us > 2 * c.memory_op(1).time_us      # off the launch floor
+    assert t.expert_us(4096) == pytest.approx(_big_ffn(c, 4096) + c.memory_op(4096 * 1536 * 6).time_us, rel=1e-12)
+    assert t.expert_us(4096, 3072) == pytest.approx(_big_ffn(c, 4096, 3072) + c.memory_op(4096 * 3072 * 6).time_us,
+                                                    rel=1e-12)
+    assert t.expert_us(4096, 3072) > t.expert_us(4096)
+
+
+def test_a_large_gpus_experts_batch_equal_counts_in_fp8():
+    """Slots 1, 1, 4,096, 0, 2,048: a batch of two 1-token experts, one 4,096 and one 2,048; activation traffic of
+    6,146 tokens."""
+    t = _big_timer()
+    c = t.compute
+    want = (_big_ffn(c, 1, batch=2) + _big_ffn(c, 4096) + _big_ffn(c, 2048)
+            + c.memory_op(6146 * 1536 * 6).time_us)
+    assert t.gpu_experts_us([1, 1, 4096, 0, 2048]) == pytest.approx(want, rel=1e-12)
+    three = _big_ffn(c, 2048, batch=3) + c.memory_op(3 * 2048 * 1536 * 6).time_us
+    assert t.gpu_experts_us([2048, 2048, 2048]) == pytest.approx(three, rel=1e-12)
+
+
+def test_a_large_router_runs_in_bf16_and_shared_experts_at_their_own_width():
+    """Router GEMM [4,096, 4,096] x [4,096, 64] in BF16; two shared experts of width 3,072 in FP8."""
+    t = _big_timer()
+    c = t.compute
+    shared = _big_ffn(c, 4096, 3072) + c.memory_op(4096 * 3072 * 6).time_us
+    assert t.shared_us(4096) == pytest.approx(c.gemm(4096, 64, 4096, dtype="bf16").time_us + 2 * shared, rel=1e-12)
+    assert t.fixed_us() == pytest.approx(t.shared_us(4096), rel=1e-12)
+    assert t.comparison == {}
+
+
+def test_layer_parts_of_half_a_large_batch_time_half_the_tokens():
+    """scale 0.5 on 4,096 tokens a GPU: experts on the halved slots, shared experts on 2,048 tokens."""
+    t = _big_timer(gpus=8, tokens=4096)
+    P = np.full((8, 8), 1024.0)
+    slots = np.zeros((8, 1), np.int64)
+    slots[:, 0] = [4096, 3000, 5000, 4096, 4096, 4096, 4096, 4392]
+    cost = PlacementCost(_contiguous(gpus=8, gpn=8, experts=8), pair_tokens=P[None, None],
+                         slot_tokens=slots[None, None])
+    experts, dispatch, combine, shared = moe_layer_parts(cost, t, 0.5)
+    assert experts[0] == pytest.approx(t.gpu_experts_us([2500]), rel=1e-12)
+    assert shared[0] == pytest.approx(t.shared_us(2048), rel=1e-12)
+    assert dispatch[0] == pytest.approx(t.a2a_us(P, 2, 0.5), rel=1e-12)
+
+
+def _brute(t, rows):
+    return max(t.gpu_experts_us(r) for r in rows)
+
+
+def test_a_large_group_finds_the_slowest_gpu_by_tokens_by_largest_slot_or_by_busy_slots():
+    """40 GPUs. (a) one slot each: the most tokens; (b) 2 slots: the largest is in the second slot;
+    (c) the slowest holds four 1-token experts (four weight loads) while 9 GPUs hold 60 tokens in one slot:
+    only the busy-slot count finds it; (d) the slowest holds 600 + 600 tokens while 9 GPUs hold one
+    650-token slot and two 1-token slots: only the token total finds it."""
+    t = _big_timer(gpus=40, tokens=64)
+    one = np.zeros((40, 1), np.int64)
+    one[:, 0] = np.arange(40) * 10
+    one[0, 0] = 5000
+    assert slowest_gpu_us(t, one) == pytest.approx(t.gpu_experts_us([5000]), rel=1e-12)
+    two = np.zeros((40, 2), np.int64)
+    two[:, 0] = 100
+    two[7, 1] = 8000
+    assert slowest_gpu_us(t, two) == pytest.approx(t.gpu_experts_us([100, 8000]), rel=1e-12)
+    busy = np.zeros((40, 4), np.int64)
+    busy[:9, 0] = 60
+    busy[20] = [1, 1, 1, 1]
+    assert _brute(t, busy) == t.gpu_experts_us(busy[20])
+    assert slowest_gpu_us(t, busy) == _brute(t, busy)
+    total = np.zeros((40, 4), np.int64)
+    total[:9] = [650, 1, 1, 0]
+    total[30] = [600, 600, 0, 0]
+    assert _brute(t, total) == t.gpu_experts_us(total[30])
+    assert slowest_gpu_us(t, total) == _brute(t, total)
+    biggest = np.zeros((40, 4), np.int64)
+    biggest[:9] = [300, 300, 300, 300]
+    biggest[25] = [3000, 0, 0, 0]
+    assert slowest_gpu_us(t, biggest) == _brute(t, biggest)
+
+
+# ---------------------------------------------------------------------- more windows, chunks and odd layouts
+def test_every_measure_averages_over_windows_across_chunks():
+    """65,544 tokens = 8,193 windows of 8: the first 65,536-token chunk holds 8,192, the second one. All but the
+    last window route as ROUTING, the last keeps every pair local: bytes average 8,192 / 8,193 of ROUTING's."""
+    rows = np.asarray(ROUTING * 8192 + ALL_LOCAL, dtype=np.int32)
+    seen = []
+    [cost] = evaluate_placements(_src(rows), 0, len(rows), _layout(), 4, [_contiguous()], None,
+                                 progress=lambda d, n: seen.append((d, n)))
+    assert cost.windows == 8193
+    assert cost.a2a_bytes[0] == pytest.approx(12 * 4 * 8192 / 8193, rel=1e-12)
+    assert cost.a2a_bytes_inter_node[0] == pytest.approx(7 * 4 * 8192 / 8193, rel=1e-12)
+    assert cost.max_over_mean[0] == pytest.approx((1.25 * 8192 + 1.0) / 8193, rel=1e-12)
+    assert seen == [(65536, 65544), (65544, 65544)]
+
+
+def test_progress_counts_tokens_of_the_part():
+    seen = []
+    evaluate_placements(_src(ROUTING * 3), 8, 24, _layout(), 4, [_contiguous()], None,
+                        progress=lambda d, n: seen.append((d, n)))
+    assert seen == [(16, 16)]
+
+
+def test_layer_time_averages_over_the_timed_windows():
+    """Window 0 = ROUTING, window 1 all local: layer = mean of (d + slowest + c + router) over the two."""
+    t = _timer()
+    [cost] = evaluate_placements(_src(ROUTING + ALL_LOCAL), 0, 16, _layout(), 4, [_contiguous()], t)
+    router = t.compute.gemm(2, 4, HIDDEN).time_us
+    w0 = t.a2a_us(PAIRS, 2) + t.gpu_experts_us([5]) + t.a2a_us(PAIRS.T, 2) + router
+    w1 = t.gpu_experts_us([4]) + router
+    assert cost.layer_us[0] == pytest.approx((w0 + w1) / 2, rel=1e-12)
+    assert cost.combine_us[0] == pytest.approx(t.a2a_us(PAIRS.T, 2) / 2, rel=1e-12)
+    experts, dispatch, combine, _ = moe_layer_parts(cost, t)
+    cost.a2a_parts = None
+    _, d2, c2, _ = moe_layer_parts(cost, t)
+    assert d2[0] == pytest.approx(dispatch[0], rel=1e-12) and d2[0] == pytest.approx(t.a2a_us(PAIRS, 2) / 2)
+    assert c2[0] == pytest.approx(combine[0], rel=1e-12)
+
+
+def test_four_windows_are_timed_by_default_and_more_windows_than_gpus_all_count():
+    """5 windows: the default times 4 of them (0, 1, 2, 4 by linspace rounding); 2 GPUs and 4 windows:
+    each of the 4 is timed."""
+    t = _timer()
+    [cost] = evaluate_placements(_src(ROUTING * 5), 0, 40, _layout(), 4, [_contiguous()], t)
+    assert cost.timed_windows == 4
+    lay = _layout(gpus=2, gpn=2, tokens=1)
+    rows = [[0], [1], [1], [1], [0], [0], [1], [0]]
+    pl = Placement("contiguous", np.array([[0, 1]]), gpus=2, gpus_per_node=2, experts=2)
+    [two] = evaluate_placements(_src(rows), 0, 8, lay, 2, [pl], _timer(_shape(experts=2), lay), timed_windows=4)
+    assert two.timed_windows == 4 and two.windows == 4
+    assert [p.tolist() for p in two.pair_tokens[:, 0]] == [[[1, 0], [0, 1]], [[0, 1], [0, 1]], [[1, 0], [1, 0]],
+                                                           [[0, 1], [1, 0]]]
+
+
+def test_one_gpu_one_token_windows():
+    """EP1 with one token a batch: three windows, nothing leaves the GPU."""
+    lay = _layout(gpus=1, gpn=1, tokens=1)
+    pl = Placement("contiguous", np.array([[0, 1]]), gpus=1, gpus_per_node=1, experts=2)
+    t = _timer(_shape(experts=2), lay)
+    [cost] = evaluate_placements(_src([[0, 1], [1, 0], [0, 0]]), 0, 3, lay, 2, [pl], t)
+    assert cost.windows == 3 and cost.timed_windows == 3 and cost.a2a_bytes.tolist() == [0.0]
+    assert cost.slot_tokens[:, 0].tolist() == [[[1, 1]], [[1, 1]], [[2, 0]]]
+
+
+def test_more_layers_than_gpus_keep_their_all_to_all_parts():
+    lay = _layout(gpus=2, gpn=2, tokens=1)
+    pl = Placement("contiguous", np.tile([0, 1], (3, 1)), gpus=2, gpus_per_node=2, experts=2)
+    t = _timer(_shape(experts=2), lay)
+    src = ArraySource(np.array([[[0], [1], [1]], [[1], [1], [0]]], dtype=np.int32))
+    [cost] = evaluate_placements(src, 0, 2, lay, 2, [pl], t)
+    assert len(cost.a2a_parts[0]) == 3
+    assert cost.pair_tokens[0].tolist() == [[[1, 0], [0, 1]], [[0, 1], [0, 1]], [[0, 1], [1, 0]]]
+    _, dispatch, _, _ = moe_layer_parts(cost, t)
+    assert dispatch[0] == 0.0 and dispatch[1] > 0.0 and dispatch[2] > 0.0
+
+
+def test_a_replicated_expert_with_uneven_nodes_serves_each_node_its_own_tokens():
+    """Slots 0 1 2 0, top-1, 2 tokens a GPU: g0 -> 0 0, g1 -> 0 1, g2 -> 0 2, g3 -> 1 2. Expert 0: node 0 sends
+    3 (GPU 0 serves them), node 1 one (GPU 3). Pairs g0: 2 to g0; g1: 1 to g0, 1 to g1; g2: 1 to g3, 1 to g2;
+    g3: 1 to g1, 1 to g2. Off-GPU 4 pairs, 1 between nodes (g3 -> g1); GPUs serve 3, 2, 2, 1. Two windows alike."""
+    rows = [[0], [0], [0], [1], [0], [2], [1], [2]]
+    pl = Placement("eplb", np.array([[0, 1, 2, 0]]), gpus=4, gpus_per_node=2, experts=3)
+    t = _timer(_shape(experts=3))
+    [cost] = evaluate_placements(_src(rows * 2), 0, 16, _layout(), 3, [pl], t)
+    pairs = [[2, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 1, 1, 0]]
+    assert [p.tolist() for p in cost.pair_tokens[:, 0]] == [pairs, pairs]
+    assert cost.a2a_bytes.tolist() == [4 * HIDDEN * 4]
+    assert cost.a2a_bytes_inter_node.tolist() == [1 * HIDDEN * 4]
+    assert cost.slot_tokens[0, 0].tolist() == [[3], [2], [2], [1]]
+    assert cost.slot_tokens.dtype == np.int64
+    [exp] = evaluate_expected(np.array([[4.0, 2.0, 2.0]]), 1, _layout(), [pl], t)
+    assert exp.pair_tokens.shape == (1, 1, 4, 4) and exp.slot_tokens.shape == (1, 1, 4, 1)
+    assert exp.slot_tokens.dtype == np.int64
+
+
+def test_layer_parts_of_an_expected_cost_are_its_one_batch():
+    t = _timer()
+    [cost] = evaluate_expected(np.array([[2.0, 1.0, 1.0, 0.0]]), 2, _layout(), [_contiguous()], t)
+    experts, dispatch, combine, _ = moe_layer_parts(cost, t)
+    assert experts[0] == pytest.approx(cost.expert_us[0], rel=1e-12)
+    assert dispatch[0] == pytest.approx(cost.dispatch_us[0], rel=1e-12)
+
+
+def test_bad_input_errors_name_the_routing_trace():
+    src = _src([[0, 1], [4, 1]] + ROUTING[2:])
+    for call in (lambda: evaluate_placements(src, 0, 8, _layout(), 4, [_contiguous()], None),
+                 lambda: fit_stats(src, 0, 8, _layout(), 4)):
+        with pytest.raises(TraceInputError, match=r"^<memory>: expert id 4 at token 1 layer 0 is outside \[0, 4\)"):
+            call()
+    with pytest.raises(TraceInputError) as e:
+        evaluate_placements(_src(ROUTING), 1, 8, _layout(), 4, [_contiguous()], None)
+    assert e.value.path == "<memory>"
+    with pytest.raises(TraceInputError) as e:
+        part_gpus(_src(ROUTING), 0, 8, _layout(group_by="domain"))
+    assert e.value.path == "<memory>"
+    assert e.value.problem == "--group-by domain needs a routing trace with request domains"
+
+
+def test_without_grouping_request_domains_do_not_move_tokens():
+    assert source_gpus(_layout(), np.asarray([1, 0, 1, 0, 1, 0, 1, 0])).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_grouping_by_domain_one_token_a_gpu_orders_spilled_tokens_by_arrival():
+    """8 GPUs x 1 token, two windows (shares 1/2: ranges at 0 and 4). Window 0 = six domain-0 tokens then
+    two domain-1: positions 0-3, then token 4 and token 6 (both want 4), tokens 5 and 7 (both want 5).
+    Window 1 = six domain-1 then two domain-0: tokens 14, 15 first, then 8-13."""
+    dom = np.asarray([0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0])
+    assert source_gpus(_layout(gpus=8, gpn=4, tokens=1, group_by="domain"), dom).tolist() == [
+        0, 1, 2, 3, 4, 6, 5, 7, 2, 3, 4, 5, 6, 7, 0, 1]
+
+
+def test_grouping_by_domain_spills_in_a_later_window_too():
+    """Shares 9/16 and 7/16 (ranges at 0 and 4.5). Window 1 = one domain-1 token then seven domain-0 tokens
+    wanting 0-6: the domain-1 token (4.5) goes between the ones wanting 4 and 5."""
+    dom = np.asarray([1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+    assert source_gpus(_layout(gpus=8, gpn=4, tokens=1, group_by="domain"), dom).tolist() == [
+        2, 3, 4, 5, 6, 7, 0, 1, 5, 0, 1, 2, 3, 4, 6, 7]
+
+
+def test_fit_stats_of_a_part_read_only_the_part_and_count_in_integers():
+    """Tokens 8-15 of a 24-token trace; experts 0 and 1 only (2 and 3 never chosen on either node)."""
+    rows = ROUTING + [[0, 1]] * 8 + ROUTING
+    seen = []
+    st = fit_stats(_src(rows), 8, 16, _layout(), 4, progress=lambda d, n: seen.append((d, n)))
+    assert st.load.tolist() == [[8, 8, 0, 0]]
+    assert st.node_load[0].tolist() == [[4, 4, 0, 0], [4, 4, 0, 0]]
+    assert st.node_load.dtype == np.int64 and st.coactivation.dtype == np.int64
+    assert st.coactivation[0, 0, 1] == 8 and seen == [(8, 8)]
+
+
+def test_fit_stats_of_a_later_part_sample_its_own_first_tokens():
+    """Tokens 8-15 = ROUTING; coactivation over its first 3 tokens: {0,1}, {2,3}, {1,2}."""
+    st = fit_stats(_src([[3, 3]] * 8 + ROUTING), 8, 16, _layout(), 4, coactivation_tokens=3)
+    co = np.zeros((4, 4), int)
+    for i, j in ((0, 1), (2, 3), (1, 2)):
+        co[i, j] = co[j, i] = 1
+    assert st.coactivation[0].tolist() == co.tolist()
+
+
+def test_fit_stats_sample_32768_tokens_by_default():
+    rng = np.random.default_rng(1)
+    ids = np.stack([rng.permutation(4)[:2] for _ in range(32_800)]).astype(np.int32)
+    st = fit_stats(_src(ids), 0, len(ids), _layout(), 4)
+    want = np.zeros((4, 4), np.int64)
+    np.add.at(want, (ids[:32768, 0], ids[:32768, 1]), 1)
+    assert np.array_equal(st.coactivation[0], want + want.T)
+
+
+def test_fit_stats_of_three_chunks_from_an_offset():
+    """140,008 tokens from token 8 (three 65,536-token chunks): loads by node counted here (rank = position in
+    the part's 8-token window // 2, node = rank // 2), coactivation over the first 100 tokens only."""
+    rng = np.random.default_rng(2)
+    ids = np.stack([rng.permutation(4)[:2] for _ in range(140_016)]).astype(np.int32)
+    st = fit_stats(_src(ids), 8, 140_016, _layout(), 4, coactivation_tokens=100)
+    part = ids[8:]
+    node = (np.arange(len(part)) % 8) // 2 // 2
+    for n in (0, 1):
+        assert st.node_load[0, n].tolist() == np.bincount(part[node == n].ravel(), minlength=4).tolist()
+    want = np.zeros((4, 4), np.int64)
+    np.add.at(want, (part[:100, 0], part[:100, 1]), 1)
+    assert np.array_equal(st.coactivation[0], want + want.T)
