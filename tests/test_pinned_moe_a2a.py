@@ -148,3 +148,17 @@ def test_timers_are_kept_per_hardware_and_group_and_the_cache_is_bounded():
     all_to_all_timer(NET, [0, 100])           # a 10th: the cache starts over
     assert len(a2a._TIMERS) == 1
     assert all_to_all_timer(NET, [0, 1]) is not first
+
+
+def test_a_changed_preset_of_the_same_name_gets_its_own_timer():
+    """The same preset name with 200 Gb/s NICs: 4.7 MB between nodes drains in 200 us, not 100 us."""
+    import dataclasses
+    hw = get_hardware("h100-sxm")
+    slow = dataclasses.replace(hw, network=dataclasses.replace(hw.network, nic_gbps=200.0))
+    assert slow.name == hw.name
+    a2a._TIMERS.clear()
+    fast_t = all_to_all_timer(NET, [0, 8])
+    slow_t = all_to_all_timer(NetworkModel(slow), [0, 8])
+    assert slow_t is not fast_t
+    assert slow_t(_one(2, 0, 1, 4.7e6)) == pytest.approx(15.0 + 200.0, rel=1e-12)
+    assert fast_t(_one(2, 0, 1, 4.7e6)) == pytest.approx(115.0, rel=1e-12)
