@@ -540,6 +540,10 @@ def test_a_large_router_runs_in_bf16_and_shared_experts_at_their_own_width():
     assert t.shared_us(4096) == pytest.approx(c.gemm(4096, 64, 4096, dtype="bf16").time_us + 2 * shared, rel=1e-12)
     assert t.fixed_us() == pytest.approx(t.shared_us(4096), rel=1e-12)
     assert t.comparison == {}
+    # a fraction of a token rounds to one token (the router and shared experts still load their weights)
+    one = c.gemm(1, 64, 4096, dtype="bf16").time_us + 2 * (_big_ffn(c, 1, 3072) + c.memory_op(3072 * 6).time_us)
+    assert t.shared_us(0.2) == pytest.approx(one, rel=1e-12)
+    assert t.shared_us(0.2) != t.shared_us(2)
 
 
 def test_layer_parts_of_half_a_large_batch_time_half_the_tokens():
@@ -568,7 +572,7 @@ def test_a_large_group_finds_the_slowest_gpu_by_tokens_by_largest_slot_or_by_bus
     t = _big_timer(gpus=40, tokens=64)
     one = np.zeros((40, 1), np.int64)
     one[:, 0] = np.arange(40) * 10
-    one[0, 0] = 5000
+    one[13, 0] = 5000
     assert slowest_gpu_us(t, one) == pytest.approx(t.gpu_experts_us([5000]), rel=1e-12)
     two = np.zeros((40, 2), np.int64)
     two[:, 0] = 100
