@@ -259,6 +259,7 @@ def test_hardware_models_are_kept_per_preset():
     import dataclasses
     from replay.hardware.config import get_hardware
     hw = get_hardware(HW)
+    ev._MODELS.clear()                      # a fresh cache, whatever ran before in this process
     c1, n1 = hardware_models(hw)
     c2, n2 = hardware_models(hw)
     assert c1 is c2 and n1 is n2
@@ -518,6 +519,11 @@ def test_a_large_expert_is_its_fp8_gemms_plus_its_activation_traffic():
     assert t.expert_us(4096, 3072) == pytest.approx(_big_ffn(c, 4096, 3072) + c.memory_op(4096 * 3072 * 6).time_us,
                                                     rel=1e-12)
     assert t.expert_us(4096, 3072) > t.expert_us(4096)
+    plain = LayerTimer(ExpertShape(hidden=4096, expert_ffn=1536, gated=False, shared_experts=0, experts=64,
+                                   dtype="fp8"), HW, _layout(gpus=8, gpn=8, tokens=4096))
+    assert plain.expert_us(4096) == pytest.approx(
+        c.gemm(4096, 1536, 4096, dtype="fp8").time_us + c.gemm(4096, 4096, 1536, dtype="fp8").time_us
+        + c.memory_op(4096 * 1536 * 6).time_us, rel=1e-12)
 
 
 def test_a_large_gpus_experts_batch_equal_counts_in_fp8():
