@@ -120,21 +120,23 @@ def test_nesting_by_time_longest_first_host_before_runtime_and_overlaps_counted(
           .host("after", 120, 5)            # starts as inner ends: a sibling, not a child
           .host("nearly", 126, 26)          # ends 152 = outer's end + 2 us: within tolerance
           .host("outer2", 200, 50).host("spill", 210, 42.5)   # ends 2.5 us past outer2: an overlap
+          .host("outer3", 300, 50).host("spill3", 310, 45)     # a second overlap
           .host("t2op", 100, 50, tid=2))
     tr.t.thread_names[(1, 2)] = "worker"
     g = tr.graph()
     par = {labels(g)[i]: (labels(g)[p] if p >= 0 else None) for i, p in enumerate(g.parent.tolist())}
     assert par == {"outer": None, "inner": "outer", "cudaGetDevice": "inner", "after": "outer", "nearly": "outer",
-                   "outer2": None, "spill": "outer2", "t2op": None}
+                   "outer2": None, "spill": "outer2", "outer3": None, "spill3": "outer3",
+                   "t2op": None}
     assert g.kind[node(g, "cudaGetDevice")] == OpKind.RUNTIME
-    assert g.metadata["nested_overlaps"] == 1
+    assert g.metadata["nested_overlaps"] == 2
     # same start and length: file order (outer before t2op); then the shorter host op, then the runtime call
     assert g.name[:4] == ["outer", "t2op", "inner", "cudaGetDevice"]
     assert g.resources[g.resource[node(g, "t2op")]].name == "worker"
     assert g.resources[g.resource[node(g, "outer")]].name == ""
     assert g.num_edges == 0
     # no ProfilerStep: one step spanning the whole trace (100 .. 252.5 us, origin 100)
-    assert g.steps == [Step("step", -1, 0.0, 152.5)]
+    assert g.steps == [Step("step", -1, 0.0, 255.0)]
 
 
 def test_runtime_call_kinds_by_name():
@@ -152,7 +154,7 @@ def test_runtime_call_kinds_by_name():
 def test_gpu_op_attrs_and_kinds():
     tr = (Trace()
           .gpu("k", 10, 1, args={"grid": [4, 1, 1], "block": [128, 1, 1], "shared memory": 4096, "other": 1})
-          .gpu("k0", 20, 1, args={"shared memory": 0})
+          .gpu("k0", 20, 1, args={"shared memory": 0}).gpu("k1b", 25, 1, args={"shared memory": 1})
           .gpu("kbig", 30, 1, args={"shared memory": 2**31})
           .gpu("kmax", 40, 1, args={"shared memory": 2**31 - 1})
           .gpu("copy", 50, 1, cat="gpu_memcpy", args={"bytes": 4096.0})
@@ -160,12 +162,12 @@ def test_gpu_op_attrs_and_kinds():
     g = tr.graph()
     a = {g.name[i]: g.attrs.get(i, {}) for i in range(len(g))}
     assert a["k"] == {"stream": 7, "device": 0, "grid": [4, 1, 1], "block": [128, 1, 1], "shared_memory": 4096}
-    assert a["k0"] == {"stream": 7, "device": 0}
+    assert a["k0"] == {"stream": 7, "device": 0} and a["k1b"]["shared_memory"] == 1
     assert a["kbig"] == {"stream": 7, "device": 0}
     assert a["kmax"]["shared_memory"] == 2**31 - 1
     assert a["copy"] == {"stream": 7, "device": 0, "bytes": 4096} and type(a["copy"]["bytes"]) is int
     kinds = [OpKind(int(k)).name for k in g.kind.tolist()]
-    assert kinds == ["KERNEL"] * 4 + ["MEMCPY", "MEMSET"]
+    assert kinds == ["KERNEL"] * 5 + ["MEMCPY", "MEMSET"]
 
 
 def test_rank_and_world_size():
@@ -216,11 +218,14 @@ def test_launch_returning_after_its_kernel_started_hands_the_edge_to_the_previou
     tr = (Trace().host("op", 0, 100).rt("cudaGetDevice", 10, 5).rt("launch", 20, 50, corr=1)
           .gpu("k", 30, 10, corr=1)
           .rt("launch2", 200, 50, corr=2, tid=2).gpu("k2", 210, 10, stream=8, corr=2)   # nothing before it
-          .rt("launch3", 300, 12, corr=3, tid=3).gpu("k3", 310, 10, stream=9, corr=3))  # ends at k3 + 2: kept
+          .rt("launch3", 300, 12, corr=3, tid=3).gpu("k3", 310, 10, stream=9, corr=3)   # ends at k3 + 2: kept
+          .rt("launch4", 400, 50, corr=4, tid=4).gpu("k4", 410, 10, stream=10, corr=4)   # nothing before it
+          .rt("cudaGetDevice2", 500, 5, tid=5).rt("launch5", 510, 50, corr=5, tid=5)
+          .gpu("k5", 520, 10, stream=11, corr=5))
     g = tr.graph()
-    assert edges(g) == {("cudaGetDevice", "k", L), ("launch3", "k3", L)}
-    assert g.metadata["launch_proxies"] == 1
-    assert g.metadata["dropped_edges"] == {"LAUNCH": 1}
+    assert edges(g) == {("cudaGetDevice", "k", L), ("launch3", "k3", L), ("cudaGetDevice2", "k5", L)}
+    assert g.metadata["launch_proxies"] == 2
+    assert g.metadata["dropped_edges"] == {"LAUNCH": 2}
 
 
 def test_launch_proxy_is_the_latest_call_ended_in_time():
@@ -256,6 +261,7 @@ def test_device_synchronize_waits_for_the_last_kernel_launched_before_it_on_ever
     g = tr.graph()
     assert edges(g) == {("launch_1", "k1", L), ("launch_2", "k2", L), ("launch_3", "k3", L), ("launch_4", "k4", L),
                         ("k1", "k3", SO), ("k1", "cudaDeviceSynchronize", SY), ("k2", "cudaDeviceSynchronize", SY)}
+    assert g.metadata["dropped_edges"] == {}      # stream 9 has nothing before the call: no edge tried
 
 
 def test_sync_edge_constrains_the_end_of_the_call():
@@ -339,6 +345,17 @@ def test_stream_wait_from_cuda_sync_names_the_record_and_both_streams():
           .rt("launch_h", 311, 1, corr=34, tid=4).gpu("k_h", 315, 3, stream=42, corr=34)
           .sync("Stream Wait Event", 33, stream=42, wait_stream=40, record_corr=32))
     assert {e for e in edges(tr.graph()) if e[2] == CS} == {("k_f", "k_h", CS)}
+
+
+def test_stream_wait_on_a_stream_with_nothing_launched_after_it_adds_nothing():
+    tr = (Trace().rt("launch_f", 300, 1, corr=30).gpu("k_f", 302, 10, stream=40, corr=30)
+          .rt("launch_h", 301, 1, corr=34).gpu("k_h", 305, 3, stream=42, corr=34)
+          .rt("cudaEventRecord", 308, 0.5, corr=32).rt("cudaStreamWaitEvent", 309, 0.5, corr=33)
+          .rt("cudaGetDevice", 400, 1)
+          .sync("Stream Wait Event", 33, stream=42, wait_stream=40, record_corr=32))
+    g = tr.graph()
+    assert edges(g) == {("launch_f", "k_f", L), ("launch_h", "k_h", L)}
+    assert g.metadata["dropped_edges"] == {}
 
 
 def test_stream_wait_from_cuda_sync_without_recording_stream_infers_it_from_the_record_call():
@@ -498,6 +515,14 @@ def test_gloo_issue_still_running_without_finished_work_falls_back_to_a_checked_
     tr = (Trace().host("prev", 90, 5).host("c10d::allreduce_", 100, 50)
           .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
     assert edges(tr.graph()) == {("prev", "gloo:all_reduce", CO)}
+    # nothing before the issue either: no stand-in (the scan back must not wrap to the thread's last node)
+    tr = Trace().host("c10d::allreduce_", 100, 5000)
+    for i in range(4095):
+        tr.host(f"long{i}", 100 + i * 0.0001, 4000)
+    tr.host("short", 101, 1)
+    tr.host("gloo:all_reduce", 103, 10, tid=2, cat="user_annotation")
+    g = tr.graph()
+    assert edges(g) == set() and g.metadata["dropped_edges"] == {"COLLECTIVE": 1}
 
 
 def test_gloo_stand_in_is_the_child_that_ended_last_by_the_worker_start():
@@ -511,6 +536,53 @@ def test_gloo_stand_in_is_the_child_that_ended_last_by_the_worker_start():
           .host("c5", 122.5, 0.1)                              # starts after 120 + 2: the scan stops
           .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
     assert edges(tr.graph()) == {("c2", "gloo:all_reduce", CO)}
+
+
+def test_gloo_stand_in_ties_and_boundaries():
+    # c2 and cx both end at 120: the first one found (c2) stays; c5 started before 122 but is still
+    # running at 122: not a stand-in; c0 starts exactly at 120 + 2 with no duration: ended in time
+    tr = (Trace().host("c10d::allreduce_", 100, 50).host("c2", 107, 13).host("cx", 115, 5)
+          .host("c5", 121, 9).host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
+    assert edges(tr.graph()) == {("c2", "gloo:all_reduce", CO)}
+    tr = (Trace().host("c10d::allreduce_", 100, 50).host("c2", 107, 13).host("c0", 122, 0)
+          .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
+    assert edges(tr.graph()) == {("c0", "gloo:all_reduce", CO)}
+    # a child ending 0.5 us after the trace's first event is a stand-in
+    tr = (Trace().host("c10d::allreduce_", 100, 50).host("c1", 100, 0.5)
+          .host("gloo:all_reduce", 101, 10, tid=2, cat="user_annotation"))
+    assert edges(tr.graph()) == {("c1", "gloo:all_reduce", CO)}
+
+
+def test_gloo_stand_in_scans_at_most_4095_descendants():
+    tr = Trace().host("prev", 90, 1).host("c10d::allreduce_", 100, 5000)
+    for i in range(4094):
+        tr.host(f"long{i}", 100 + i * 0.0001, 4000)      # still running when the worker starts
+    tr.host("short", 101, 1)                              # the 4095th descendant: scanned
+    tr.host("gloo:all_reduce", 103, 10, tid=2, cat="user_annotation")
+    assert edges(tr.graph()) == {("short", "gloo:all_reduce", CO)}
+    tr = Trace().host("prev", 90, 1).host("c10d::allreduce_", 100, 5000)
+    for i in range(4095):
+        tr.host(f"long{i}", 100 + i * 0.0001, 4000)
+    tr.host("short", 101, 1)                              # the 4096th: past the scan, the sibling before
+    tr.host("gloo:all_reduce", 103, 10, tid=2, cat="user_annotation")
+    assert edges(tr.graph()) == {("prev", "gloo:all_reduce", CO)}
+    # nothing before the issue either: no stand-in (the scan back must not wrap to the thread's last node)
+    tr = Trace().host("c10d::allreduce_", 100, 5000)
+    for i in range(4095):
+        tr.host(f"long{i}", 100 + i * 0.0001, 4000)
+    tr.host("short", 101, 1)
+    tr.host("gloo:all_reduce", 103, 10, tid=2, cat="user_annotation")
+    g = tr.graph()
+    assert edges(g) == set() and g.metadata["dropped_edges"] == {"COLLECTIVE": 1}
+
+
+def test_stream_order_keeps_file_order_between_kernels_with_the_same_start():
+    tr = Trace()
+    for i in range(30):
+        tr.gpu(f"a{i}", 100, 0).gpu(f"b{i}", 200, 0)
+    g = tr.graph()
+    chain = [f"a{i}" for i in range(30)] + [f"b{i}" for i in range(30)]
+    assert {e for e in edges(g)} == {(x, y, SO) for x, y in zip(chain, chain[1:])}
 
 
 # ------------------------------------------------------------------ GPU collectives
@@ -669,3 +741,46 @@ def test_host_attrs_from_the_event_and_the_execution_trace():
                           "input_types": ["float"]}
     assert g.attrs[1] == {"tid": 99, "input_shapes": [[2]], "op_schema": "aten::t(Tensor) -> Tensor"}
     assert g.attrs[2] == {"tid": 1, "rf_id": 0, "external_id": 0, "seq_id": 0}
+
+
+def test_gloo_attrs_name_size_and_partial_tensor_lists():
+    tr = (Trace()
+          .host("gloo:all_reduce:v2", 10, 5, cat="user_annotation")
+          .host("gloo:broadcast", 20, 5, cat="user_annotation",
+                args={"Collective name": "broadcast", "dtype": "Float", "In msg nelems": 10,
+                      "Input Dims": [[100]], "Input type": ["float"]})
+          .host("gloo:allgather", 30, 5, cat="user_annotation", args={"Input type": ["float"]})
+          .host("gloo:gather", 40, 5, cat="user_annotation", args={"Input Dims": [[3]]}))
+    g = tr.graph()
+    assert g.attrs[node(g, "gloo:all_reduce:v2")]["coll_name"] == "all_reduce:v2"
+    # the record_param_comms size (10 floats) wins over the tensors (100 floats)
+    assert g.attrs[node(g, "gloo:broadcast")]["comm_size"] == 40
+    assert "comm_size" not in g.attrs[node(g, "gloo:allgather")]
+    assert "comm_size" not in g.attrs[node(g, "gloo:gather")]
+
+
+def test_parse_ranks_rejects_text_inside_the_brackets():
+    assert _parse_ranks("[1X]") is None and _parse_ranks("[X]") is None
+
+
+def test_empty_trace_is_an_empty_graph():
+    g = Trace().graph()
+    assert len(g) == 0 and g.steps == [] and g.metadata["time_origin_us"] == 0.0
+
+
+def test_correlation_zero_is_a_correlation_and_an_unmatched_one_has_no_launch():
+    tr = (Trace().gpu("k_orphan", 40, 5, corr=50)     # its launch was not recorded (sampled trace)
+          .rt("launch0", 10, 2, corr=0).gpu("k0", 20, 5, corr=0)
+          .rt("launch1", 12, 2, corr=1).gpu("k1", 30, 5, corr=1)
+          .rt("cudaDeviceSynchronize", 36, 20))
+    g = tr.graph()
+    assert g.kind[node(g, "launch0")] == OpKind.LAUNCH and g.attrs[node(g, "launch0")]["correlation"] == 0
+    assert g.attrs[node(g, "k0")]["correlation"] == 0
+    # k_orphan counts as launched at its own start (40), after the synchronize call (36)
+    assert edges(g) == {("launch0", "k0", L), ("launch1", "k1", L), ("k0", "k1", SO), ("k1", "k_orphan", SO),
+                        ("k1", "cudaDeviceSynchronize", SY)}
+
+
+def test_comm_size_with_a_zero_element_count():
+    assert comm_attrs_from_args({"Collective name": "x", "dtype": "Float", "Out msg nelems": 0})["comm_size"] == 0
+    assert comm_attrs_from_args({"Collective name": "x", "dtype": "Float", "In msg nelems": 0})["comm_size"] == 0
