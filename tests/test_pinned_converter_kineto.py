@@ -281,12 +281,12 @@ def test_stream_synchronize_finds_its_stream():
           .gpu("k_a", 110, 20, stream=7, corr=1).gpu("k_b", 112, 30, stream=8, corr=2)
           # thread 3 launches on streams 9 of GPU 1 and of GPU 0
           .rt("launch_p", 150, 1, corr=12, tid=3).gpu("k_p", 160, 20, stream=9, device=1, corr=12)
-          .rt("launch_q", 152, 1, corr=13, tid=3).gpu("k_q", 165, 5, stream=9, device=0, corr=13)
+          .rt("launch_q", 152, 1, corr=13, tid=3).gpu("k_q", 155, 5, stream=9, device=0, corr=13)
           # thread 2: cuda_sync names stream 9; the device is the one of the thread's next launch (GPU 1)
           .rt("cuStreamSynchronize", 200, 30, corr=10, tid=2)
           .rt("launch_c", 240, 5, corr=11, tid=2).gpu("k_c", 250, 5, stream=9, device=1, corr=11)
           # thread 4: the stream is in the call's args; no launch on the thread: GPU 0
-          .rt("hipStreamSynchronize", 300, 10, tid=4, args={"stream": 7})
+          .rt("hipStreamSynchronize", 300, 10, corr=40, tid=4, args={"stream": 7})    # no cuda_sync row
           # thread 5: cuda_sync names stream 11, which only GPU 2 has
           .rt("launch_r", 390, 1, corr=21, tid=3).gpu("k_r", 392, 3, stream=11, device=2, corr=21)
           .rt("cudaStreamSynchronize", 400, 5, corr=20, tid=5)
@@ -784,3 +784,37 @@ def test_correlation_zero_is_a_correlation_and_an_unmatched_one_has_no_launch():
 def test_comm_size_with_a_zero_element_count():
     assert comm_attrs_from_args({"Collective name": "x", "dtype": "Float", "Out msg nelems": 0})["comm_size"] == 0
     assert comm_attrs_from_args({"Collective name": "x", "dtype": "Float", "In msg nelems": 0})["comm_size"] == 0
+
+
+def test_launch_time_of_the_first_runtime_call_counts():
+    # runtime call 0 launches k_a (at 100, the kernel starts at 150): the synchronize call at 105 waits for it
+    tr = (Trace().rt("launch_a", 100, 1, corr=1).rt("cudaDeviceSynchronize", 105, 60).gpu("k_a", 150, 10, corr=1))
+    assert edges(tr.graph()) == {("launch_a", "k_a", L), ("k_a", "cudaDeviceSynchronize", SY)}
+
+
+def test_stream_synchronize_on_a_stream_without_kernels_adds_nothing():
+    tr = (Trace().rt("launch_a", 100, 1, corr=1).gpu("k_a", 102, 10, corr=1)
+          .rt("hipStreamSynchronize", 200, 10, args={"stream": 99})
+          .rt("cudaStreamSynchronize", 300, 10, corr=5).sync("Stream Sync", 5, stream=77))
+    g = tr.graph()
+    assert edges(g) == {("launch_a", "k_a", L)} and g.metadata["dropped_edges"] == {}
+
+
+def test_cuda_sync_row_with_correlation_zero():
+    tr = (Trace().rt("launch_a", 100, 5, corr=1).gpu("k_a", 110, 20, stream=3, corr=1)
+          .rt("launch_b", 106, 5, corr=2).gpu("k_b", 112, 10, stream=8, corr=2)
+          .rt("cudaStreamSynchronize", 140, 20, corr=0).sync("Stream Sync", 0, stream=3))
+    assert {e for e in edges(tr.graph()) if e[2] == SY} == {("k_a", "cudaStreamSynchronize", SY)}
+
+
+def test_runtime_calls_with_the_same_start_keep_file_order_on_their_thread():
+    # calls 1, 3, 5, 7 (cudaGetDevice) and 9 (the wait) start at 100; calls 2, 4, 6, 8, 10 are launches at
+    # 200 on streams 62, 64, ...; call 0 launches on stream 50. No event record in the trace: the wait
+    # orders the first launch after it in file order (stream 62) after stream 50's kernel.
+    tr = Trace().rt("launch_a", 50, 0, corr=1).gpu("k_a", 60, 1, stream=50, corr=1)
+    for i in range(1, 11):
+        if i % 2:
+            tr.rt("cudaStreamWaitEvent" if i == 9 else "cudaGetDevice", 100, 0)
+        else:
+            tr.rt(f"launch_{i}", 200, 0, corr=100 + i).gpu(f"k_{i}", 300, 1, stream=60 + i, corr=100 + i)
+    assert {e for e in edges(tr.graph()) if e[2] == CS} == {("k_a", "k_2", CS)}
