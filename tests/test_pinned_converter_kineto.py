@@ -310,41 +310,61 @@ def test_stream_synchronize_without_any_launch_adds_nothing():
 
 
 def test_event_synchronize_waits_for_the_last_kernel_before_the_record():
-    tr = (Trace().rt("launch_a", 100, 5, corr=1).rt("cudaEventRecord", 110, 2).rt("launch_b", 115, 2, corr=2)
-          .rt("cudaEventSynchronize", 120, 40)
+    # the record call comes first in the file (runtime call 0) though it ran after launch_a
+    tr = (Trace().rt("cudaEventRecord", 110, 2).rt("launch_a", 100, 5, corr=1).rt("launch_b", 115, 2, corr=2)
+          .rt("cudaEventSynchronize", 120, 40).rt("cudaDeviceSynchronize", 170, 10)
           .gpu("k_a", 105, 50, corr=1).gpu("k_b", 155, 10, corr=2))
     assert edges(tr.graph()) == {("launch_a", "k_a", L), ("launch_b", "k_b", L), ("k_a", "k_b", SO),
-                                 ("k_a", "cudaEventSynchronize", SY)}
+                                 ("k_a", "cudaEventSynchronize", SY), ("k_b", "cudaDeviceSynchronize", SY)}
 
 
 def test_stream_wait_orders_the_waiting_stream_after_the_recording_stream():
     tr = (Trace()
+          # thread 5: no record on its thread (the trace has records): the event is unknown, no edge
+          .rt("launch_u", 400, 1, corr=8, tid=5).gpu("k_u", 401, 3, stream=60, corr=8)
+          .rt("cudaStreamWaitEvent", 405, 1, tid=5)
+          .rt("launch_v", 407, 1, corr=9, tid=5).gpu("k_v", 410, 3, stream=61, corr=9)
+          # thread 3: recording and waiting stream are the same (30): no cross-stream edge, even from
+          # k_s (before the record) to k_t (after the wait) with k_m between them
+          .rt("launch_s", 300, 1, corr=6, tid=3).gpu("k_s", 302, 3, stream=30, corr=6)
+          .rt("cudaEventRecord", 303, 1, tid=3)
+          .rt("launch_m", 305, 1, corr=10, tid=3).gpu("k_m", 306, 1, stream=30, corr=10)
+          .rt("cudaStreamWaitEvent", 307, 1, tid=3)
+          .rt("launch_t", 309, 1, corr=7, tid=3).gpu("k_t", 310, 3, stream=30, corr=7)
           # thread 2: record after a launch on stream 20, wait, then launch on stream 21
           .rt("launch_e", 190, 2, corr=5, tid=2).gpu("k_e", 192, 3, stream=21, corr=5)
           .rt("launch_c", 200, 2, corr=3, tid=2).gpu("k_c", 205, 30, stream=20, corr=3)
           .rt("cudaEventRecord", 210, 2, tid=2).rt("cudaStreamWaitEvent", 215, 2, tid=2)
-          .rt("launch_d", 220, 2, corr=4, tid=2).gpu("k_d", 240, 5, stream=21, corr=4)
-          # thread 3: recording and waiting stream are the same (30): no cross-stream edge
-          .rt("launch_s", 300, 2, corr=6, tid=3).gpu("k_s", 302, 3, stream=30, corr=6)
-          .rt("cudaEventRecord", 305, 1, tid=3).rt("cudaStreamWaitEvent", 307, 1, tid=3)
-          .rt("launch_t", 309, 1, corr=7, tid=3).gpu("k_t", 310, 3, stream=30, corr=7)
-          # thread 5: no record on its thread (the trace has records): the event is unknown, no edge
-          .rt("launch_u", 400, 1, corr=8, tid=5).gpu("k_u", 401, 3, stream=60, corr=8)
-          .rt("cudaStreamWaitEvent", 405, 1, tid=5)
-          .rt("launch_v", 407, 1, corr=9, tid=5).gpu("k_v", 410, 3, stream=61, corr=9))
+          .rt("launch_d", 220, 2, corr=4, tid=2).gpu("k_d", 240, 5, stream=21, corr=4))
     g = tr.graph()
     assert {e for e in edges(g) if e[2] not in (L, SO)} == {("k_c", "k_d", CS)}
-    assert ("k_e", "k_d", SO) in edges(g) and ("k_s", "k_t", SO) in edges(g)
+    assert ("k_e", "k_d", SO) in edges(g) and ("k_s", "k_m", SO) in edges(g) and ("k_m", "k_t", SO) in edges(g)
+    assert ("k_s", "k_t") not in {(a, b) for a, b, _ in edges(g)}
 
 
 def test_stream_wait_from_cuda_sync_names_the_record_and_both_streams():
-    tr = (Trace(). rt("launch_f", 300, 1, corr=30, tid=4).gpu("k_f", 302, 10, stream=40, corr=30)
+    # recording stream 0 and record correlation 0, both named by the cuda_sync row
+    tr = (Trace(). rt("launch_f", 300, 1, corr=30, tid=4).gpu("k_f", 302, 10, stream=0, corr=30)
           .rt("launch_g", 305, 1, corr=31, tid=4).gpu("k_g", 306, 2, stream=41, corr=31)
-          .rt("cudaEventRecord", 308, 0.5, corr=32, tid=4).rt("cudaStreamWaitEvent", 309, 0.5, corr=33, tid=4)
+          .rt("cudaEventRecord", 308, 0.5, corr=0, tid=4).rt("cudaStreamWaitEvent", 309, 0.5, corr=33, tid=4)
           .rt("launch_i", 310, 0.5, corr=35, tid=4).gpu("k_i", 316, 1, stream=41, corr=35)
           .rt("launch_h", 311, 1, corr=34, tid=4).gpu("k_h", 315, 3, stream=42, corr=34)
-          .sync("Stream Wait Event", 33, stream=42, wait_stream=40, record_corr=32))
+          .sync("Stream Wait Event", 33, stream=42, wait_stream=0, record_corr=0))
     assert {e for e in edges(tr.graph()) if e[2] == CS} == {("k_f", "k_h", CS)}
+
+
+def test_stream_wait_with_a_cuda_sync_row_naming_unknown_calls_or_streams():
+    def wait_trace(record_corr, wait_stream, stream):
+        return (Trace().rt("launch_f", 300, 1, corr=30).gpu("k_f", 302, 10, stream=40, corr=30)
+                .rt("cudaEventRecord", 308, 0.5, corr=32).rt("cudaStreamWaitEvent", 309, 0.5, corr=33)
+                .rt("launch_h", 311, 1, corr=34).gpu("k_h", 315, 3, stream=42, corr=34)
+                .sync("Stream Wait Event", 33, stream=stream, wait_stream=wait_stream, record_corr=record_corr))
+    # the record call is not in the trace: the event is unknown, no edge (even with its stream named)
+    assert {e for e in edges(wait_trace(999, 40, 42).graph()) if e[2] == CS} == set()
+    # the recording stream is on no GPU op: it comes from the record call (the thread's latest launch)
+    assert {e for e in edges(wait_trace(32, 555, 42).graph()) if e[2] == CS} == {("k_f", "k_h", CS)}
+    # the waiting stream is on no GPU op: no edge
+    assert {e for e in edges(wait_trace(32, 40, 556).graph()) if e[2] == CS} == set()
 
 
 def test_stream_wait_on_a_stream_with_nothing_launched_after_it_adds_nothing():
