@@ -411,7 +411,8 @@ def test_fwdbwd_flow_links_the_outermost_forward_op_to_the_backward_op():
           .host("other", 300, 10, tid=2))
     tr.t.flows += [(1, "s", 1, 1, 100.0), (1, "f", 1, 2, 200.0), (2, "s", 1, 1, 100.0), (3, "f", 1, 2, 300.0),
                    (4, "s", 1, 1, 150.0), (4, "f", 1, 2, 300.0)]
-    assert edges(tr.graph()) == {("fwd_op", "bwd_op", IT)}
+    g = tr.graph()
+    assert edges(g) == {("fwd_op", "bwd_op", IT)} and g.metadata["dropped_edges"] == {}
 
 
 def test_backward_call_waits_for_the_worker_threads_work_inside_its_window():
@@ -434,6 +435,9 @@ def test_backward_window_counts_ops_starting_at_its_bounds():
     assert edges(tr.graph()) == {("w_end", "aten::backward", SY)}
     tr = Trace().host("aten::backward", 1000, 100).host("w_start", 1000, 1, tid=2)
     assert edges(tr.graph()) == {("w_start", "aten::backward", SY)}
+    # two worker ops end together (the second lasts 0 us): the first found of the latest-ending ones
+    tr = Trace().host("aten::backward", 1000, 100).host("w1", 1010, 20, tid=2).host("w0", 1030, 0, tid=2)
+    assert edges(tr.graph()) == {("w1", "aten::backward", SY)}
 
 
 # ------------------------------------------------------------------ gloo collectives
@@ -607,7 +611,7 @@ def test_stream_order_keeps_file_order_between_kernels_with_the_same_start():
 
 # ------------------------------------------------------------------ GPU collectives
 def test_nccl_kernels_take_comm_attrs_from_their_own_args_or_their_launching_host_ops():
-    tr = (Trace(pg_config=[{"pg_name": "default", "ranks": [0, 1]}])
+    tr = (Trace(pg_config=[{"pg_name": "default", "ranks": [0, 1]}]).gpu("plain", 50, 1, stream=26)
           .host("c10d::allreduce_", 100, 50, args={"Collective name": "allreduce", "dtype": "BFloat16",
                                                    "In msg nelems": 1000, "Out msg nelems": 1000,
                                                    "Process Group Name": "tp", "Process Group Ranks": "[0, 1, 2, 3]",
