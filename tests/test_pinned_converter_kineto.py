@@ -650,7 +650,7 @@ def test_nccl_kernels_take_comm_attrs_from_their_own_args_or_their_launching_hos
     assert kinds == {"ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)": "COLLECTIVE", "ncclDevKernel_SendRecv(a)": "SEND",
                      "ncclDevKernel_SendRecv(b)": "RECV", "ncclDevKernel_SendRecv(c)": "COLLECTIVE",
                      "ncclKernel_ReduceScatter_RING": "COLLECTIVE", "ncclDevKernel_Broadcast_RING(d)": "COLLECTIVE",
-                     "notnccl_AllReduce": "KERNEL"}
+                     "notnccl_AllReduce": "KERNEL", "plain": "KERNEL"}
     types = {g.name[i]: NodeType(int(g.node_type[i])).name for i in range(len(g)) if g.is_gpu()[i]}
     assert types["ncclDevKernel_SendRecv(a)"] == "COMM_SEND_NODE"
     assert types["ncclDevKernel_SendRecv(b)"] == "COMM_RECV_NODE"
