@@ -842,3 +842,43 @@ def test_runtime_calls_with_the_same_start_keep_file_order_on_their_thread():
         else:
             tr.rt(f"launch_{i}", 200, 0, corr=100 + i).gpu(f"k_{i}", 300, 1, stream=60 + i, corr=100 + i)
     assert {e for e in edges(tr.graph()) if e[2] == CS} == {("k_a", "k_2", CS)}
+
+
+def test_collective_stops_inheriting_once_it_has_type_and_size():
+    tr = (Trace()
+          .host("outer", 90, 100, args={"Collective name": "x", "Process Group Name": "outer_pg", "Dst Rank": 5})
+          .host("c10d::allreduce_", 100, 50, args={"Collective name": "allreduce", "dtype": "Float",
+                                                   "In msg nelems": 4})
+          .rt("launch", 110, 5, corr=1).gpu("ncclDevKernel_AllReduce(x)", 120, 10, corr=1))
+    g = tr.graph()
+    a = g.attrs[node(g, "ncclDevKernel_AllReduce(x)")]
+    assert a["comm_size"] == 16 and "pg_name" not in a and "comm_dst" not in a
+
+
+def test_collective_inherits_peer_and_tag_and_the_issuers_type():
+    tr = (Trace().host("nccl:send", 100, 50, args={"Collective name": "send", "Dst Rank": 1, "Src Rank": 0,
+                                                    "Seq": 3})
+          .rt("launch", 110, 5, corr=1).gpu("ncclDevKernel_SendRecv(a)", 120, 10, corr=1)
+          .host("my_coll_op", 200, 50).rt("launch2", 210, 5, corr=2)
+          .gpu("ncclDevKernel_SendRecv(b)", 220, 10, corr=2, stream=8))
+    # the ET gives the issuer a comm type its name does not tell
+    g = tr.graph(host_info={1: {"comm_type": int(CommType.REDUCE_SCATTER), "coll_name": "my_coll"}})
+    a = g.attrs[node(g, "ncclDevKernel_SendRecv(a)")]
+    assert (a["comm_dst"], a["comm_src"], a["comm_tag"], a["coll_name"]) == (1, 0, 3, "send")
+    b = g.attrs[node(g, "ncclDevKernel_SendRecv(b)")]
+    assert b["comm_type"] == int(CommType.REDUCE_SCATTER) and b["coll_name"] == "my_coll"
+
+
+def test_collective_name_comes_from_the_nearest_nccl_or_c10d_ancestor():
+    tr = (Trace().host("ProfilerStep#1", 90, 100, cat="user_annotation")
+          .host("c10d::reduce_scatter_", 100, 50).host("record_param_comms", 101, 40)
+          .rt("launch", 110, 5, corr=1).gpu("ncclDevKernel_SendRecv(x)", 120, 10, corr=1)
+          .host("c10d::all_to_all:v2", 200, 50).rt("launch2", 210, 5, corr=2)
+          .gpu("ncclDevKernel_SendRecv(y)", 220, 10, corr=2, stream=8)
+          .rt("launch3", 300, 5, corr=3, tid=2).gpu("ncclDevKernel_SendRecv(reduce)", 320, 10, corr=3, stream=9))
+    g = tr.graph()
+    a = g.attrs[node(g, "ncclDevKernel_SendRecv(x)")]
+    assert a["coll_name"] == "reduce_scatter_" and a["comm_type"] == int(CommType.REDUCE_SCATTER)
+    assert g.attrs[node(g, "ncclDevKernel_SendRecv(y)")]["coll_name"] == "all_to_all:v2"
+    # the kernel's type comes from its name before the argument list: SendRecv, i.e. all-to-all
+    assert g.attrs[node(g, "ncclDevKernel_SendRecv(reduce)")]["comm_type"] == int(CommType.ALL_TO_ALL)
