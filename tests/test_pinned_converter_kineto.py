@@ -882,3 +882,64 @@ def test_collective_name_comes_from_the_nearest_nccl_or_c10d_ancestor():
     assert g.attrs[node(g, "ncclDevKernel_SendRecv(y)")]["coll_name"] == "all_to_all:v2"
     # the kernel's type comes from its name before the argument list: SendRecv, i.e. all-to-all
     assert g.attrs[node(g, "ncclDevKernel_SendRecv(reduce)")]["comm_type"] == int(CommType.ALL_TO_ALL)
+
+
+def _co(g):
+    return {e for e in edges(g) if e[2] == CO}
+
+
+def test_gloo_worker_ops_are_user_annotations_only():
+    tr = (Trace().host("c10d::allreduce_", 100, 10).host("gloo:all_reduce", 120, 10, tid=2)   # a cpu_op
+          .host("ProfilerStep#1", 90, 100, cat="user_annotation"))
+    assert _co(tr.graph()) == set()
+
+
+def test_gloo_time_pairing_follows_start_times_not_file_order():
+    # file order: the later issue first; one worker op after both: it takes the earliest issue
+    tr = (Trace().host("c10d::allreduce_B", 200, 10).host("c10d::allreduce_A", 100, 10)
+          .host("gloo:all_reduce", 250, 10, tid=2, cat="user_annotation"))
+    assert _co(tr.graph()) == {("c10d::allreduce_A", "gloo:all_reduce", CO)}
+    # file order: the later worker op first; the earlier one takes issue A, the later one issue B
+    tr = (Trace().host("c10d::allreduce_A", 100, 10).host("c10d::allreduce_B", 200, 10)
+          .host("gloo:all_reduce", 250, 10, tid=2, cat="user_annotation")
+          .host("gloo:all_reduce", 150, 10, tid=2, cat="user_annotation"))
+    assert _co(tr.graph()) == {("c10d::allreduce_A", "gloo:all_reduce@150", CO),
+                               ("c10d::allreduce_B", "gloo:all_reduce@250", CO)}
+
+
+def test_gloo_waits_take_collectives_in_issue_time_order():
+    tr = (Trace().host("c10d::allreduce_", 200, 10).host("c10d::allreduce_", 100, 10)
+          .host("gloo:all_reduce", 150, 10, tid=2, cat="user_annotation")
+          .host("gloo:all_reduce", 250, 10, tid=2, cat="user_annotation")
+          .host("c10d::wait", 300, 5))
+    assert {e for e in edges(tr.graph()) if e[2] == SY} == {("gloo:all_reduce@150", "c10d::wait", SY)}
+
+
+def test_gloo_record_function_id_pairing_details():
+    # the largest id below the worker's wins, not the latest issue
+    tr = (Trace().host("c10d::allreduce_A", 100, 10, rf=12).host("c10d::allreduce_B", 120, 3, rf=10)
+          .host("gloo:all_reduce", 125, 10, tid=2, cat="user_annotation", rf=13))
+    assert _co(tr.graph()) == {("c10d::allreduce_A", "gloo:all_reduce", CO)}
+    # id 1 counts; an issue without an id is not a candidate for an id match
+    tr = (Trace().host("c10d::allreduce_", 300, 10, rf=1)
+          .host("gloo:all_reduce", 125, 10, tid=2, cat="user_annotation", rf=2)
+          .host("prev", 90, 5))
+    assert _co(tr.graph()) == {("prev", "gloo:all_reduce", CO)}
+    tr = (Trace().host("c10d::allreduce_N", 100, 10).host("c10d::allreduce_R", 112, 3, rf=5)
+          .host("gloo:all_reduce", 125, 10, tid=2, cat="user_annotation", rf=7))
+    assert _co(tr.graph()) == {("c10d::allreduce_R", "gloo:all_reduce", CO)}
+    # an issue with the worker's own id is not below it: time order decides (the issue starts too late)
+    tr = (Trace().host("c10d::allreduce_", 300, 10, rf=7)
+          .host("gloo:all_reduce", 125, 10, tid=2, cat="user_annotation", rf=7))
+    assert _co(tr.graph()) == set()
+    # the first candidate by time, picked by id, even though it started after the worker op
+    tr = (Trace().host("prev", 90, 5).host("c10d::allreduce_", 300, 10, rf=10)
+          .host("gloo:all_reduce", 100, 10, tid=2, cat="user_annotation", rf=11))
+    assert _co(tr.graph()) == {("prev", "gloo:all_reduce", CO)}
+
+
+def test_gloo_issue_ending_within_tolerance_of_the_worker_start_is_the_source():
+    for end in (122, 119):
+        tr = (Trace().host("c10d::allreduce_", 100, end - 100).host("c", 101, 4)
+              .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
+        assert _co(tr.graph()) == {("c10d::allreduce_", "gloo:all_reduce", CO)}
