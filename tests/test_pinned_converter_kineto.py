@@ -507,10 +507,12 @@ def test_gloo_implicit_wait_needs_a_resume_within_10_ms_and_20_us_idle():
           .host("c10d::barrier", 2000, 10).host("gloo:barrier", 2020, 100, tid=2, cat="user_annotation")
           .host("resume3", 12120, 5)                 # 10 ms after: still a resume
           .host("c10d::allgather", 20000, 10).host("gloo:allgather", 20020, 100, tid=2, cat="user_annotation")
-          .host("resume4", 30120.5, 5))              # 10 ms + 0.5 us after: not
+          .host("resume4", 30120.5, 5)               # 10 ms + 0.5 us after: not
+          .host("c10d::alltoall", 40000, 10).host("gloo:alltoall", 40020, 100, tid=2, cat="user_annotation")
+          .host("resume5", 40125, 5))
     g = tr.graph()
     assert {e for e in edges(g) if e[2] == IT} == {("gloo:all_reduce", "resume", IT),
-                                                   ("gloo:barrier", "resume3", IT)}
+                                                   ("gloo:barrier", "resume3", IT), ("gloo:alltoall", "resume5", IT)}
 
 
 def test_gloo_implicit_wait_on_a_thread_with_nothing_before_the_resume():
@@ -523,7 +525,7 @@ def test_gloo_implicit_wait_on_a_thread_with_nothing_before_the_resume():
 def test_gloo_explicit_wait_only_takes_a_collective_that_ended_by_its_end():
     tr = (Trace().host("c10d::allreduce_", 100, 10).host("gloo:all_reduce", 120, 100, tid=2, cat="user_annotation")
           .host("c10d::wait", 200, 17.5)              # ends 2.5 us before the collective: not this one
-          .host("c10d::wait", 210, 12)                # ends 222 = 220 + 2: this one
+          .host("c10d::wait", 210, 8)                 # ends 218 = collective end - 2: this one
           .host("resume", 230, 1))
     g = tr.graph()
     assert edges(g) == {("c10d::allreduce_", "gloo:all_reduce", CO), ("gloo:all_reduce", "c10d::wait@210", SY)}
@@ -943,3 +945,43 @@ def test_gloo_issue_ending_within_tolerance_of_the_worker_start_is_the_source():
         tr = (Trace().host("c10d::allreduce_", 100, end - 100).host("c", 101, 4)
               .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
         assert _co(tr.graph()) == {("c10d::allreduce_", "gloo:all_reduce", CO)}
+
+
+def test_gloo_worker_takes_missing_comm_attrs_from_its_issuer():
+    tr = (Trace().host("c10d::allreduce_", 100, 10, args=AR_ARGS)
+          .host("gloo:all_reduce", 120, 10, tid=2, cat="user_annotation"))
+    g = tr.graph()
+    a = g.attrs[node(g, "gloo:all_reduce")]
+    assert a["comm_size"] == 256 * 4 and a["pg_size"] == 2 and a["dtype"] == "Float"
+
+
+def test_gloo_waits_are_taken_in_start_order():
+    tr = (Trace().host("c10d::allreduce_", 100, 10).host("c10d::allreduce_", 110, 5)
+          .host("gloo:all_reduce", 120, 50, tid=2, cat="user_annotation")
+          .host("gloo:all_reduce", 171, 9, tid=2, cat="user_annotation")
+          .host("c10d::wait", 300, 5).host("c10d::wait", 200, 5)      # file order: the later wait first
+          .host("c10d::wait", 250, 1, tid=3))                         # a thread that issued nothing
+    assert {e for e in edges(tr.graph()) if e[2] == SY} == {("gloo:all_reduce@120", "c10d::wait@200", SY),
+                                                            ("gloo:all_reduce@171", "c10d::wait@300", SY)}
+
+
+def test_gloo_wait_ending_as_a_short_collective_starts():
+    tr = (Trace().host("c10d::allreduce_", 100, 1).host("gloo:all_reduce", 120, 1, tid=2, cat="user_annotation")
+          .host("c10d::wait", 110, 10))
+    assert {e for e in edges(tr.graph()) if e[2] == SY} == {("gloo:all_reduce", "c10d::wait", SY)}
+
+
+def test_gloo_implicit_waits_per_issuing_thread():
+    tr = (Trace().host("c10d::allreduce_", 100, 10).host("gloo:all_reduce", 120, 100, tid=2, cat="user_annotation")
+          .host("resume1", 225, 5)
+          .host("c10d::broadcast_", 1000, 10, tid=3)
+          .host("gloo:broadcast", 1020, 100, tid=2, cat="user_annotation")
+          .host("resume3", 1125, 5, tid=3))
+    assert {e for e in edges(tr.graph()) if e[2] == IT} == {("gloo:all_reduce", "resume1", IT),
+                                                            ("gloo:broadcast", "resume3", IT)}
+
+
+def test_gloo_issue_busy_until_the_collective_end_is_no_implicit_wait():
+    tr = (Trace().host("c10d::allreduce_", 100, 115).host("gloo:all_reduce", 120, 100, tid=2, cat="user_annotation")
+          .host("resume", 225, 5))
+    assert {e for e in edges(tr.graph()) if e[2] == IT} == set()
