@@ -410,3 +410,19 @@ def test_c10d_op_paired_with_a_record_param_comms_transfer_is_not_reused_by_gloo
     co = sorted((int(g.node_id[s]), int(g.node_id[d])) for s, d, k in g.edges() if k == EdgeKind.COLLECTIVE)
     assert co == [(4, 5), (8, 11)]
     assert g.metadata["unknown_collectives"] == ["frob"]
+
+
+def test_comm_attrs_names_and_byte_sizes():
+    et = execution_trace_from_json({"schema": "1.1.1", "pid": 7, "nodes": ROOTS + [
+        op(3, "gloo:all_reduce:v2"),
+        op(4, "record_param_comms", ins=[T(1, 1, 10, 1, "cpu")]),
+        op(5, "gloo:all_reduce", ins=[T(2, 2, 8, 4, "cpu"), 1, 2, 3, "named"],
+           in_types=["Tensor", "Int", "Int", "Int", "String"]),
+    ]}, "hand.json")
+    assert comm_attrs(et, 2)["coll_name"] == "all_reduce:v2"       # only the backend prefix goes
+    a = comm_attrs(et, 3)
+    # no collective name anywhere: the node's own name; one byte per element from the int8 tensor
+    assert a["coll_name"] == "record_param_comms" and a["comm_size"] == 10
+    # positional inputs are only read on record_param_comms nodes
+    assert comm_attrs(et, 4, "gloo:all_reduce")["coll_name"] == "all_reduce"
+    assert _device_index("cuda:1:2") is None
