@@ -426,3 +426,11 @@ def test_comm_attrs_names_and_byte_sizes():
     # positional inputs are only read on record_param_comms nodes
     assert comm_attrs(et, 4, "gloo:all_reduce")["coll_name"] == "all_reduce"
     assert _device_index("cuda:1:2") is None
+
+
+def test_positional_backend_id_without_an_init_record_is_the_default_group():
+    v, t = rpc_args(1, 9, 0, "allreduce", tail=(2,))
+    g = graph(ROOTS + [pg_init(3, [{"pg_name": "5", "backend_id": 3, "ranks": [0, 1]}]),
+                       op(4, "record_param_comms", ins=v, in_types=t)])
+    a = g.attrs[g.name.index("allreduce (transfer)")]
+    assert a["pg_name"] == "0" and a["pg_ranks"] == [0, 1] and a["pg_size"] == 2
