@@ -629,6 +629,8 @@ def test_nccl_kernels_take_comm_attrs_from_their_own_args_or_their_launching_hos
                args={"Collective name": "reduce_scatter", "dtype": "Float", "In msg nelems": 400,
                      "Out msg nelems": 100, "Group size": 4, "Process Group Ranks": [4, 5, 6, 7]})
           .gpu("ncclDevKernel_Broadcast_RING(d)", 600, 10, stream=24)
+          .host("my_wrapper", 700, 50).rt("launch_w", 710, 5, corr=9)
+          .gpu("ncclDevKernel_SendRecv(e)", 720, 10, corr=9, stream=27)
           .gpu("notnccl_AllReduce", 700, 1, stream=25))
     g = tr.graph()
     a = {g.name[i]: g.attrs.get(i, {}) for i in range(len(g))}
@@ -643,6 +645,7 @@ def test_nccl_kernels_take_comm_attrs_from_their_own_args_or_their_launching_hos
     assert recv["coll_name"] == "recv" and "comm_type" not in recv
     assert a["ncclDevKernel_SendRecv(c)"]["comm_type"] == int(CommType.ALL_TO_ALL)
     assert "coll_name" not in a["ncclDevKernel_SendRecv(c)"]
+    assert "coll_name" not in a["ncclDevKernel_SendRecv(e)"]     # under no nccl: / c10d:: op
     rs = a["ncclKernel_ReduceScatter_RING"]
     assert rs == {"stream": 23, "device": 0, "coll_name": "reduce_scatter", "comm_type": int(CommType.REDUCE_SCATTER),
                   "comm_size": 400 * 4, "dtype": "Float", "pg_ranks": [4, 5, 6, 7], "pg_size": 4,
@@ -652,13 +655,13 @@ def test_nccl_kernels_take_comm_attrs_from_their_own_args_or_their_launching_hos
     assert kinds == {"ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)": "COLLECTIVE", "ncclDevKernel_SendRecv(a)": "SEND",
                      "ncclDevKernel_SendRecv(b)": "RECV", "ncclDevKernel_SendRecv(c)": "COLLECTIVE",
                      "ncclKernel_ReduceScatter_RING": "COLLECTIVE", "ncclDevKernel_Broadcast_RING(d)": "COLLECTIVE",
-                     "notnccl_AllReduce": "KERNEL", "plain": "KERNEL"}
+                     "notnccl_AllReduce": "KERNEL", "plain": "KERNEL", "ncclDevKernel_SendRecv(e)": "COLLECTIVE"}
     types = {g.name[i]: NodeType(int(g.node_type[i])).name for i in range(len(g)) if g.is_gpu()[i]}
     assert types["ncclDevKernel_SendRecv(a)"] == "COMM_SEND_NODE"
     assert types["ncclDevKernel_SendRecv(b)"] == "COMM_RECV_NODE"
     assert types["ncclDevKernel_SendRecv(c)"] == "COMM_COLL_NODE" and types["notnccl_AllReduce"] == "COMP_NODE"
-    # without a size: send, recv, the bare SendRecv, the broadcast
-    assert g.metadata["collectives_without_size"] == 4
+    # without a size: send, recv, the two bare SendRecv, the broadcast
+    assert g.metadata["collectives_without_size"] == 5
     assert "pg_name" not in a["notnccl_AllReduce"]
 
 
@@ -933,7 +936,8 @@ def test_gloo_record_function_id_pairing_details():
     # an issue with the worker's own id is not below it: time order decides (the issue starts too late)
     tr = (Trace().host("c10d::allreduce_", 300, 10, rf=7)
           .host("gloo:all_reduce", 125, 10, tid=2, cat="user_annotation", rf=7))
-    assert _co(tr.graph()) == set()
+    g = tr.graph()
+    assert _co(g) == set() and g.metadata["dropped_edges"] == {}
     # the first candidate by time, picked by id, even though it started after the worker op
     tr = (Trace().host("prev", 90, 5).host("c10d::allreduce_", 300, 10, rf=10)
           .host("gloo:all_reduce", 100, 10, tid=2, cat="user_annotation", rf=11))
