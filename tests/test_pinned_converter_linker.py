@@ -212,3 +212,23 @@ def test_comm_and_autograd_attrs_travel_with_the_link():
     assert info[4] == {"et_id": 7, "rf_id": 23, "fw_parent": 40, "fw_tid": 1}
     assert info[5]["coll_name"] == "all_reduce" and info[5]["comm_size"] == 4 * 4
     assert info[5]["comm_type"] == int(CommType.ALL_REDUCE)
+
+
+def test_report_fraction_and_rounding():
+    from chakra_schema.pytorch.linker import LinkReport
+    assert LinkReport("rf_id", 0, 5, 0, 0).fraction == 0.0
+    r = LinkReport("rf_id", 3, 5, 1, 1)
+    assert r.fraction == 1 / 3 and r.as_dict()["fraction"] == 0.3333
+
+
+def test_et_attrs_of_a_transfer_without_a_parent_table():
+    from chakra_schema.pytorch.linker import _et_attrs
+    v, t = rpc_args(4, ["0", ""], 0, "allreduce", tail=(2,))
+    et = et_of([op(3, "record_param_comms", rf=20, ins=[[T(1, 1, 8, 4)]] + v[1:],
+                   in_types=["GenericList[Tensor]"] + t[1:], comm={"dtype": "Float"}),
+                op(4, "nccl:all_reduce", parent=3, rf=21),
+                op(5, "nccl:all_reduce", rf=22, ins=[T(2, 2, 3, 4)])])
+    a = _et_attrs(et, 3)
+    assert a["et_id"] == 4 and a["rf_id"] == 21 and a["comm_size"] == 8 * 4 and a["pg_ranks"] == [0, 1]
+    b = _et_attrs(et, 4, with_rf=False)
+    assert "rf_id" not in b and b["comm_size"] == 3 * 4 and b["coll_name"] == "all_reduce"
