@@ -338,6 +338,9 @@ def test_comm_attrs_group_ranks():
 
     assert attrs({"collective_name": "allreduce", "pg_size": 3})["pg_ranks"] == [0, 1, 2]
     assert "pg_ranks" not in attrs({"collective_name": "allreduce", "pg_size": 0})
+    assert "pg_ranks" not in attrs({"collective_name": "allreduce", "pg_size": 0, "global_rank_start": 0,
+                                    "global_rank_stride": 1})
+    assert attrs({"collective_name": "allreduce", "pg_size": 1})["pg_ranks"] == [0]
     assert attrs({"collective_name": "allreduce", "pg_name": "g", "pg_size": 3},
                  [{"pg_name": "g", "ranks": [5, 9]}])["pg_ranks"] == [5, 9]
     assert attrs({"collective_name": "allreduce", "pg_name": "g", "pg_size": 2, "global_rank_start": 0,
