@@ -437,3 +437,36 @@ def test_positional_backend_id_without_an_init_record_is_the_default_group():
                        op(4, "record_param_comms", ins=v, in_types=t)])
     a = g.attrs[g.name.index("allreduce (transfer)")]
     assert a["pg_name"] == "0" and a["pg_ranks"] == [0, 1] and a["pg_size"] == 2
+
+
+def test_scalar_inputs_and_odd_device_names():
+    g = graph(ROOTS + [op(3, "aten::softmax", ins=[T(1, 1, device="cuda:0:x"), 2, 0.5, "s"],
+                          in_types=["Tensor", "Int", "Double", "String"], outs=[T(2, 2, device="cpu")])])
+    a = g.attrs[0]
+    assert a["scalar_inputs"] == [None, 2, 0.5, None]
+    assert a["tensor_devices"] == ["cpu", "cuda"] and a["input_devices"] == ["cuda"] and a["output_devices"] == ["cpu"]
+
+
+def test_gloo_child_of_record_param_comms_is_its_transfer():
+    g = graph(ROOTS + [op(3, "c10d::allreduce_"),
+                       op(4, "record_param_comms", parent=3, ins=[T(1, 1, 4, 4, "cpu")],
+                          comm={"collective_name": "allreduce"}),
+                       op(5, "gloo:all_reduce", parent=4)])
+    assert g.name == ["c10d::allreduce_", "record_param_comms", "gloo:all_reduce"]
+    assert edges(g) == {("record_param_comms", "gloo:all_reduce", CO)}
+
+
+def test_record_param_comms_as_the_first_et_node():
+    et = execution_trace_from_json({"schema": "1.1.1", "pid": 7, "nodes": [
+        op(1, "record_param_comms", parent=0, comm={"collective_name": "allreduce"}),
+        op(2, "nccl:all_reduce", parent=1)]}, "hand.json")
+    g = execution_trace_to_graph(et)
+    assert g.name == ["record_param_comms", "nccl:all_reduce"]
+    assert edges(g) == {("record_param_comms", "nccl:all_reduce", CO)}
+
+
+def test_each_process_group_has_its_own_gpu_comm_stream():
+    g = graph(ROOTS + [op(3, "record_param_comms", ins=[T(1, 1)], comm={"collective_name": "allreduce", "pg_name": "a"}),
+                       op(4, "record_param_comms", ins=[T(2, 2)], comm={"collective_name": "allreduce", "pg_name": "b"})])
+    res = [g.resources[g.resource[g.name.index("allreduce (transfer)", k)]] for k in (0, 2)]
+    assert [(r.kind, r.device, r.index) for r in res] == [(1, 0, 1000), (1, 0, 1001)]
