@@ -470,3 +470,23 @@ def test_each_process_group_has_its_own_gpu_comm_stream():
                        op(4, "record_param_comms", ins=[T(2, 2)], comm={"collective_name": "allreduce", "pg_name": "b"})])
     res = [g.resources[g.resource[g.name.index("allreduce (transfer)", k)]] for k in (0, 2)]
     assert [(r.kind, r.device, r.index) for r in res] == [(1, 0, 1000), (1, 0, 1001)]
+
+
+def test_transfer_device_from_its_own_tensors_else_its_issuers():
+    g = graph(ROOTS + [
+        op(3, "record_param_comms", comm={"collective_name": "allreduce", "pg_name": "a"}),
+        op(4, "nccl:all_reduce", parent=3, ins=[T(1, 1, device="cuda:2")]),
+        op(5, "record_param_comms", ins=[T(2, 2, device="cuda:3")], comm={"collective_name": "allreduce", "pg_name": "b"}),
+        op(6, "nccl:all_reduce", parent=5)])
+    res = [g.resources[g.resource[at(g, i)]] for i in (4, 6)]
+    assert [(r.kind, r.device, r.index) for r in res] == [(1, 2, 1000), (1, 3, 1001)]
+    assert g.start_us[at(g, 4)] == 0.0 and g.duration_us[at(g, 4)] == 0.0
+
+
+def test_a_transfer_without_issuer_releases_no_c10d_op():
+    et = execution_trace_from_json({"schema": "1.1.1", "pid": 7, "nodes": [
+        op(1, "aten::start", parent=0), op(2, "c10d::allreduce_", parent=0),
+        op(3, "gloo:barrier", parent=0), op(4, "gloo:all_reduce", parent=0, tid=3),
+        op(5, "aten::x", parent=2)]}, "hand.json")
+    g = execution_trace_to_graph(et)
+    assert edges(g) == {("c10d::allreduce_", "gloo:all_reduce", CO)}
