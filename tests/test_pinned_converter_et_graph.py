@@ -490,3 +490,36 @@ def test_a_transfer_without_issuer_releases_no_c10d_op():
         op(5, "aten::x", parent=2)]}, "hand.json")
     g = execution_trace_to_graph(et)
     assert edges(g) == {("c10d::allreduce_", "gloo:all_reduce", CO)}
+
+
+def _et(nodes):
+    return execution_trace_to_graph(execution_trace_from_json({"schema": "1.1.1", "pid": 7, "nodes": nodes}, "h.json"))
+
+
+def test_et_without_root_nodes_keeps_call_stacks_issuers_and_ids():
+    g = _et([op(10, "c10d::foo_", parent=0), op(20, "gloo:all_reduce", parent=10), op(30, "aten::child", parent=10),
+             op(40, "gloo:broadcast", parent=60), op(50, "aten::late", parent=60), op(60, "aten::x", parent=0),
+             op(70, "aten::wrap", parent=0), op(80, "gloo:reduce", parent=70), op(90, "nccl:all_gather", parent=0)])
+    assert g.name == ["c10d::foo_", "gloo:all_reduce", "aten::child", "gloo:broadcast", "aten::late", "aten::x",
+                      "aten::wrap", "gloo:reduce", "nccl:all_gather"]
+    assert g.node_id.tolist() == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+    assert g.parent.tolist() == [-1, -1, 0, -1, -1, -1, -1, -1, -1]
+    # the bare gloo op under a c10d op that issued no known collective: that op is its issuer; one
+    # under a later or a non-c10d parent has none
+    assert edges(g) == {("c10d::foo_", "gloo:all_reduce", CO)}
+    assert g.kind[8] == OpKind.COLLECTIVE and g.node_type[8] == NodeType.COMM_COLL_NODE
+
+
+def test_p2p_peer_only_from_a_c10d_parent():
+    g = _et([op(1, "c10d::send", parent=0, ins=[[T(1, 1)], "pg", 3],
+                in_types=["GenericList[Tensor]", "__torch__.PG", "Int"]),
+             op(2, "record_param_comms", parent=1, comm={"collective_name": "send"}),
+             op(3, "my_send", parent=0, ins=[5], in_types=["Int"]),
+             op(4, "record_param_comms", parent=3, comm={"collective_name": "send"})])
+    sends = [i for i, nm in enumerate(g.name) if nm == "send (transfer)"]
+    assert g.attrs[sends[0]]["comm_dst"] == 3 and "comm_dst" not in g.attrs[sends[1]]
+
+
+def test_an_op_that_is_its_own_parent_is_top_level():
+    g = graph(ROOTS + [op(3, "aten::mm", outs=[T(1, 1)]), op(4, "aten::relu", parent=4, ins=[T(1, 1)])])
+    assert edges(g) == {("aten::mm", "aten::relu", D)} and g.parent.tolist() == [-1, -1]
