@@ -523,3 +523,20 @@ def test_p2p_peer_only_from_a_c10d_parent():
 def test_an_op_that_is_its_own_parent_is_top_level():
     g = graph(ROOTS + [op(3, "aten::mm", outs=[T(1, 1)]), op(4, "aten::relu", parent=4, ins=[T(1, 1)])])
     assert edges(g) == {("aten::mm", "aten::relu", D)} and g.parent.tolist() == [-1, -1]
+
+
+def test_ops_nested_in_a_transfer_stay_on_the_host_under_the_issuer():
+    g = graph(ROOTS + [
+        op(3, "aten::fill_", outs=[T(1, 1)]),
+        op(4, "record_param_comms", comm={"collective_name": "allreduce"}),
+        op(5, "nccl:all_reduce", parent=4),
+        op(6, "aten::copy_", parent=5, ins=[T(1, 1)])])
+    c = at(g, 6)
+    assert g.parent[c] == at(g, 4) and g.kind[c] == OpKind.CPU_OP
+    assert ("aten::fill_", "aten::copy_", D) not in edges(g)        # nested: no data deps of its own
+
+
+def test_zero_times_from_a_linked_et():
+    g = graph(ROOTS + [op(3, "aten::a", ts=0, dur=0), op(4, "aten::b", ts=None, dur=None)])
+    assert g.start_us.tolist() == [0.0, 0.0] and g.duration_us.tolist() == [0.0, 0.0]
+    assert g.metadata["durations_known"] is False
