@@ -540,3 +540,20 @@ def test_zero_times_from_a_linked_et():
     g = graph(ROOTS + [op(3, "aten::a", ts=0, dur=0), op(4, "aten::b", ts=None, dur=None)])
     assert g.start_us.tolist() == [0.0, 0.0] and g.duration_us.tolist() == [0.0, 0.0]
     assert g.metadata["durations_known"] is False
+
+
+def test_wait_on_a_thread_that_issued_nothing_waits_for_nothing():
+    g = graph(ROOTS + [op(3, "record_param_comms", tid=5, comm={"collective_name": "wait"})])
+    assert g.num_edges == 0 and g.kind[0] == OpKind.COLL_WAIT
+
+
+def test_collectives_take_no_peer_from_their_c10d_op():
+    g = graph(ROOTS + [op(3, "c10d::allreduce_", ins=[[T(1, 1)], 4], in_types=["GenericList[Tensor]", "Int"]),
+                       op(4, "record_param_comms", parent=3, comm={"collective_name": "allreduce"})])
+    a = g.attrs[g.name.index("allreduce (transfer)")]
+    assert "comm_dst" not in a and "comm_src" not in a
+
+
+def test_child_of_the_first_et_node_has_no_data_deps():
+    g = _et([op(1, "aten::outer", parent=0, outs=[T(1, 1)]), op(2, "aten::inner", parent=1, ins=[T(1, 1)])])
+    assert g.num_edges == 0 and g.parent.tolist() == [-1, 0]
