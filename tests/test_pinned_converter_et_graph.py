@@ -557,3 +557,10 @@ def test_collectives_take_no_peer_from_their_c10d_op():
 def test_child_of_the_first_et_node_has_no_data_deps():
     g = _et([op(1, "aten::outer", parent=0, outs=[T(1, 1)]), op(2, "aten::inner", parent=1, ins=[T(1, 1)])])
     assert g.num_edges == 0 and g.parent.tolist() == [-1, 0]
+
+
+def test_only_tensor_typed_values_are_tensors_and_short_times_count():
+    from chakra_schema.pytorch.et_graph import _tensors
+    assert _tensors([[1, 2, 0, 4, 4, "cpu"]], ["Tuple[Int,Int,Int,Int,Int,String]"]) == []
+    assert _tensors([[1, 2, 0, 4, 4, "cpu"]], ["Tensor"]) == [[1, 2, 0, 4, 4, "cpu"]]
+    assert graph(ROOTS + [op(3, "aten::a", ts=0, dur=0.5)]).metadata["durations_known"] is True
