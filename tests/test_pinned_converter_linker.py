@@ -232,3 +232,52 @@ def test_et_attrs_of_a_transfer_without_a_parent_table():
     assert a["et_id"] == 4 and a["rf_id"] == 21 and a["comm_size"] == 8 * 4 and a["pg_ranks"] == [0, 1]
     b = _et_attrs(et, 4, with_rf=False)
     assert "rf_id" not in b and b["comm_size"] == 3 * 4 and b["coll_name"] == "all_reduce"
+
+
+def test_link_error_names_the_et_file():
+    with pytest.raises(TraceInputError, match="et.json"):
+        link(et_of([op(3, "a", rf=1)]), kineto_of([("a", 0, 1, 1, 2)]))
+
+
+def test_name_sequence_counts_every_et_op_against_the_threshold():
+    # thread 1: 9 ops linked exactly; thread 2: 2 ops found nowhere: 9 of 11 (82%) is too few
+    et = et_of(seq_et([f"o{i}" for i in range(9)]) + seq_et(["u", "v"], tid=2, first_id=50))
+    k = kineto_of([(f"o{i}", i, 1) for i in range(9)] + [("w", 0, 1, 2)])
+    with pytest.raises(TraceInputError, match=r"only 82% of 11 ET ops match Kineto host ops by name sequence "
+                                              r"\(need 90%\)"):
+        link(et, k)
+
+
+def test_name_sequence_pairs_each_thread_once():
+    # two ET threads with the same ops, one Kineto thread: only one ET thread is linked (3 of 6)
+    et = et_of(seq_et(["a", "b", "c"]) + seq_et(["a", "b", "c"], tid=2, first_id=10))
+    with pytest.raises(TraceInputError, match="only 50% of 6"):
+        link(et, kineto_of([("a", 0, 1), ("b", 1, 1), ("c", 2, 1)]))
+    # one ET thread matching two Kineto threads: linked to the first; the next candidate pair still links
+    et = et_of(seq_et(["a", "b", "c"]) + seq_et(["p", "q"], tid=2, first_id=10))
+    k = kineto_of([("a", 0, 1, 5), ("b", 1, 1, 5), ("c", 2, 1, 5), ("a", 3, 1, 6), ("b", 4, 1, 6), ("c", 5, 1, 6),
+                   ("p", 6, 1, 7), ("q", 7, 1, 7)])
+    info, rep = link_with_report(et, k)
+    assert {h: a["et_id"] for h, a in info.items()} == {0: 3, 1: 4, 2: 5, 6: 10, 7: 11}
+    assert (rep.et_ops, rep.kineto_ops) == (5, 8)
+
+
+def test_single_op_threads_link_and_lcs_of_one():
+    info = link(et_of([op(3, "only")]), kineto_of([("only", 0, 1)]))
+    assert info == {0: {"et_id": 3}}
+    assert lcs_length([5], [5]) == 1 and lcs_length([1, 2], [2, 2]) == 1
+
+
+def test_report_lists_unlinked_thread_pairs_with_rounded_coverage():
+    names = [f"o{i}" for i in range(10)]
+    big = [f"b{i}" for i in range(100)]
+    et = et_of(seq_et(big) + seq_et(names, tid=2, first_id=500))
+    kseq = [f"z{i}" for i in range(5)] + names[:4] + names[5:7] + ["extra2"] + names[7:8] + ["extra"] + names[8:]
+    kseq += [f"w{i}" for i in range(5)]
+    k = kineto_of([(nm, i, 1) for i, nm in enumerate(big)] + [(nm, i, 1, 2) for i, nm in enumerate(kseq)])
+    info, rep = link_with_report(et, k)
+    assert len(info) == 100 and rep.fraction == 100 / 110
+    # 9 of the 10 ops over a span of 11 Kineto ops: 9/11 = 0.8182, not linked
+    assert rep.threads[1] == {"et_tid": 2, "kineto_tid": 2, "method": "lcs", "matched": 9, "et_ops": 10,
+                              "et_coverage": 0.9, "kineto_window_coverage": 0.8182, "occurrences": 1,
+                              "linked": False}
