@@ -281,3 +281,8 @@ def test_report_lists_unlinked_thread_pairs_with_rounded_coverage():
     assert rep.threads[1] == {"et_tid": 2, "kineto_tid": 2, "method": "lcs", "matched": 9, "et_ops": 10,
                               "et_coverage": 0.9, "kineto_window_coverage": 0.8182, "occurrences": 1,
                               "linked": False}
+
+
+def test_occurrences_are_found_in_order():
+    assert _occurrences([1, 2], [1, 2, 1, 2, 1, 2]) == [0, 2, 4]
+    assert _occurrences([256], [2 ** 24, 0, 256, 0, 256]) == [2, 4]
