@@ -286,3 +286,13 @@ def test_report_lists_unlinked_thread_pairs_with_rounded_coverage():
 def test_occurrences_are_found_in_order():
     assert _occurrences([1, 2], [1, 2, 1, 2, 1, 2]) == [0, 2, 4]
     assert _occurrences([256], [2 ** 24, 0, 256, 0, 256]) == [2, 4]
+
+
+def test_align_results_in_full():
+    assert _align([], [1]) == {"matched": 0, "et_cov": 0.0, "k_cov": 0.0, "pairs": [], "method": "none",
+                               "occurrences": 0}
+    # the Kineto thread is a window of the ET thread: 2 of 4 ET ops, all of the Kineto ones
+    assert _align([1, 2, 3, 4], [2, 3]) == {"matched": 2, "et_cov": 0.5, "k_cov": 1.0, "pairs": [(1, 0), (2, 1)],
+                                            "method": "exact", "occurrences": 1}
+    # an element-aligned match right after a misaligned one (bytes 01 01 01 01 at offsets 3 and 4)
+    assert _occurrences([16843009], [16777216, 16843009]) == [1]
