@@ -270,16 +270,21 @@ def test_single_op_threads_link_and_lcs_of_one():
 
 def test_report_lists_unlinked_thread_pairs_with_rounded_coverage():
     names = [f"o{i}" for i in range(10)]
-    big = [f"b{i}" for i in range(100)]
-    et = et_of(seq_et(big) + seq_et(names, tid=2, first_id=500))
+    big = [f"b{i}" for i in range(200)]
+    et = et_of(seq_et(big) + seq_et(names, tid=2, first_id=500) + seq_et(["x", "y", "z"], tid=3, first_id=600))
     kseq = [f"z{i}" for i in range(5)] + names[:4] + names[5:7] + ["extra2"] + names[7:8] + ["extra"] + names[8:]
     kseq += [f"w{i}" for i in range(5)]
-    k = kineto_of([(nm, i, 1) for i, nm in enumerate(big)] + [(nm, i, 1, 2) for i, nm in enumerate(kseq)])
+    k = kineto_of([(nm, i, 1) for i, nm in enumerate(big)] + [(nm, i, 1, 2) for i, nm in enumerate(kseq)]
+                  + [("x", 0, 1, 3), ("w", 1, 1, 3)])
     info, rep = link_with_report(et, k)
-    assert len(info) == 100 and rep.fraction == 100 / 110
+    assert len(info) == 200 and rep.fraction == 200 / 213
     # 9 of the 10 ops over a span of 11 Kineto ops: 9/11 = 0.8182, not linked
     assert rep.threads[1] == {"et_tid": 2, "kineto_tid": 2, "method": "lcs", "matched": 9, "et_ops": 10,
                               "et_coverage": 0.9, "kineto_window_coverage": 0.8182, "occurrences": 1,
+                              "linked": False}
+    # LCS 1 of 3 (below 90%): not aligned further, no window coverage
+    assert rep.threads[2] == {"et_tid": 3, "kineto_tid": 3, "method": "lcs", "matched": 1, "et_ops": 3,
+                              "et_coverage": 0.3333, "kineto_window_coverage": 0.0, "occurrences": 0,
                               "linked": False}
 
 
