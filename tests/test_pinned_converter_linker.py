@@ -301,3 +301,13 @@ def test_align_results_in_full():
                                             "method": "exact", "occurrences": 1}
     # an element-aligned match right after a misaligned one (bytes 01 01 01 01 at offsets 3 and 4)
     assert _occurrences([16843009], [16777216, 16843009]) == [1]
+
+
+def test_transfer_under_the_first_et_node_takes_its_record_param_comms_attrs():
+    from chakra_schema.pytorch.linker import _et_attrs
+    et = execution_trace_from_json({"schema": "1.1.1", "pid": 7, "nodes": [
+        op(1, "record_param_comms", parent=0, comm={"dtype": "Float", "in_msg_nelems": 5}),
+        op(2, "nccl:all_reduce", parent=1)]}, "et.json")
+    a = _et_attrs(et, 1, parent_of=[-1, 0])
+    # the record_param_comms names no collective: the transfer's own name does
+    assert a["coll_name"] == "all_reduce" and a["comm_size"] == 5 * 4 and a["dtype"] == "Float"
