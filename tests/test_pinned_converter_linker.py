@@ -311,3 +311,18 @@ def test_transfer_under_the_first_et_node_takes_its_record_param_comms_attrs():
     a = _et_attrs(et, 1, parent_of=[-1, 0])
     # the record_param_comms names no collective: the transfer's own name does
     assert a["coll_name"] == "all_reduce" and a["comm_size"] == 5 * 4 and a["dtype"] == "Float"
+
+
+def test_link_error_messages_in_full():
+    with pytest.raises(TraceInputError, match=r": the Execution Trace has no operators$"):
+        link(et_of([]), kineto_of([("a", 0, 1)]))
+    with pytest.raises(TraceInputError, match=r": the Kineto trace has no host ops \(cpu_op / user_annotation\)$"):
+        link(et_of([op(3, "a")]), kineto_of([]))
+    with pytest.raises(TraceInputError, match=r"by pid 8, 9, 10 \(another rank"):
+        link(et_of([op(3, "a", rf=1)]), kineto_of([("a", 0, 1, 1, 1, 8), ("b", 0, 1, 2, 5, 9),
+                                                   ("c", 0, 1, 2, 5, 10), ("d", 0, 1, 2, 5, 11)]))
+
+
+def test_name_sequence_links_carry_no_rf_id():
+    info = link(et_of([op(3, "a", rf=5), op(4, "b", rf=6)]), kineto_of([("a", 0, 1), ("b", 1, 1)]))
+    assert info == {0: {"et_id": 3}, 1: {"et_id": 4}}
