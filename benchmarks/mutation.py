@@ -10,6 +10,7 @@ new test.
     python benchmarks/mutation.py                         # every module (hours on 2 cores)
     python benchmarks/mutation.py --module memory         # one module
     python benchmarks/mutation.py --module memory --functions layer_activation_bytes   # some functions
+    python benchmarks/mutation.py --module workload --sample 300 --seed 1   # a uniform random sample
     python benchmarks/mutation.py --list                  # the modules and their test files
 
 Scores are printed as killed / (mutants - equivalent): the equivalent mutants of each module are listed
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -89,7 +91,19 @@ def mutant_glob(module: str, function: str) -> str:
     return f"{module}.x_{function}__mutmut_*"
 
 
-def run_target(name: str, target: Target, workdir: Path, functions: list[str], children: int) -> dict:
+def sampled_names(work: Path, target: Target, env: dict, sample: int, seed: int) -> list[str]:
+    """A uniform random sample of the module's mutants: mutmut generates them all (and runs none, as no
+    name matches the placeholder), then `sample` names are drawn with `random.Random(seed)` from the
+    sorted list, so the same seed gives the same sample on any machine."""
+    subprocess.run(["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "no_such_mutant__mutmut_0"], cwd=work,
+                   env=env, capture_output=True, text=True)
+    meta = json.loads((work / "mutants" / (target.path + ".meta")).read_text())
+    names = sorted(meta["exit_code_by_key"])
+    return sorted(random.Random(seed).sample(names, min(sample, len(names))))
+
+
+def run_target(name: str, target: Target, workdir: Path, functions: list[str], children: int,
+               sample: int = 0, seed: int = 0) -> dict:
     work = workdir / name
     if work.exists():
         shutil.rmtree(work)
@@ -99,6 +113,8 @@ def run_target(name: str, target: Target, workdir: Path, functions: list[str], c
     env = dict(os.environ, LUMOS_SIM_SHARED=os.environ.get("LUMOS_SIM_SHARED", str(ROOT.parent / "shared")))
     module = target.path[:-3].replace("/", ".")
     names = [mutant_glob(module, f) for f in functions]
+    if sample:
+        names = sampled_names(work, target, env, sample, seed)
     t0 = time.perf_counter()
     cmd = ["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
@@ -137,6 +153,9 @@ def main() -> int:
     ap.add_argument("--functions", nargs="*", default=[], help="only the mutants of these functions "
                     "(Class.method for methods)")
     ap.add_argument("--children", type=int, default=2, help="parallel mutant runs (default 2)")
+    ap.add_argument("--sample", type=int, default=0, metavar="N",
+                    help="score a uniform random sample of N mutants per module (a large module takes hours)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample's draw (default 0)")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one, kept)")
     ap.add_argument("--show-survivors", action="store_true", help="print each survivor's diff")
     ap.add_argument("--json", action="store_true")
@@ -149,7 +168,7 @@ def main() -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lumos-mutation-"))
     rows = []
     for name in args.module or list(TARGETS):
-        row = run_target(name, TARGETS[name], workdir, args.functions, args.children)
+        row = run_target(name, TARGETS[name], workdir, args.functions, args.children, args.sample, args.seed)
         rows.append(row)
         print(f"{name:22s} {row['module']:42s} {row['killed']:5d} / {row['mutants'] - row['equivalent']:5d} killed "
               f"= {100 * row['score']:5.1f}%  ({row['equivalent']} equivalent left out; {row['seconds']:.0f} s; "

@@ -203,9 +203,6 @@ def test_record_param_comms_without_a_transfer_child_gets_a_synthetic_one_on_a_c
     assert g.parent[2] == -1 and g.parent[1] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a top-level record_param_comms without a transfer child "
-                   "reads its in-place tensor from its own synthetic transfer (DATA transfer -> rpc while "
-                   "rpc -COLLECTIVE-> transfer): a 2-cycle; remove this mark once fixed")
 def test_top_level_record_param_comms_without_transfer_child_stays_acyclic():
     g = graph(ROOTS + [op(3, "record_param_comms", ins=[T(42, 402, 3, 4, "cpu")],
                           comm={"collective_name": "broadcast"})])

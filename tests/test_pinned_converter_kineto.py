@@ -445,6 +445,15 @@ AR_ARGS = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 25
            "Group size": 2, "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}
 
 
+def test_a_collective_shorter_than_the_tolerance_does_not_make_its_own_issuer_wait():
+    # the worker's gloo:all_reduce (100-103 us) ends while its issuer (101.5 us) has just started: the
+    # issuer feeds the collective (COLLECTIVE) and is not the op resuming after it (was a 2-cycle)
+    g = (Trace().host("other", 80, 1, tid=5).host("gloo:all_reduce", 100, 3, tid=2, cat="user_annotation")
+         .host("c10d::allreduce_", 101.5, 0)).graph()
+    assert g.find_cycle() == []
+    assert edges(g) == {("c10d::allreduce_", "gloo:all_reduce", CO)}
+
+
 def test_gloo_pairs_by_record_function_id_and_waits_in_issue_order():
     tr = (Trace()
           .host("c10d::allreduce_", 100, 10, rf=10, args=AR_ARGS)

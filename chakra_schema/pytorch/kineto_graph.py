@@ -690,7 +690,7 @@ def _link_gloo(b: GraphBuilder, trace: KinetoTrace, host_node: np.ndarray, add, 
             b.add_dep(src_n, gn, EdgeKind.COLLECTIVE) if src_n >= 0 else add(ni, gn, EdgeKind.COLLECTIVE)
         else:
             add(ni, gn, EdgeKind.COLLECTIVE)
-        issued_by[(hops[h].pid, hops[h].tid)].append(gn)
+        issued_by[(hops[h].pid, hops[h].tid)].append((ni, gn))
         for key_, v in b.attrs.get(ni, {}).items():   # ET / record_param_comms attrs of the issuer
             if key_.startswith(("comm_", "pg_")) or key_ in ("coll_name", "dtype"):
                 b.attrs.setdefault(gn, {}).setdefault(key_, v)
@@ -698,7 +698,7 @@ def _link_gloo(b: GraphBuilder, trace: KinetoTrace, host_node: np.ndarray, add, 
     for h in waits:
         wn = int(host_node[h])
         pending = issued_by.get((hops[h].pid, hops[h].tid), [])
-        for pos, gn in enumerate(pending):
+        for pos, (_, gn) in enumerate(pending):
             if st[gn] + du[gn] <= st[wn] + du[wn] + TIME_TOL_US and st[gn] <= st[wn] + du[wn]:
                 del pending[pos]
                 add(gn, wn, EdgeKind.SYNC)
@@ -713,9 +713,11 @@ def _link_gloo(b: GraphBuilder, trace: KinetoTrace, host_node: np.ndarray, add, 
         ops = [n for n in range(len(b)) if res_l[n] == rres and kinds[n] != OpKind.ANNOTATION]
         starts = [st[n] for n in ops]
         ends = np.maximum.accumulate(np.asarray([st[n] + du[n] for n in ops], np.float64)).tolist()
-        for gn in gnodes:
+        for ni, gn in gnodes:
             e = st[gn] + du[gn]
-            j = bisect_left(starts, e - TIME_TOL_US)     # first op starting at/after the end (-tol)
+            # first op starting at/after the end (-tol) and after the issuing op: a collective shorter than
+            # the tolerance must not make its own issuer wait for it (a 2-cycle)
+            j = max(bisect_left(starts, e - TIME_TOL_US), bisect_right(starts, st[ni]))
             if j >= len(ops) or starts[j] - e > IMPLICIT_WAIT_RESUME_US:
                 continue
             busy_until = ends[j - 1] if j > 0 else -1.0
