@@ -543,3 +543,111 @@ def test_a_tie_between_compute_and_memory_is_called_compute_bound(cm):
     e = cm.roofline_op_estimate({"op": "norm", "flops": 5e5, "bytes": 2e5})
     assert e.compute_us == e.memory_us == 2.0 and (e.time_us, e.bound) == (2.0, "compute")
     assert e.efficiency == pytest.approx(5e5 / 2e-6 / 1e12, rel=1e-12)
+
+
+def test_an_unknown_dtype_costs_two_bytes_at_the_fp32_peak(cm):
+    """'int8' has no peak: fp32's 0.25e6 FLOP/us, 2-byte elements, knee 64 x 0.25 x 1 = 16 (tile_eff 1):
+    100 x 128 x 192 at 0.25e6 x 0.8 x 0.78125 x 0.75 = 117,187.5 -> 41.94304 us; 113,152 B."""
+    e = cm.gemm(100, 128, 192, dtype="int8")
+    assert e.time_us == pytest.approx(41.94304, rel=1e-12) and e.bytes == 113_152
+
+
+def test_split_k_is_allowed_down_to_128_deep_slices(cm):
+    """64 x 64 x 512: s=4 leaves K/4 = 128 per slice (allowed): 4 tiles, k_eff 128/192 -> 266,667 FLOP/us,
+    4,194,304 FLOPs -> 15.72864 us (s=2: 26.2 us)."""
+    e = cm.gemm(64, 64, 512)
+    assert (e.time_us, e.detail) == (pytest.approx(15.72864, rel=1e-12), "tile 64x64 split-k 4")
+
+
+def test_equally_fast_tiles_keep_the_first_listed():
+    """Tiles 64x32 and 32x64 on a 64 x 64 x 4096 GEMM: 2 tiles each, the same rate: the first listed wins."""
+    m = ComputeModel(toy_hw(gemm_tiles=((64, 32), (32, 64)), gemm_split_k=(1,)))
+    assert m.gemm(64, 64, 4096).detail == "tile 64x32 split-k 1"
+    m2 = ComputeModel(toy_hw(gemm_tiles=((32, 64), (64, 32)), gemm_split_k=(1,)))
+    assert m2.gemm(64, 64, 4096).detail == "tile 32x64 split-k 1"
+
+
+def test_convolution_channel_counts_never_drop_below_one(cm):
+    """groups 0 is 1; 1 output channel over 2 groups: N = 1 per group, K = 4/2 = 2: 2 x 2 x 16 x 1 x 2 = 128
+    FLOPs; 1 input channel over 2 groups: K = 1 x 3 x 3."""
+    assert cm.conv(1, 4, 4, 4, 4, 1, 1, groups=0) == cm.conv(1, 4, 4, 4, 4, 1, 1, groups=1)
+    assert cm.conv(1, 4, 4, 4, 1, 1, 1, groups=2).flops == 128
+    assert cm.conv(1, 1, 4, 4, 4, 3, 3, groups=2).flops == 2 * 2 * 16 * 2 * 9
+
+
+def test_default_op_and_dtype_pick_the_class_model():
+    """Models 'elementwise' (5 us + t/0.5) and 'gemm_bf16' (2 us + t/0.5): a node without 'op' is an
+    elementwise one (5e5 B: 5 + 10 = 15 us), a GEMM without 'dtype' a bf16 one (2 + 2 x 20.97152 us). The
+    sustained derating leaves a node without compute alone (15 us), and a GPU that does not clock down too."""
+    models = {"elementwise": KernelClassModel(overhead_us=5.0, efficiency=0.5),
+              "gemm_bf16": KernelClassModel(overhead_us=2.0, efficiency=0.5)}
+    m = ComputeModel(dataclasses.replace(toy_hw(), kernel_models=models))
+    assert m.op_estimate({"bytes": 5e5}).time_us == pytest.approx(15.0, rel=1e-12)
+    assert m.op_estimate({"bytes": 5e5, "sustained": True}).time_us == pytest.approx(15.0, rel=1e-12)
+    g = {"op": "gemm", "m": 100, "n": 128, "k": 192}
+    assert m.op_estimate(g).time_us == pytest.approx(2 + 2 * 20.97152, rel=1e-12)
+    a100 = ComputeModel(dataclasses.replace(toy_hw(devices=("A100",)), kernel_models=models))
+    assert a100.op_estimate({**g, "sustained": True}).time_us == pytest.approx(2 + 2 * 20.97152, rel=1e-12)
+
+
+def test_launch_bound_only_when_the_host_is_strictly_slower(cm):
+    """A 1 us op: launch_us 0.75 once does not bind; exactly 1.0 does not either (it stays memory-bound)."""
+    assert cm.op_estimate({"op": "elementwise", "bytes": 1e5, "launch_us": 0.75}) == cm.memory_op(1e5)
+    e = cm.op_estimate({"op": "elementwise", "bytes": 1e5, "launch_us": 1.0})
+    assert (e.bound, e.detail) == ("memory", "")
+    empty = cm.roofline_op_estimate({})
+    assert (empty.bytes, empty.flops, empty.memory_us) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "norm", "amax", "max", "min", "prod", "linalg_vector_norm",
+                                  "argmax", "var", "std"])
+def test_reductions_read_their_input_once_whatever_kernel_runs_them(cm, name):
+    """A [100, 50] fp32 input: 20,000 B read, the (small) output not counted as another input-sized write."""
+    assert estimate_from_shapes(cm, "vectorized_elementwise", f"aten::{name}", [[100, 50]], ["float"]).bytes == 20_000
+
+
+def test_first_floating_tensor_type_decides(cm):
+    assert _dtype_of(["float", "c10::Half"], "k") == ("fp32", 4)
+    assert _dtype_of(["c10::BFloat16", "float"], "k") == ("bf16", 2)
+    assert _dtype_of(["c10::Half", "float"], "k") == ("fp16", 2)
+    assert _dtype_of(["c10::Float8_e4m3fn", "float"], "k") == ("fp8", 1)
+    # an unnamed kernel of a GEMM op is costed as the GEMM
+    assert estimate_from_shapes(cm, "mystery_kernel", "aten::mm", [[16, 32], [32, 64]], BF) == cm.gemm(16, 64, 32)
+    assert estimate_from_shapes(cm, "mystery_kernel", "aten::cudnn_convolution",
+                                [[2, 16, 8, 8], [32, 16, 3, 3]], BF) == cm.conv(2, 16, 8, 8, 32, 3, 3)
+    assert estimate_from_shapes(cm, "sm90_gemm_bf16_kernel", "aten::cudnn_convolution",
+                                [[2, 16, 8, 8], [32, 16, 3, 3]], BF) == cm.conv(2, 16, 8, 8, 32, 3, 3)
+    assert estimate_from_shapes(cm, "vectorized_elementwise", "aten::cudnn_convolution",
+                                [[2, 16, 8, 8], [32, 16, 3, 3]], BF).flops == 0
+
+
+def _geometry_graph(host_attrs):
+    kernel_attrs = {"grid": [4, 1, 1], "block": [256, 1, 1]}
+    return _graph("mystery_kernel", OpKind.KERNEL, host_attrs, kernel_attrs)
+
+
+def test_launch_geometry_models_time_kernels_without_shapes():
+    """Model 'other' = 1 + 0.001 x CTAs x threads: 4 CTAs of 256 threads -> 2.024 us. With shapes (an
+    aten::mm host op) the physics (times_shaped) or the fitted roofline applies; a model fitted only on
+    unshaped kernels leaves shaped ones to the physics."""
+    def with_model(model):   # unshaped 'mystery_kernel' under custom::op is 'other'; under aten::mm 'gemm_bf16'
+        return ComputeModel(dataclasses.replace(toy_hw(), kernel_models={"other": model, "gemm_bf16": model}))
+
+    geo = KernelClassModel(geometry=(1.0, 0.001))
+    m = with_model(geo)
+    g, k = _geometry_graph({"name": "custom::op"})
+    assert m.kernel_estimate(g, k).time_us == pytest.approx(2.024, rel=1e-12)
+    g, k = _geometry_graph({"name": "aten::mm", "input_shapes": [[16, 32], [32, 64]], "input_types": BF})
+    assert m.kernel_estimate(g, k) == m.gemm(16, 64, 32)                 # geometry cannot time shaped kernels
+    by_geo = KernelClassModel(geometry=(1.0, 0.001), shaped_by_geometry=True)
+    m2 = with_model(by_geo)
+    assert m2.kernel_estimate(g, k).time_us == pytest.approx(2.024, rel=1e-12)
+    unshaped = KernelClassModel(overhead_us=5.0, efficiency=0.5, geometry=(1.0, 0.001), times_shaped=False)
+    m3 = with_model(unshaped)
+    assert m3.kernel_estimate(g, k) == m3.gemm(16, 64, 32)
+    fitted = KernelClassModel(overhead_us=5.0, efficiency=0.5)
+    m4 = with_model(fitted)
+    roof = m4.gemm(16, 64, 32)
+    assert m4.kernel_estimate(g, k).time_us == pytest.approx(5.0 + 2 * max(roof.compute_us, roof.memory_us))
+    g0, k0 = _geometry_graph({"name": "custom::op"})
+    assert m4.kernel_estimate(g0, k0) is None                             # no shapes, no geometry model

@@ -164,3 +164,12 @@ def test_a_lone_transfer_listed_first_does_not_hide_the_shared_ones():
     cap = {"a": 1.0, "c": 1.0}
     paths = [[("c",)], [("a",)], [("a",)], []]
     assert shared_completion_times([0.0] * 4, [2.0] * 4, paths, cap).tolist() == pytest.approx([2, 4, 4, 2])
+
+
+def test_a_transfer_slowed_by_less_than_half_keeps_its_share():
+    """Link a (3) carries transfers 0 and 1; 1 also crosses b (1). Alone: 0 at 3, 1 at 1. Together b holds
+    1 at 1 and 0 gets the 2 left on a: speed 2/3 for 0, 1 for 1. 2 us alone each: 1 ends at 2, when 0 has
+    2 - 4/3 = 2/3 left, then alone: 8/3."""
+    cap = {"a": 3.0, "b": 1.0}
+    ends = shared_completion_times([0.0, 0.0], [2.0, 2.0], [[("a",)], [("a", "b")]], cap)
+    assert ends.tolist() == pytest.approx([8 / 3, 2.0], rel=1e-12)

@@ -504,3 +504,24 @@ def test_pairwise_serves_only_all_to_all_up_to_512_ranks(model):
     assert not PairwiseAllToAll().supports(t, CommType.ALL_TO_ALL, [0])
     assert PairwiseAllToAll().supports(t, CommType.ALL_TO_ALL, list(range(512)))
     assert not PairwiseAllToAll().supports(t, CommType.ALL_TO_ALL, list(range(513)))
+
+
+def test_hierarchical_bytes_default_to_h100_nodes_of_eight():
+    """No topology given: 16 ranks are 2 x H100 nodes of 8: all-reduce = intra reduce-scatter 7/8 S + inter
+    all-reduce of S/8 over 2 nodes (2 x 1/2 x S/8) + intra all-gather 7/8 S = 1.875 S per rank."""
+    from replay.hardware.network import Hierarchical
+    assert Hierarchical().bytes_sent_per_rank(CommType.ALL_REDUCE, 16.0, list(range(16))) == [30.0] * 16
+
+
+def test_uneven_all_to_all_of_integer_byte_counts(model):
+    """An integer matrix (diagonal ignored): 10,000 B from 0 to 4 over one NIC (1 us): LL 1 + 1 + 2 = 4 us.
+    A single byte still counts: LL 1 + 1 + 1e-4 x 2."""
+    assert model.all_to_all_v_us(np.array([[7, 10_000], [0, 0]]), [0, 4]) == pytest.approx(4.0, rel=1e-12)
+    assert model.all_to_all_v_us(np.array([[0, 1], [0, 0]]), [0, 4]) == pytest.approx(2.0002, rel=1e-12)
+
+
+def test_error_messages_list_up_to_four_ranks_and_abbreviate_more(model):
+    with pytest.raises(ValueError, match=r"on ranks \[0, 1, 2, 3\] of toy$"):
+        model.estimate(CommType.ALL_REDUCE, 1e6, range(4), "tree")
+    with pytest.raises(ValueError, match=r"on ranks \[0\.\.4\] \(5\) of toy$"):
+        model.estimate(CommType.ALL_REDUCE, 1e6, range(5), "tree")
