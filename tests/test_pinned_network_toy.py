@@ -525,3 +525,22 @@ def test_error_messages_list_up_to_four_ranks_and_abbreviate_more(model):
         model.estimate(CommType.ALL_REDUCE, 1e6, range(4), "tree")
     with pytest.raises(ValueError, match=r"on ranks \[0\.\.4\] \(5\) of toy$"):
         model.estimate(CommType.ALL_REDUCE, 1e6, range(5), "tree")
+
+
+def test_without_pxn_the_rails_of_both_ends_decide_the_spine_hop():
+    """No PXN: local 2 -> local 2 of the next node stays on rail 1 (no spine, 5 us); local 1 -> local 1 on
+    rail 0 (5 us); local 1 -> local 2 changes rail (5.5 us)."""
+    t = Topology(toy(pxn=False))
+    assert t.max_latency([2], [6], SIMPLE) == 5.0
+    assert t.max_latency([1], [5], SIMPLE) == 5.0
+    assert t.max_latency([3], [7], SIMPLE) == 5.0
+    assert t.max_latency([1], [6], SIMPLE) == 5.5
+    assert t.hop_latency(2, 6, SIMPLE) == 5.0 and t.hop_latency(1, 6, SIMPLE) == 5.5
+
+
+def test_mesh_pairs_away_from_gpu_0_are_looked_up_by_local_index():
+    hw = get_hardware("v100-sxm2")
+    topo = Topology(hw)
+    simple = next(p for p in hw.protocols if p.name == "Simple")
+    assert topo.adjacent(1, 2)
+    assert topo.max_latency([1, 9], [2, 10], simple) == simple.nvlink_hop_us
