@@ -544,3 +544,83 @@ def test_mesh_pairs_away_from_gpu_0_are_looked_up_by_local_index():
     simple = next(p for p in hw.protocols if p.name == "Simple")
     assert topo.adjacent(1, 2)
     assert topo.max_latency([1, 9], [2, 10], simple) == simple.nvlink_hop_us
+
+
+def test_tree_rounds_chain_each_node_up_and_down_then_join_the_heads():
+    """Channel 0 of 2 toy nodes, part = 16 / (2 x 4) = 2: tree A's chains 0-1-2-3 and 4-5-6-7 (each edge up
+    then down), then child node 1's head 4 to its parent's head 0 and back; tree B the same chains, then
+    node 0 (child) to node 1 (parent). Channel 1 chains start at local 1: 1-2-3-0."""
+    from replay.hardware.network import DoubleBinaryTree
+    f = DoubleBinaryTree().rounds(toy_topology(), 16.0, list(range(8)))
+    chains = [(1, 0), (0, 1), (2, 1), (1, 2), (3, 2), (2, 3), (5, 4), (4, 5), (6, 5), (5, 6), (7, 6), (6, 7)]
+    assert [x[:2] for x in f[:14]] == chains + [(4, 0), (0, 4)]
+    assert [x[:2] for x in f[14:28]] == chains + [(0, 4), (4, 0)]
+    assert [x[:2] for x in f[28:32]] == [(2, 1), (1, 2), (3, 2), (2, 3)]
+    assert len(f) == 4 * 28 and all(x[2] == 2.0 for x in f)
+
+
+def toy_topology():
+    return Topology(toy())
+
+
+def test_tree_over_three_nodes_has_depth_one_and_is_spine_bound(model):
+    """3 nodes (leaves {0, 1}, {2}): trees A (1->0, 2->0) and B (0->2, 1->2). Per channel 3 flows leave
+    leaf 0 for node 2 (A: 0->2 down; B: 0->2, 1->2 up): 6 per spine uplink and rail -> 833.3 B/us; 1 MB ->
+    125,000 B / 833.3 = 150 us / 0.5 = 300; depth max(1, ceil(log2 4) - 1) = 1: latency 2 x (5 + 3 x 2) =
+    22; 10 + 22 + 300 = 332 us."""
+    assert model.estimate(CommType.ALL_REDUCE, 1e6, range(12), "tree").time_us == pytest.approx(332.0, rel=1e-9)
+
+
+def test_tree_latency_takes_the_network_hop_between_the_first_gpus_of_two_nodes():
+    """No PXN, 4 NICs (one per GPU): channel c's heads are local c on both nodes, on one rail: 2 flows per
+    NIC (5,000 B/us): 1 MB -> 125,000 / 5,000 = 25 us / 0.5 = 50; latency 2 x (5 + 3 x 2) = 22 (GPU 0 to
+    GPU 4: same rail, no spine): 82 us."""
+    m = NetworkModel(toy(pxn=False, nics_per_node=4))
+    assert m.estimate(CommType.ALL_REDUCE, 1e6, range(8), "tree").time_us == pytest.approx(82.0, rel=1e-9)
+
+
+def test_tree_with_one_and_two_gpus_per_node(model):
+    """One GPU per node (ranks 0, 4): 1 channel, S/2 per tree edge, both trees on one NIC: 50,000 B at
+    5,000 B/us = 10 us / 0.5 = 20; latency 2 x 5 = 10: 40 us. Two per node (0, 1, 4, 5): 2 channels on
+    rail 0, 4 flows of S/4 per NIC: 250,000 / 2,500 = 100 / 0.5 = 200; latency 2 x (5 + 2) = 14: 224 us."""
+    assert model.estimate(CommType.ALL_REDUCE, 1e5, [0, 4], "tree").time_us == pytest.approx(40.0, rel=1e-9)
+    assert model.estimate(CommType.ALL_REDUCE, 1e6, [0, 1, 4, 5], "tree").time_us == pytest.approx(224.0, rel=1e-9)
+
+
+def test_tree_over_many_leaves_takes_its_bandwidth_from_four_of_them():
+    """One node per leaf, 5 nodes: the bandwidth comes from the first 4 (TREE_REPRESENTATIVE_LEAVES):
+    trees A (1->0, 2->0, 3->1), B (0->2, 1->3, 2->3): every node sends 3 flows a channel over the spine,
+    2 channels a rail: 6 per 2,500 B/us uplink -> 416.7 B/us; 125,000 B -> 300 us / 0.5 = 600. Depth
+    ceil(log2 6) - 1 = 2, hop 0 -> 4 crosses the spine (5.5): latency 2 x (2 x 5.5 + 6) = 34. 644 us.
+    (The 5-node tree itself has a node sending 4 flows: 800 us of bandwidth.)"""
+    m = NetworkModel(toy(nodes_per_leaf=1))
+    assert m.estimate(CommType.ALL_REDUCE, 1e6, range(20), "tree").time_us == pytest.approx(644.0, rel=1e-9)
+
+
+def test_ring_over_three_single_node_leaves():
+    """One node per leaf (spine 2,500 B/us per leaf and rail), 3 nodes: every inter-node hop crosses the
+    spine, 2 channels per uplink: 1,250 B/us; 4.8 MB -> 100,000 B a step -> 80 us; loop 3 x 6 (NVLink) +
+    3 x 5 (network) + 3 x 0.5 (spine) = 34.5; 10 + 34.5 x 11/12 + 11 x 80 = 921.625 us."""
+    m = NetworkModel(toy(nodes_per_leaf=1))
+    assert m.estimate(CommType.ALL_GATHER, 4.8e6, range(12), "ring").time_us == pytest.approx(921.625, rel=1e-9)
+
+
+def mesh_toy():
+    """The toy with a 4-GPU NVLink chain 0-1-2-3 (100 GB/s links) and no 3-0 link: that hop uses PCIe."""
+    base = toy()
+    return dataclasses.replace(base, node=dataclasses.replace(
+        base.node, intra_topology="hybrid_cube_mesh", nvlink_link_bw_gbs=100.0,
+        nvlink_mesh=((0, 1, 1), (1, 2, 1), (2, 3, 1)), nvls=False, nvls_efficiency=0.0))
+
+
+def test_ring_latency_on_a_mesh_depends_on_where_each_node_starts():
+    """A node visited from local r crosses r, r+1, r+2, r+3 (mod 4): from 0 all 3 hops are NVLink (6 us),
+    from any other start one is the PCIe 3-0 hop (2 + 2 + 4 = 8). Over 5 nodes channel c starts node i at
+    (c - i) mod 4, so it meets each start once and its own twice: channel 0 36, channels 1-3 38 us; + 5
+    network hops x 5 + 3 spine crossings x 0.5 = 64.5. All-gather 8 MB on 20 ranks: 10 + 64.5 x 19/20 +
+    19 x 40 = 831.275 us (the spine still binds: PCIe carries 3 flows at 6,667 B/us). The same from node 2.
+    Broadcast 1 MB: chain latency 38 + 4 x 5 + 2 x 0.5 = 59; 10 + 59 + 100 = 169 us."""
+    m = NetworkModel(mesh_toy())
+    assert m.estimate(CommType.ALL_GATHER, 8e6, range(20), "ring").time_us == pytest.approx(831.275, rel=1e-9)
+    assert m.estimate(CommType.ALL_GATHER, 8e6, range(8, 28), "ring").time_us == pytest.approx(831.275, rel=1e-9)
+    assert m.estimate(CommType.BROADCAST, 1e6, range(20), "ring").time_us == pytest.approx(169.0, rel=1e-9)
