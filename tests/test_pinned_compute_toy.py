@@ -651,3 +651,13 @@ def test_launch_geometry_models_time_kernels_without_shapes():
     assert m4.kernel_estimate(g, k).time_us == pytest.approx(5.0 + 2 * max(roof.compute_us, roof.memory_us))
     g0, k0 = _geometry_graph({"name": "custom::op"})
     assert m4.kernel_estimate(g0, k0) is None                             # no shapes, no geometry model
+
+
+def test_peak_ratio_uses_the_ridge_for_any_positive_intensity():
+    """Intensity 0.5 FLOP/B (below the ridge of 8): memory-bound -> the HBM ratio 4, whatever the class;
+    just under the ridge (7.99999999) still memory-bound."""
+    a = toy_hw()
+    slow = dataclasses.replace(a, gpu=dataclasses.replace(a.gpu, hbm_bw_gbs=25.0,
+                                                          peak_tflops={**a.gpu.peak_tflops, "bf16": 0.5}))
+    assert peak_ratio(a, slow, "gemm", "bf16", intensity=0.5) == pytest.approx(4.0)
+    assert peak_ratio(a, slow, "gemm", "bf16", intensity=7.99999999) == pytest.approx(4.0)
