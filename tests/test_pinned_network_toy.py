@@ -624,3 +624,36 @@ def test_ring_latency_on_a_mesh_depends_on_where_each_node_starts():
     assert m.estimate(CommType.ALL_GATHER, 8e6, range(20), "ring").time_us == pytest.approx(831.275, rel=1e-9)
     assert m.estimate(CommType.ALL_GATHER, 8e6, range(8, 28), "ring").time_us == pytest.approx(831.275, rel=1e-9)
     assert m.estimate(CommType.BROADCAST, 1e6, range(20), "ring").time_us == pytest.approx(169.0, rel=1e-9)
+
+
+def test_hierarchical_over_part_of_each_node(model):
+    """Ranks 0, 1, 4, 5 (2 per node, not whole nodes), 1 MB: intra reduce-scatter over the pair = 1 step of
+    500 kB on NVLink (5 us) + 2 hops x 2 x 1/2 + 10 = 17; inter all-reduce of 500 kB over (0, 4) and (1, 5)
+    = 2 steps of 250 kB on one shared NIC (5,000 B/us: 50 us) + 2 hops x 5 x 2/2 + 10 = 120; intra
+    all-gather 17. 154 us."""
+    assert model.estimate(CommType.ALL_REDUCE, 1e6, [0, 1, 4, 5], "hierarchical").time_us == \
+        pytest.approx(154.0, rel=1e-9)
+
+
+def test_hierarchical_intra_phases_on_a_mesh_cross_its_pcie_hop():
+    """Mesh toy, 20 ranks, 4 MB: each node's ring 0-1-2-3-0 has the PCIe hop 3 -> 0 (20,000 B/us): 3 steps
+    of 1 MB -> 150 us, loop 2 + 2 + 2 + 4 = 10 x 3/4, + 10 = 167.5 per intra phase; the inter all-reduce as
+    on the NVSwitch toy (692.4). 167.5 x 2 + 692.4 = 1,027.4 us."""
+    m = NetworkModel(mesh_toy())
+    assert m.estimate(CommType.ALL_REDUCE, 4e6, range(20), "hierarchical").time_us == pytest.approx(1027.4, rel=1e-9)
+
+
+def test_hierarchical_spine_crossings_count_leaf_borders_from_the_first_node():
+    """3 nodes per leaf (spine 3 x 10,000 / 4 = 7,500 B/us), 8 nodes: leaves {0,1,2}, {3,4,5}, {6,7}: 2
+    borders + the way back = 3 crossings. 4 MB: intra phases 46 us each; inter all-reduce of 1 MB over 8
+    nodes: 14 steps of 125,000 B, 2 flows per spine uplink and rail (3,750 B/us) -> 33.33 us a step;
+    loop 8 x 5 + 3 x 0.5 = 41.5 x 14/8. 46 + (10 + 72.625 + 466.667) + 46 = 641.2917 us."""
+    m = NetworkModel(toy(nodes_per_leaf=3))
+    assert m.estimate(CommType.ALL_REDUCE, 4e6, range(32), "hierarchical").time_us == \
+        pytest.approx(92 + 10 + 41.5 * 14 / 8 + 14 * 125_000 / 3_750, rel=1e-9)
+
+
+def test_broadcast_chain_ends_on_its_slowest_hop(model):
+    """Ranks 0, 4, 8 (one per node): the chain 0 -> 4 (NIC, 100 us for 1 MB) -> 8 (across the spine,
+    5,000 B/us: 200 us); latency 5 + 5.5: 10 + 10.5 + 200 = 220.5 us."""
+    assert model.estimate(CommType.BROADCAST, 1e6, [0, 4, 8]).time_us == pytest.approx(220.5, rel=1e-9)
