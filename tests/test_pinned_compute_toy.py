@@ -661,3 +661,30 @@ def test_peak_ratio_uses_the_ridge_for_any_positive_intensity():
                                                           peak_tflops={**a.gpu.peak_tflops, "bf16": 0.5}))
     assert peak_ratio(a, slow, "gemm", "bf16", intensity=0.5) == pytest.approx(4.0)
     assert peak_ratio(a, slow, "gemm", "bf16", intensity=7.99999999) == pytest.approx(4.0)
+
+
+def test_memset_and_empty_grouped_gemm_report_no_compute(cm):
+    s = cm.memset(5e4)
+    assert (s.compute_us, s.flops, s.efficiency, s.time_us, s.bound) == (0.0, 0.0, 0.0, 1.0, "latency")
+    g = cm.grouped_gemm([0], 128, 192)
+    assert (g.compute_us, g.memory_us, g.flops, g.time_us) == (0.0, 0.0, 0.0, 1.0)
+
+
+def test_grouped_gemm_keeps_single_token_groups_and_its_dtype(cm):
+    """An expert with 1 token still runs: [1, 64] tokens = 2 x (1 + 64) x 128 x 192 FLOPs; an fp8 grouped
+    GEMM is the sum of fp8 GEMMs (forward and weight gradient)."""
+    assert cm.grouped_gemm([1, 64], 128, 192).flops == 2 * 65 * 128 * 192
+    fp8 = cm.grouped_gemm([64, 64, 128], 128, 192, "fp8")
+    assert fp8.time_us == pytest.approx(cm.gemm(64, 128, 192, 2, "fp8").time_us + cm.gemm(128, 128, 192, 1, "fp8").time_us)
+    w = cm.grouped_gemm([64, 128], 128, 192, "fp8", wgrad=True)
+    assert w.time_us == pytest.approx(cm.gemm(128, 192, 64, 1, "fp8").time_us + cm.gemm(128, 192, 128, 1, "fp8").time_us)
+
+
+def test_grouped_gemm_efficiency_of_sub_microsecond_groups():
+    """With no launch floor, two tiny H100 GEMMs take well under 1 us together; the achieved fraction is
+    still FLOPs / time / peak."""
+    base = get_hardware("h100-sxm-roofline")
+    m = ComputeModel(dataclasses.replace(base, compute=dataclasses.replace(base.compute, min_kernel_us=0.0)))
+    e = m.grouped_gemm([16, 32], 16, 16)
+    assert e.time_us < 1.0
+    assert e.efficiency == pytest.approx(e.flops / (e.time_us * 1e-6) / 989.4e12, rel=1e-12) and e.efficiency > 0
