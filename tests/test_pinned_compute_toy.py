@@ -688,3 +688,79 @@ def test_grouped_gemm_efficiency_of_sub_microsecond_groups():
     e = m.grouped_gemm([16, 32], 16, 16)
     assert e.time_us < 1.0
     assert e.efficiency == pytest.approx(e.flops / (e.time_us * 1e-6) / 989.4e12, rel=1e-12) and e.efficiency > 0
+
+
+def test_copies_report_no_compute(cm):
+    for d in ("htod", "dtod"):
+        c = cm.memcpy(1e5, d)
+        assert (c.compute_us, c.flops, c.efficiency) == (0.0, 0.0, 0.0)
+
+
+def test_convolution_dims_on_tiny_images_other_dtypes_and_uneven_groups(cm):
+    """A 1x1 image: Ho = Wo = 1 (M = 1): 2 x 1 x 4 x 4 = 32 FLOPs. fp32: A read once 2 x 16 x 64 x 4 =
+    8,192 + B 144 x 32 x 4 = 18,432 + C 128 x 32 x 4 = 16,384 -> 43,008 B. An unknown dtype counts 2 bytes
+    (21,504 B, as bf16). 5 input channels in 2 groups: K = 5 // 2 x 9 = 18, N = 4 // 2 = 2: 2 x 2 x 16 x 2 x
+    18 = 2,304 FLOPs."""
+    assert cm.conv(1, 4, 1, 1, 4, 1, 1).flops == 32
+    f = cm.conv(2, 16, 8, 8, 32, 3, 3, dtype="fp32")
+    assert f.bytes == 43_008 and f == cm.gemm(128, 32, 144, dtype="fp32", extra_bytes=8192 - 128 * 144 * 4)
+    assert cm.conv(2, 16, 8, 8, 32, 3, 3, dtype="int8").bytes == 21_504
+    assert cm.conv(1, 5, 4, 4, 4, 3, 3, groups=2).flops == 2_304
+
+
+def _add_graph(shape):
+    return _graph("mystery_kernel", OpKind.KERNEL, {"name": "aten::add", "input_shapes": [shape, shape],
+                                                     "input_types": ["float", "float"]},
+                  {"grid": [4, 1, 1], "block": [256, 1, 1]})
+
+
+def test_fitted_model_choice_by_kernel_family_state_and_roofline():
+    """A [10, 10] fp32 add: 1,200 B -> 0.012 us of roofline (shaped). 'elementwise' = 5 us + t/0.5; the
+    family model 'elementwise/mystery_kernel' only has a launch geometry (times_shaped false): a shaped
+    kernel passes it over for the class model (5.024 us); a kernel that ran alone prefers an '@alone'
+    model; under NCCL the '@comm[nccl]' one."""
+    cls_model = KernelClassModel(overhead_us=5.0, efficiency=0.5)
+    fam = KernelClassModel(geometry=(1.0, 0.001), times_shaped=False)
+    m = ComputeModel(dataclasses.replace(toy_hw(), kernel_models={"elementwise": cls_model,
+                                                                  "elementwise/mystery_kernel": fam}))
+    g, k = _add_graph([10, 10])
+    assert m.kernel_estimate(g, k).time_us == pytest.approx(5.024, rel=1e-12)
+    alone = KernelClassModel(overhead_us=7.0, efficiency=0.5)
+    nccl = KernelClassModel(overhead_us=9.0, efficiency=0.5)
+    m2 = ComputeModel(dataclasses.replace(toy_hw(), kernel_models={
+        "elementwise": cls_model, "elementwise@alone": alone, "elementwise@comm[nccl]": nccl}))
+    assert m2.kernel_estimate(g, k).time_us == pytest.approx(7.024, rel=1e-12)
+    assert m2.kernel_estimate(g, k, "nccl").time_us == pytest.approx(9.024, rel=1e-12)
+
+
+def test_a_model_fitted_without_shapes_leaves_shaped_kernels_to_the_physics_and_the_floor_holds():
+    """'elementwise' fitted only on unshaped kernels (times_shaped false): the shaped add keeps its roofline
+    (1 us floor). A model with efficiency 4 and no fixed cost: 0.012 / 4 us, raised to the 1 us floor."""
+    g, k = _add_graph([10, 10])
+    m = ComputeModel(dataclasses.replace(toy_hw(), kernel_models={
+        "elementwise": KernelClassModel(overhead_us=5.0, efficiency=0.5, times_shaped=False)}))
+    assert m.kernel_estimate(g, k) == m.roofline_kernel_estimate(g, k) and m.kernel_estimate(g, k).time_us == 1.0
+    m2 = ComputeModel(dataclasses.replace(toy_hw(), kernel_models={"elementwise": KernelClassModel(efficiency=4.0)}))
+    assert m2.kernel_estimate(g, k).time_us == 1.0
+
+
+def test_each_kernel_finds_its_own_launching_op():
+    b = GraphBuilder()
+    cpu = b.resource(ResourceKind.CPU_THREAD, 0, 0)
+    gpu = b.resource(ResourceKind.GPU_STREAM, 0, 7)
+    ops = []
+    for n in range(2):
+        op = b.add_node(f"aten::op{n}", NodeType.COMP_NODE, OpKind.CPU_OP, cpu, 10.0 * n, 5.0)
+        call = b.add_node("cudaLaunchKernel", NodeType.COMP_NODE, OpKind.LAUNCH, cpu, 10.0 * n + 1, 1.0, parent=op)
+        k = b.add_node(f"kernel{n}", NodeType.COMP_NODE, OpKind.KERNEL, gpu, 10.0 * n + 3, 1.0)
+        b.add_dep(call, k, EdgeKind.LAUNCH)
+        ops.append((op, k))
+    g = b.build()
+    assert [launching_op(g, k) for _, k in ops] == [op for op, _ in ops]
+
+
+def test_copy_and_memset_nodes_are_classed_by_kind_not_name():
+    g, k = _graph("xfer", OpKind.MEMCPY, None)
+    assert traced_kernel_class(g, k) == ("copy", "fp32")
+    g, k = _graph("fill", OpKind.MEMSET, None)
+    assert traced_kernel_class(g, k) == ("memset", "fp32")
