@@ -764,3 +764,58 @@ def test_copy_and_memset_nodes_are_classed_by_kind_not_name():
     assert traced_kernel_class(g, k) == ("copy", "fp32")
     g, k = _graph("fill", OpKind.MEMSET, None)
     assert traced_kernel_class(g, k) == ("memset", "fp32")
+
+
+def test_node_dtype_picks_the_dtype_specific_gemm_model():
+    """'gemm_fp8' = 3 us + t/0.5 applies to an fp8 GEMM node, 'gemm_bf16' (1 us + t) to a bf16 one."""
+    models = {"gemm_fp8": KernelClassModel(overhead_us=3.0, efficiency=0.5),
+              "gemm_bf16": KernelClassModel(overhead_us=1.0, efficiency=1.0)}
+    m = ComputeModel(dataclasses.replace(toy_hw(), kernel_models=models))
+    fp8 = m.gemm(100, 128, 192, dtype="fp8")
+    e = m.op_estimate({"op": "gemm", "m": 100, "n": 128, "k": 192, "dtype": "fp8"})
+    assert e.time_us == pytest.approx(3.0 + 2 * fp8.compute_us, rel=1e-12)
+
+
+def test_class_model_results_keep_the_launch_floor():
+    """Efficiency 4 on a 1,000 B elementwise node: 0.01 / 4 us, raised to the 1 us floor."""
+    m = ComputeModel(dataclasses.replace(toy_hw(), kernel_models={"elementwise": KernelClassModel(efficiency=4.0)}))
+    assert m.op_estimate({"op": "elementwise", "bytes": 1e3}).time_us == 1.0
+
+
+def test_sustained_derating_of_a_short_gemm_and_the_fields_it_keeps(cm):
+    """1e5 FLOPs at 0.8 x 1e6: 0.125 us of compute, derated to 0.15625 us; the node still takes the 1 us
+    floor. The 100 x 128 x 192 GEMM keeps its FLOPs, bytes and tile after derating."""
+    e = cm.op_estimate({"op": "gemm", "flops": 1e5, "sustained": True})
+    assert (e.compute_us, e.time_us) == (pytest.approx(0.15625, rel=1e-12), 1.0)
+    d = cm.op_estimate({"op": "gemm", "m": 100, "n": 128, "k": 192, "sustained": True})
+    assert (d.flops, d.bytes, d.detail) == (4_915_200, 113_152, "tile 64x64 split-k 1")
+
+
+def test_no_launch_cost_unless_the_node_gives_one():
+    """Floor 0.5 us: a 0.5 us streaming node stays 0.5 us without launch_us (or with 0)."""
+    m = ComputeModel(toy_hw(min_kernel_us=0.5))
+    assert m.op_estimate({"op": "elementwise", "bytes": 5e4}).time_us == pytest.approx(0.5)
+    assert m.op_estimate({"op": "elementwise", "bytes": 5e4, "launch_us": 0}).time_us == pytest.approx(0.5)
+
+
+def test_kernel_class_comes_from_the_launching_op():
+    """An unnamed kernel launched by aten::mm is a GEMM; not launched (last node an aten::mm op that did not
+    launch it), it is 'other'."""
+    g, k = _graph("mystery_kernel", OpKind.KERNEL, {"name": "aten::mm"})
+    assert traced_kernel_class(g, k)[0] == "gemm"
+    b = GraphBuilder()
+    cpu = b.resource(ResourceKind.CPU_THREAD, 0, 0)
+    gpu = b.resource(ResourceKind.GPU_STREAM, 0, 7)
+    k = b.add_node("mystery_kernel", NodeType.COMP_NODE, OpKind.KERNEL, gpu, 0.0, 1.0)
+    b.add_node("aten::mm", NodeType.COMP_NODE, OpKind.CPU_OP, cpu, 0.0, 1.0,
+               attrs={"input_types": ["c10::BFloat16"]})
+    assert traced_kernel_class(b.build(), k) == ("other", "fp32")
+
+
+def test_derating_can_make_a_memory_bound_node_compute_bound(cm):
+    """1e6 FLOPs (1.25 us at the mainloop rate) and 1.4e5 B (1.4 us): memory-bound; derated by 0.8 the compute
+    takes 1.5625 us and binds."""
+    e = cm.op_estimate({"op": "gemm", "flops": 1e6, "bytes": 1.4e5})
+    assert e.bound == "memory"
+    d = cm.op_estimate({"op": "gemm", "flops": 1e6, "bytes": 1.4e5, "sustained": True})
+    assert (d.time_us, d.bound) == (pytest.approx(1.5625, rel=1e-12), "compute")
