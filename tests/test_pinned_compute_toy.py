@@ -819,3 +819,30 @@ def test_derating_can_make_a_memory_bound_node_compute_bound(cm):
     assert e.bound == "memory"
     d = cm.op_estimate({"op": "gemm", "flops": 1e6, "bytes": 1.4e5, "sustained": True})
     assert (d.time_us, d.bound) == (pytest.approx(1.5625, rel=1e-12), "compute")
+
+
+def test_more_traced_shapes(cm):
+    """Depthwise convolution backward (weight [16, 1, 3, 3]): 16 groups. fp32 tensors: an fp32 conv. A kernel
+    of unknown class under an attention op is the attention. A split-K reduce of a batched GEMM: one pass
+    over 4 fp32 outputs (2 x 4 x 16 x 64 x 4 = 32,768 B). A reduction kernel of any op reads its inputs
+    once; an index_select kernel reads and writes the selected rows."""
+    dw = estimate_from_shapes(cm, "sm90_xmma_dgrad_implicit_gemm", "aten::convolution_backward",
+                              [[2, 16, 8, 8], [2, 16, 8, 8], [16, 1, 3, 3]], BF)
+    assert dw == cm.conv(2, 16, 8, 8, 16, 3, 3, groups=16)
+    f32 = estimate_from_shapes(cm, "sm90_xmma_fprop_implicit_gemm", "aten::cudnn_convolution",
+                               [[2, 16, 8, 8], [32, 16, 3, 3]], ["float", "float"])
+    assert f32 == cm.conv(2, 16, 8, 8, 32, 3, 3, dtype="fp32")
+    q = [1, 2, 128, 64]
+    assert estimate_from_shapes(cm, "mystery_kernel", "aten::_scaled_dot_product_attention", [q, q, q], BF) == \
+        cm.attention(1, 2, 128, 128, 64)
+    assert estimate_from_shapes(cm, "splitKreduce_kernel", "aten::bmm", [[4, 16, 32], [4, 32, 64]], BF).bytes == 32_768
+    assert estimate_from_shapes(cm, "void at::native::reduce_kernel<512, 1>", "aten::cumsum", [[100, 50]],
+                                ["float"]).bytes == 20_000
+    assert estimate_from_shapes(cm, "indexSelectLargeIndex", "aten::index_select", [[1000, 64], [], [10]],
+                                ["c10::BFloat16", "int", "long int"]).bytes == 2_640
+
+
+def test_gemm_dims_of_unqualified_names_and_empty_batches():
+    assert _gemm_dims("mm", [[16, 32], [32, 64]]) == (16, 64, 32, 1)
+    assert _gemm_dims("aten::bmm", [[0, 16, 32], [0, 32, 64]]) == (16, 64, 32, 1)
+    assert _gemm_dims("aten::linear", [[0, 32], [64, 32]]) == (1, 64, 32, 1)
