@@ -846,3 +846,13 @@ def test_gemm_dims_of_unqualified_names_and_empty_batches():
     assert _gemm_dims("mm", [[16, 32], [32, 64]]) == (16, 64, 32, 1)
     assert _gemm_dims("aten::bmm", [[0, 16, 32], [0, 32, 64]]) == (16, 64, 32, 1)
     assert _gemm_dims("aten::linear", [[0, 32], [64, 32]]) == (1, 64, 32, 1)
+
+
+def test_grouped_gemm_nodes_without_group_sizes_take_the_generic_roofline(cm):
+    """No 'ms': 1e6 FLOPs of a non-GEMM op at the fp32 peak (0.25e6 FLOP/us): 4 us."""
+    assert cm.roofline_op_estimate({"op": "grouped_gemm", "flops": 1e6}).time_us == pytest.approx(4.0, rel=1e-12)
+
+
+def test_matmul_dims_with_empty_leading_dims():
+    assert _gemm_dims("aten::matmul", [[0, 32], [32, 64]]) == (1, 64, 32, 1)
+    assert _gemm_dims("aten::matmul", [[0, 6, 32], [0, 32, 64]]) == (6, 64, 32, 1)
