@@ -856,3 +856,9 @@ def test_grouped_gemm_nodes_without_group_sizes_take_the_generic_roofline(cm):
 def test_matmul_dims_with_empty_leading_dims():
     assert _gemm_dims("aten::matmul", [[0, 32], [32, 64]]) == (1, 64, 32, 1)
     assert _gemm_dims("aten::matmul", [[0, 6, 32], [0, 32, 64]]) == (6, 64, 32, 1)
+
+
+def test_attention_node_window_reaches_the_cost_model(cm):
+    """A causal node with a 32-key window over 128 tokens: 3,600 pairs -> 1,843,200 FLOPs (as above)."""
+    att = {"op": "attention", "heads": 2, "seq_q": 128, "head_dim": 64, "causal": True, "window": 32}
+    assert cm.roofline_op_estimate(att).flops == 1_843_200
