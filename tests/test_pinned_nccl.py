@@ -64,3 +64,16 @@ def test_bench_reports_algbw_and_busbw_by_the_same_definitions():
     est = NetworkModel("h100-sxm").estimate(CommType.ALL_REDUCE, float(1 << 30), 8)
     assert est.algbw_gbps == pytest.approx((1 << 30) / est.time_us / 1e3, rel=1e-12)
     assert est.busbw_gbps == pytest.approx(est.algbw_gbps * 2 * 7 / 8, rel=1e-12)
+
+
+def test_bus_factor_of_one_and_two_ranks():
+    """nccl-tests: a single rank moves nothing over the bus (factor 1 by convention, busbw = algbw);
+    2 ranks: all-reduce 2 x 1/2 = 1, all-gather / reduce-scatter / gather / scatter 1/2."""
+    from replay.hardware.network import bus_factor
+    for comm in CommType:
+        assert bus_factor(comm, 1) == 1.0 and bus_factor(comm, 0) == 1.0
+    assert bus_factor(CommType.ALL_REDUCE, 2) == 1.0
+    for comm in (CommType.ALL_GATHER, CommType.REDUCE_SCATTER, CommType.REDUCE_SCATTER_BLOCK, CommType.ALL_TO_ALL,
+                 CommType.GATHER, CommType.SCATTER):
+        assert bus_factor(comm, 2) == 0.5 and bus_factor(comm, 4) == 0.75
+    assert bus_factor(CommType.BROADCAST, 2) == 1.0 and bus_factor(CommType.BARRIER, 4) == 1.0
