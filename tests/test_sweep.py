@@ -194,26 +194,28 @@ search = {{ gpus = [64, 128], max_plans = {n} }}
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_killed_sweep_leaves_a_readable_file_and_the_rerun_computes_only_the_missing_points(tmp_path, sig, code):
-    spec = write_spec(tmp_path / "s.toml", SLOW_SPEC.format(n=8))
+    spec = write_spec(tmp_path / "s.toml", SLOW_SPEC.format(n=12))
     out = tmp_path / "r.parquet"
     cmd = [sys.executable, "-m", "lumos_sim", "sweep", str(spec), "-o", str(out), "--workers", "2", "--json",
            "--flush-every", "0.2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-    done = _wait_for_points(out, proc, at_least=2, timeout=120)
+    # killed at the first finished point: 24 points leave room on a loaded machine, where the sweep runs on
+    # while this process polls
+    done = _wait_for_points(out, proc, at_least=1, timeout=120)
     os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)  # Ctrl-C reaches the group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert "re-run the same command" in err and "Traceback" not in err
     df = pd.read_parquet(out)  # readable after the kill, one row per point
-    assert len(df) == 16 and set(df["status"]) <= {"ok", "pending"}
+    assert len(df) == 24 and set(df["status"]) <= {"ok", "pending"}
     finished = int((df["status"] == "ok").sum())
-    assert done <= finished < 16
+    assert done <= finished < 24
     rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     summary = _json(rerun.stdout)
-    assert summary["cached"] == finished and summary["computed"] == 16 - finished
+    assert summary["cached"] == finished and summary["computed"] == 24 - finished
     final = pd.read_parquet(out)
     assert (final["status"] == "ok").all()
     kept = df[df["status"] == "ok"].set_index("point")
