@@ -227,8 +227,11 @@ def _wait_for_points(out: Path, proc, at_least: int, timeout: float) -> int:
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
             pytest.fail(f"sweep ended before it could be interrupted: {proc.stderr.read()}")
-        if out.exists():  # writes are atomic: the file is always readable
-            n = int((pd.read_parquet(out)["status"] == "ok").sum())
+        if out.exists():  # writes are atomic (temp file + rename): each version is whole
+            try:
+                n = int((pd.read_parquet(out)["status"] == "ok").sum())
+            except OSError:   # pyarrow opened the path twice and a rename landed in between: poll again
+                n = -1
             if n >= at_least:
                 return n
         time.sleep(0.2)
