@@ -96,6 +96,7 @@ class ResultsFile:
         self.flush_every_s = flush_every_s
         self._last_write = 0.0
         self._write_cost = 0.0
+        self._writes = 0
 
     def lock_path(self) -> Path:
         return self.path.with_name(self.path.name + ".lock")
@@ -139,7 +140,10 @@ class ResultsFile:
         if self.csv_path is not None:
             _atomic_write(df, self.csv_path)
         self._last_write = time.monotonic()
-        self._write_cost = self._last_write - t0
+        # the first write also imports pyarrow (a second or more on a loaded machine): counting it would
+        # space the next writes 5x that apart, so only later writes set the cost
+        self._write_cost = self._last_write - t0 if self._writes else 0.0
+        self._writes += 1
 
 
 def _atomic_write(df, path: Path) -> None:
