@@ -199,8 +199,10 @@ def test_killed_sweep_leaves_a_readable_file_and_the_rerun_computes_only_the_mis
     cmd = [sys.executable, "-m", "lumos_sim", "sweep", str(spec), "-o", str(out), "--workers", "2", "--json",
            "--flush-every", "0.2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # SIGINT as a terminal's Ctrl-C delivers it: a shell's background job (a CI runner's `cmd &`) starts with
+    # SIGINT ignored, which Python and so the sweep would inherit
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # killed at the first finished point: 24 points leave room on a loaded machine, where the sweep runs on
     # while this process polls
     done = _wait_for_points(out, proc, at_least=1, timeout=120)
