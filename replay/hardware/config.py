@@ -12,6 +12,7 @@ user's own `--hardware my.toml` never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import typing
 from dataclasses import dataclass, field
@@ -311,11 +312,17 @@ def _build_kernel_model(cls_name: str, table: Any, path: str) -> "KernelClassMod
         raise TraceInputError(path, e.problem.replace("[kernel_models]", f"[kernel_models.{cls_name}]")) from None
 
 
+@functools.lru_cache(maxsize=None)
+def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A config class's resolved field types and fields. Resolving the hints evaluates every annotation,
+    the largest cost of loading a preset with many kernel models, so each class resolves once."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+
 def _build(cls: type, table: Any, section: str, path: str) -> Any:
     if not isinstance(table, dict):
         raise TraceInputError(path, f"[{section}] must be a table")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _schema(cls)
     reject_unknown_keys(path, table, fields, where=f" in [{section}]")
     kwargs = {}
     for name, f in fields.items():
