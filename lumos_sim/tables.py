@@ -11,7 +11,6 @@ through `fit_table`."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from typing import Any, Sequence, TextIO
 

@@ -232,7 +232,7 @@ def test_a_rollback_inside_a_replica_stall_is_counted_by_the_closed_form():
     # many short non-rollback stalls + rare long rollback ones: rollbacks also land inside the short stalls
     classes = [FailureClass("replica", 6.0, {"restart": 0.05}, rollback=False),
                FailureClass("job", 0.9, {"restart": 0.43}, rollback=True)]
-    ckpt = plan_checkpoints(1.0, 5 / 60, False, 1.0, horizon=720)
+    ckpt = plan_checkpoints(1.0, 5 / 60, False, 1.0)
     cf, mc = closed_form(classes, ckpt, 720), simulate(classes, ckpt, 720, trials=300)
     assert abs(cf.ettr - mc.mean) < 0.005
 

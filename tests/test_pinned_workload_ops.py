@@ -125,19 +125,19 @@ def test_dropless_imbalance_is_the_expected_max_of_ep_binomial_loads():
     mean = n / ep
     sd = math.sqrt(mean * (1 - 1 / ep))
     expected = (mean + sd * math.sqrt(2 * math.log(ep))) / mean
-    assert dropless_imbalance(64, 2, ep, n) == pytest.approx(expected, rel=1e-12)
-    assert dropless_imbalance(64, 2, ep, n) == pytest.approx(1.0596, abs=1e-4)
+    assert dropless_imbalance(ep, n) == pytest.approx(expected, rel=1e-12)
+    assert dropless_imbalance(ep, n) == pytest.approx(1.0596, abs=1e-4)
 
 
 def test_dropless_imbalance_is_one_without_expert_parallelism_or_tokens():
-    assert dropless_imbalance(64, 2, 1, 1000) == 1.0
-    assert dropless_imbalance(64, 2, 0, 1000) == 1.0
-    assert dropless_imbalance(64, 2, 8, 0) == 1.0
-    assert dropless_imbalance(64, 2, 8, -5) == 1.0
+    assert dropless_imbalance(1, 1000) == 1.0
+    assert dropless_imbalance(0, 1000) == 1.0
+    assert dropless_imbalance(8, 0) == 1.0
+    assert dropless_imbalance(8, -5) == 1.0
     # two ranks, one pair: mean 1/2, sd 1/2 -> 1 + sqrt(2 ln 2) = 2.1774
-    assert dropless_imbalance(8, 1, 2, 1) == pytest.approx(1 + math.sqrt(2 * math.log(2)), rel=1e-12)
+    assert dropless_imbalance(2, 1) == pytest.approx(1 + math.sqrt(2 * math.log(2)), rel=1e-12)
     # two ranks, 2 pairs: mean 1, sd sqrt(1/2), sqrt(2 ln 2) = 1.1774 -> 1.8326
-    assert dropless_imbalance(8, 1, 2, 2) == pytest.approx(1 + math.sqrt(0.5) * math.sqrt(2 * math.log(2)), rel=1e-12)
+    assert dropless_imbalance(2, 2) == pytest.approx(1 + math.sqrt(0.5) * math.sqrt(2 * math.log(2)), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- MoE loads
@@ -237,3 +237,12 @@ def test_lora_parameters_are_rank_times_in_plus_out_per_adapted_linear():
     assert lora_layer_params(moe_only, p.with_(lora_modules=("fc1",))) == 3072.0
     gelu = model_from_dict(dict(name="g", layers=1, hidden=256, heads=4, ffn=512, vocab=1000, activation="gelu"))
     assert lora_layer_params(gelu, p.with_(lora_modules=("fc1",))) == 8 * (256 + 256)
+
+
+def test_activation_traffic_follows_gating():
+    # SwiGLU forward: gate and up in, one out; backward: both inputs and the output grad in, two grads out.
+    # GELU / squared ReLU: one in, one out; backward: the input and the output grad in, one grad out.
+    from estimators.parallelism.workload import act_io
+    assert act_io("swiglu") == (2, 1) and act_io("swiglu", backward=True) == (3, 2)
+    for plain in ("gelu", "squared_relu"):
+        assert act_io(plain) == (1, 1) and act_io(plain, backward=True) == (2, 1)

@@ -117,7 +117,7 @@ def _optimal(interval: float | None, blocking: float, persist: float, rollback_m
 
 
 def plan_checkpoints(interval: float | None, write: float, asynchronous: bool, rollback_mttf: float,
-                     snapshot: float = 0.0, horizon: float = math.inf) -> CheckpointPlan:
+                     snapshot: float = 0.0) -> CheckpointPlan:
     """The checkpoint schedule: `interval` hours (None: optimal) with writes of `write` hours, blocking
     or asynchronous (then only `snapshot` hours block). An interval longer than the horizon is kept as
     given: no checkpoint completes within the horizon, and the finite-horizon ETTR prices that

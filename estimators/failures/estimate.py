@@ -119,7 +119,7 @@ def estimate(inputs: FailureInputs, healthy: HealthyJob = HealthyJob(),
     rollback_mttf = 1.0 / rollback_rate if rollback_rate > 0 else math.inf
     interval = opts.checkpoint_interval_min / 60.0 if opts.checkpoint_interval_min is not None else None
     ckpt = plan_checkpoints(interval, inputs.checkpoint_write_h, opts.checkpoint_async, rollback_mttf,
-                            snapshot=opts.checkpoint_snapshot_min / 60.0, horizon=inputs.horizon_h)
+                            snapshot=opts.checkpoint_snapshot_min / 60.0)
     closed = closed_form(classes, ckpt, inputs.horizon_h, inputs.times, semantics=opts.restart_semantics)
     mc = None
     if opts.trials > 0:

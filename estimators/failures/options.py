@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 
 from chakra_schema.errors import TraceInputError, check_choice
+from estimators.failures.closed_form import SEMANTICS
 from estimators.failures.recovery import DEFAULTS
 
 STRATEGIES = ("sync", "ft-hsdp")   # mirrors estimators.failures.recovery's registry (checked there too)
-RESTART_SEMANTICS = ("restart-over", "queue")   # see estimators.failures.closed_form
 MAX_GPUS = 1 << 20                 # the largest job any what-if accepts (1,048,576 GPUs)
 MAX_MINUTES = 10 * 365 * 24 * 60.0  # any duration: ten years
 MAX_HORIZON_DAYS = 10 * 365.0
@@ -66,7 +66,7 @@ class FailureOptions:
         _positive(self, "weibull_shape", 100.0)
         _positive(self, "storage_write_gbs", 1e9)
         _positive(self, "checkpoint_bytes_per_param", 1e3)
-        check_choice("failure.restart_semantics", self.restart_semantics, RESTART_SEMANTICS)
+        check_choice("failure.restart_semantics", self.restart_semantics, SEMANTICS)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
             raise TraceInputError(None, f"failure.seed must be an integer from 0 to 2^63-1, got {self.seed!r}")
         check_choice("failure.strategy", self.strategy, STRATEGIES)

@@ -335,9 +335,6 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
                            dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
                            layer_us=np.zeros(L), pair_tokens=np.zeros((len(timed), L, G, G)),
                            slot_tokens=np.zeros((len(timed), L, G, p.slots_per_gpu), np.int64)) for p in placements]
-    node_of = np.arange(G) // layout.gpus_per_node
-    inter = node_of[:, None] != node_of[None, :]
-    off = ~np.eye(G, dtype=bool)
     shape = timer.shape if timer else None
     per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
     size = W * max(1, CHUNK_TOKENS // W)
@@ -354,7 +351,7 @@ def evaluate_placements(src: RoutingSource, start: int, stop: int, layout: Layou
             key = (((win - w0) * G + g)[:, None] * E + e).ravel()
             counts = np.bincount(key, minlength=nw * G * E).reshape(nw, G, E).astype(float)
             for pc, rt in zip(costs, routes):
-                _cost_windows(pc, rt[layer], counts, layer, w0, timed, timer, inter, off, per_pair, layout, fixed)
+                _cost_windows(pc, rt[layer], counts, layer, w0, timed, timer, per_pair, layout, fixed)
         if progress:
             progress(rel + len(ids), stop - start)
     for pc in costs:
@@ -379,9 +376,6 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
                            dispatch_us=np.zeros(L), combine_us=np.zeros(L), expert_us=np.zeros(L),
                            layer_us=np.zeros(L), pair_tokens=np.zeros((1, L, G, G)),
                            slot_tokens=np.zeros((1, L, G, p.slots_per_gpu), np.int64)) for p in placements]
-    node_of = np.arange(G) // layout.gpus_per_node
-    inter = node_of[:, None] != node_of[None, :]
-    off = ~np.eye(G, dtype=bool)
     shape = timer.shape if timer else None
     per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
     fixed = timer.fixed_us() if timer else 0.0
@@ -390,7 +384,7 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
         counts = np.broadcast_to(T * top_k * share[layer], (1, G, E))       # a view: rows alike
         for pc in costs:
             _cost_windows(pc, pc.placement.route_blocks(layer), counts, layer, 0, {0: 0} if timer else {}, timer,
-                          inter, off, per_pair, layout, fixed)
+                          per_pair, layout, fixed)
     for pc in costs:
         pc.windows = 1
         if pc.timed_windows:
@@ -415,8 +409,7 @@ def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:
 
 
 def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, layer: int, w0: int, timed: dict,
-                  timer: LayerTimer | None, inter: np.ndarray, off: np.ndarray, per_pair: float, layout: Layout,
-                  fixed: float) -> None:
+                  timer: LayerTimer | None, per_pair: float, layout: Layout, fixed: float) -> None:
     p = pc.placement
     gpn = layout.gpus_per_node
     spread, multi, has, block = routes

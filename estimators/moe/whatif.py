@@ -422,7 +422,8 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
                pred: Prediction) -> None:
     """Serving figures of the deployment (`estimators.moe.serving`) from the placement's timed parts."""
     model = scenario.model
-    est = serve(model, scenario.hardware, serving_spec(scenario, opts, layout),
+    spec = serving_spec(scenario, opts, layout)
+    est = serve(model, scenario.hardware, spec,
                 lambda scale: moe_layer_parts(cost, timer, scale))
     parts = est.parts_us
     moe_parts = parts["shared_experts"] + parts["routed_experts"] + parts["dispatch"] + parts["combine"]
@@ -446,7 +447,7 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
         "mtp_acceptance": opts.mtp_acceptance,
     })
     pred.detail["serving_parts_us"] = {k: float(v) for k, v in parts.items()}
-    mem = serving_memory(model, serving_spec(scenario, opts, layout), cost.placement.slots_per_gpu)
+    mem = serving_memory(model, spec, cost.placement.slots_per_gpu)
     pred.memory_gib_per_gpu = mem.total / GIB
     capacity = hbm_capacity_gib(scenario.hardware)
     pred.oom = pred.memory_gib_per_gpu > capacity

@@ -43,7 +43,7 @@ import numpy as np
 
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
-from estimators.model_config import ModelConfig
+from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
 from estimators.parallelism.plan import ParallelPlan, mtp_layers, stage_layers, validate_plan
 
 # stream slots -> (stream id, name)
@@ -87,7 +87,7 @@ FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
 LAUNCH_US = 8.0
 
 
-def dropless_imbalance(experts: int, top_k: int, ep: int, assignments: float) -> float:
+def dropless_imbalance(ep: int, assignments: float) -> float:
     """Expected busiest EP rank's (token, expert) pairs over the mean, dropless routing that is balanced
     only in expectation: each of `assignments` pairs lands on one of `ep` ranks, so a rank's load is
     binomial and the largest of ep such loads sits about sqrt(2 ln ep) standard deviations above the mean."""
@@ -99,6 +99,17 @@ def dropless_imbalance(experts: int, top_k: int, ep: int, assignments: float) ->
 
 
 # ----------------------------------------------------------------------------- op attribute helpers
+def act_io(activation: str, backward: bool = False) -> tuple[int, int]:
+    """(reads, writes) of an MLP activation, in tensors of the activation's output size: a gated unit
+    (SwiGLU) reads gate and up (2) and writes 1, its backward reads both and the output grad (3) and
+    writes both input grads (2); a plain one (GELU, squared ReLU) reads and writes 1, backward reads the
+    input and the output grad (2) and writes 1."""
+    gated = activation in GATED_ACTIVATIONS
+    if backward:
+        return (3, 2) if gated else (2, 1)
+    return (2, 1) if gated else (1, 1)
+
+
 def gemm(m: int, n: int, k: int, dtype: str, batch: int = 1) -> dict:
     m, n, k, batch = max(int(m), 1), max(int(n), 1), max(int(k), 1), max(int(batch), 1)
     eb = 1 if dtype == "fp8" else 2
@@ -537,19 +548,19 @@ class _RankBuilder:
             f = m.ffn // p.tp
             f_in = 2 * f if m.activation == "swiglu" else f
             tpl.add("recompute_mlp_fc1", COMPUTE, gemm(T, f_in, h, dt))
-            tpl.add("recompute_mlp_act", COMPUTE, elementwise(T * f, 2 if m.activation == "swiglu" else 1, 1))
+            tpl.add("recompute_mlp_act", COMPUTE, elementwise(T * f, *act_io(m.activation)))
             tpl.add("recompute_mlp_fc2", COMPUTE, gemm(T, h, f, dt))
         if moe:
             tok, le, per, f_in, f = self._moe_dims()
             if "moe" in mods:
                 self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
                 self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
-                tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1))
+                tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
                 self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
             elif "moe_act" in mods:
                 self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE,
-                        elementwise(self._routed(per * le) * f, 2 if m.activation == "swiglu" else 1, 1))
+                        elementwise(self._routed(per * le) * f, *act_io(m.activation)))
             if ("shared_experts" in mods or "moe" in mods) and m.moe.shared_experts:
                 S, fs = m.moe.shared_experts, self._shared_ffn()
                 fs_in = 2 * fs if m.activation == "swiglu" else fs
@@ -587,7 +598,7 @@ class _RankBuilder:
             f = m.ffn // t
             f_in = 2 * f if m.activation == "swiglu" else f
             tpl.add("mlp_up_gate_proj" if m.activation == "swiglu" else "mlp_fc1", COMPUTE, gemm(T, f_in, h, dt))
-            tpl.add("mlp_act", COMPUTE, elementwise(T * f, 2 if m.activation == "swiglu" else 1, 1, flops_per=8))
+            tpl.add("mlp_act", COMPUTE, elementwise(T * f, *act_io(m.activation), flops_per=8))
             tpl.add("mlp_down_proj", COMPUTE, gemm(T, h, f, dt))
             self.tp_coll(tpl, "sp_reducescatter_mlp" if sh.sp else "allreduce_mlp",
                          CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
@@ -607,7 +618,7 @@ class _RankBuilder:
                 self.tp_coll(tpl, "sp_allgather_mlp_grad", CommType.ALL_GATHER, full)
             tpl.add("mlp_down_proj_dgrad", COMPUTE, gemm(T, f, h, dt))
             tpl.add("mlp_down_proj_wgrad", COMPUTE, gemm(f, h, T, dt), chain=False)
-            tpl.add("mlp_act_bwd", COMPUTE, elementwise(T * f, 3 if m.activation == "swiglu" else 2, 2 if m.activation == "swiglu" else 1, flops_per=12))
+            tpl.add("mlp_act_bwd", COMPUTE, elementwise(T * f, *act_io(m.activation, backward=True), flops_per=12))
             # sequence parallelism re-gathers the norm output for the weight grad (Korthikanti et al. 2022)
             ag = self.tp_coll(tpl, "sp_allgather_mlp_input", CommType.ALL_GATHER, full, chain=False) if sh.sp else None
             tpl.add("mlp_up_gate_proj_dgrad", COMPUTE, gemm(T, h, f_in, dt))
@@ -659,8 +670,7 @@ class _RankBuilder:
         elif p.moe_force_balance:
             per_expert = max(1, round(mean))
         else:
-            per_expert = max(1, round(mean * dropless_imbalance(mo.num_experts, mo.top_k, p.ep,
-                                                                 tok * mo.top_k * p.ep)))
+            per_expert = max(1, round(mean * dropless_imbalance(p.ep, tok * mo.top_k * p.ep)))
         f = mo.expert_ffn // p.etp
         f_in = 2 * f if m.activation == "swiglu" else f
         return tok, local_experts, per_expert, f_in, f
@@ -668,7 +678,7 @@ class _RankBuilder:
     def _a2a(self, tpl: _Template, name: str, size: float, transpose: bool = False) -> None:
         if self.p.ep <= 1:
             return
-        p, mo = self.p, self.m.moe
+        p = self.p
         if p.moe_capacity_factor > 0:
             size *= p.moe_capacity_factor       # padded to capacity, the padding travels too
         if self.routing is None and p.moe_a2a == "deepep":
@@ -788,7 +798,7 @@ class _RankBuilder:
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)
         self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
         self._glu_clamp(tpl, "expert_act_clamp", self._routed(per * le) * f_in)
-        tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, 2, 1, flops_per=8))
+        tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation), flops_per=8))
         self._expert_gemm(tpl, "expert_down_proj", per, h, f, le)
         self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
@@ -797,7 +807,7 @@ class _RankBuilder:
             S, fs = mo.shared_experts, self._shared_ffn()
             fs_in = 2 * fs if m.activation == "swiglu" else fs
             tpl.add("shared_expert_up_gate_proj", COMPUTE, gemm(tok, fs_in * S, h, dt))
-            tpl.add("shared_expert_act", COMPUTE, elementwise(tok * fs * S, 2, 1, flops_per=8))
+            tpl.add("shared_expert_act", COMPUTE, elementwise(tok * fs * S, *act_io(m.activation), flops_per=8))
             tpl.add("shared_expert_down_proj", COMPUTE, gemm(tok, h, fs * S, dt))
 
     def _moe_bwd(self, tpl: _Template) -> None:
@@ -809,7 +819,7 @@ class _RankBuilder:
             fs_in = 2 * fs if m.activation == "swiglu" else fs
             tpl.add("shared_expert_down_proj_dgrad", COMPUTE, gemm(tok, fs * S, h, dt))
             tpl.add("shared_expert_down_proj_wgrad", COMPUTE, gemm(fs * S, h, tok, dt), chain=False)
-            tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * fs * S, 3, 2, flops_per=12))
+            tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * fs * S, *act_io(m.activation, backward=True), flops_per=12))
             tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, fs_in * S, dt))
             tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, fs_in * S, tok, dt), chain=False)
         tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
@@ -817,7 +827,8 @@ class _RankBuilder:
         self._sort_chunks(tpl, "moe_unsort_chunks_bwd", per, le)
         self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
         self._expert_gemm(tpl, "expert_down_proj_wgrad", per, f, h, le, wgrad=True, chain=False)
-        tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, 3, 2, flops_per=12))
+        tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation, backward=True),
+                                                        flops_per=12))
         self._glu_clamp(tpl, "expert_act_clamp_bwd", self._routed(per * le) * f_in, backward=True)
         self._expert_gemm(tpl, "expert_up_gate_proj_dgrad", per, h, f_in, le)
         dg = tpl.head
