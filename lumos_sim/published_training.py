@@ -19,6 +19,22 @@ Reading the columns (facts of the releases, not fitted):
 - notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
 - notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
   balanced routing.
+
+Where the release's own scripts ran something else than its table prints, the row still runs as printed
+(the check asks for the published layout). Read in Megatron-Bridge's history (r0.1.0 = 25.09, tag v0.2.0 =
+25.11, scripts/performance):
+- Qwen3-30B-A3B H100: both scripts run VP 12, the tables print 24; the 25.11 script runs micro-batch 1
+  (commit 8aed9a229 replaced micro_batch_size=2 with moe_a2a_overlap=True), the table prints 2. Its
+  maintainers record the 25.11 row as a 2x regression of dropless against 25.09's token drop
+  (Megatron-Bridge issue #1998). Dropless all-to-all dispatch makes the host wait once per MoE layer and
+  micro-batch forward for the token counts (Megatron-Core MoEAlltoAllTokenDispatcher, cuda_sync_point
+  "before_ep_alltoall"); token drop with padding never does.
+- GPT-OSS-120B H100 (25.11): the script runs micro-batch 1 (the table's 4 with GA 2 is the B200 row's), and
+  sets recompute_modules without recompute_granularity = "selective", so nothing is recomputed in v0.2.0.
+- EP all-to-all overlap (overlap_moe_expert_parallel_comm with delay_wgrad_compute) is on in the 25.11
+  Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too. The rows run without
+  `moe_a2a_overlap`, which prices the overlap as fully hidden: on these rows that reads 36-43% above the
+  published throughput, where the runs without it are within 5% (README, "Published training runs").
 """
 from __future__ import annotations
 
@@ -198,8 +214,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
             kw["moe_capacity_factor"] = 1.0
         if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
             kw["moe_a2a"] = "deepep"
-        # Megatron-Bridge 25.x dropless runs force-balance the router (utils/overrides.py: use_tokendrop
-        # False -> moe_router_force_load_balancing = True; the Qwen3 / GPT-OSS / DeepSeek scripts set it)
+        # Megatron-Bridge 25.x dropless runs force-balance the router (25.11 tables' footnote; v0.2.0
+        # scripts/performance set_qwen3_common_configs: moe_router_force_load_balancing = True, "required for
+        # token dropless"; the GPT-OSS and DeepSeek scripts set it too). The 25.09 token-drop runs leave it
+        # off, which padding to capacity makes moot: every expert computes its capacity either way.
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0 or "25." in row.release
     return ParallelPlan(**kw)
