@@ -33,8 +33,8 @@ Where the release's own scripts ran something else than its table prints, the ro
   sets recompute_modules without recompute_granularity = "selective", so nothing is recomputed in v0.2.0.
 - EP all-to-all overlap (overlap_moe_expert_parallel_comm with delay_wgrad_compute) is on in the 25.11
   Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too. The rows run without
-  `moe_a2a_overlap`, which prices the overlap as fully hidden: on these rows that reads 36-43% above the
-  published throughput, where the runs without it are within 5% (README, "Published training runs").
+  `moe_a2a_overlap`, which prices the overlap as fully hidden: on these rows that reads 34-35% above the
+  published throughput, where the runs without it are 5-9% below (README, "Published training runs").
 """
 from __future__ import annotations
 

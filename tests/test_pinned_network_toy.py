@@ -35,7 +35,7 @@ SIMPLE = ProtocolSpec("Simple", 1.0, 10.0, 2.0, 5.0)
 def toy(**network) -> object:
     base = get_hardware("h100-sxm-roofline")
     net = dict(nics_per_node=2, nic_gbps=80.0, nic_efficiency=1.0, nodes_per_leaf=2, oversubscription=4.0,
-               switch_latency_us=0.5, pxn=True, tree_efficiency=0.5)
+               switch_latency_us=0.5, pxn=True, tree_efficiency=0.5, alltoall_efficiency=1.0)
     net.update(network)
     return dataclasses.replace(
         base, name="toy", gpu=dataclasses.replace(base.gpu, pcie_bw_gbs=20.0),
@@ -307,6 +307,17 @@ def test_direct_all_to_all_over_two_nodes_is_bound_by_the_nics(model):
     of its rail on node 1 (PXN): 1,250 B/us each -> 80 us; 10 + 5 + 80 = 95 us."""
     e = model.estimate(CommType.ALL_TO_ALL, 8e5, range(8))
     assert (e.time_us, e.algorithm, e.protocol) == (pytest.approx(95.0, rel=1e-9), "direct", "Simple")
+
+
+def test_all_to_all_efficiency_stretches_only_the_all_to_all_drain():
+    """At alltoall_efficiency 0.5 the 80 us NIC drain of the exchange above takes 160 us: 10 + 5 + 160 =
+    175 us; the uneven exchange's 400 us spine drain 800 us (10 + 5.5 + 800). Scatter (direct, not an
+    all-to-all) keeps 42 us."""
+    half = NetworkModel(toy(alltoall_efficiency=0.5))
+    assert half.estimate(CommType.ALL_TO_ALL, 8e5, range(8)).time_us == pytest.approx(175.0, rel=1e-9)
+    m = np.array([[7e6, 1e6, 2e6], [0, 0, 0], [5e5, 0, 0]])
+    assert half.all_to_all_v_us(m, [0, 4, 8]) == pytest.approx(815.5, rel=1e-9)
+    assert half.estimate(CommType.SCATTER, 4e6, range(4)).time_us == pytest.approx(42.0, rel=1e-9)
 
 
 def test_scatter_and_gather_go_through_the_root(model):

@@ -60,7 +60,7 @@ class AllToAllTimer:
             src, dst = self._latency_pairs(nz)
             lat = [topo.max_latency(self.ranks[src], self.ranks[dst], p) for p in self._protocols]
         load = np.bincount(self._link, weights=m.ravel()[self._pair], minlength=len(self._capacity))
-        drain = float((load / self._capacity).max())
+        drain = float((load / self._capacity).max()) / self.network.hw.network.alltoall_efficiency
         return (np.array([p.base_latency_us + x for p, x in zip(self._protocols, lat)]),
                 np.array([drain / p.bw_fraction for p in self._protocols]))
 

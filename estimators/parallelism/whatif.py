@@ -16,9 +16,9 @@ from estimators.registry import register_whatif
 
 # The overlapped EP all-to-all is priced as fully hidden under the other micro-batch's compute. The two
 # published H100 runs that overlapped it (Megatron-Bridge: DeepSeek-V3 25.09, Qwen3-235B-A22B 25.11) reached
-# 26-30% less than that prices (36-43% optimistic), and within 5% of the estimate without the overlap.
+# 25-26% less than that prices (34-35% optimistic), and 5-9% less than the estimate without the overlap.
 OVERLAP_CAVEAT = ("moe_a2a_overlap prices the EP all-to-all as fully hidden: on the published H100 runs that "
-                  "overlapped it this is 36-43% optimistic (without the overlap: within 5%)")
+                  "overlapped it this is 34-35% optimistic (without the overlap: 5-9% pessimistic)")
 
 
 def prediction_of_plan(r: PlanPrediction) -> Prediction:

@@ -136,6 +136,7 @@ class NetworkSpec:
     switch_latency_us: float                # extra latency of a spine hop
     pxn: bool = True                        # NCCL PXN: cross-rail traffic hops over NVLink to the right rail
     tree_efficiency: float = 1.0            # achievable fraction of a tree's link-bound bandwidth
+    alltoall_efficiency: float = 1.0        # achieved fraction of the link-bound rate of a grouped all-to-all
 
     def __post_init__(self) -> None:
         if self.topology != "rail_fat_tree":
@@ -145,7 +146,7 @@ class NetworkSpec:
         check_number("[network] nic_gbps", self.nic_gbps, 0, low_open=True)
         check_number("[network] oversubscription", self.oversubscription, 0, low_open=True)
         check_number("[network] switch_latency_us", self.switch_latency_us, 0)
-        for name in ("nic_efficiency", "tree_efficiency"):
+        for name in ("nic_efficiency", "tree_efficiency", "alltoall_efficiency"):
             check_number(f"[network] {name}", getattr(self, name), 0, 1, low_open=True)
 
 

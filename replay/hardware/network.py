@@ -826,7 +826,8 @@ class NVLS(CollectiveAlgorithm):
 @register_algorithm
 class DirectAllToAll(CollectiveAlgorithm):
     """All-to-all as NCCL runs it: every rank sends size/n to every other rank at once (grouped
-    send/recv); links are shared max-min fairly."""
+    send/recv); links are shared max-min fairly, and the exchange reaches the preset's
+    `alltoall_efficiency` of that link-bound rate (many concurrent peer flows per GPU)."""
 
     name = "direct"
     ops = frozenset({CommType.ALL_TO_ALL, CommType.GATHER, CommType.SCATTER})
@@ -850,7 +851,8 @@ class DirectAllToAll(CollectiveAlgorithm):
     def time_us(self, topo, comm, size, ranks, proto):
         flows = self.flows(comm, size, ranks)
         lat = topo.max_latency([f[0] for f in flows], [f[1] for f in flows], proto)
-        return proto.base_latency_us + lat + topo.bandwidth_time(flows, proto)
+        eff = topo.hw.network.alltoall_efficiency if comm == CommType.ALL_TO_ALL else 1.0
+        return proto.base_latency_us + lat + topo.bandwidth_time(flows, proto) / eff
 
 
 @register_algorithm
@@ -1102,7 +1104,7 @@ class NetworkModel:
             return 0.0
         rk = np.asarray(ranks)
         flows = list(zip(rk[src].tolist(), rk[dst].tolist(), m[src, dst].tolist()))
-        drain = self.topology.link_drain_time(flows)
+        drain = self.topology.link_drain_time(flows) / self.hw.network.alltoall_efficiency
         return min(p.base_latency_us + self.topology.max_latency(rk[src], rk[dst], p) + drain / p.bw_fraction
                    for p in self.hw.protocols if p.name in DirectAllToAll.protocols)
 
