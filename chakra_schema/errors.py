@@ -54,6 +54,8 @@ def loads_toml(text: str, path: str | os.PathLike | None = None) -> dict:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
     except RecursionError:
         raise TraceInputError(path, "not a valid TOML file: nested too deeply") from None
+    except ValueError as e:  # an integer past Python's int-parsing digit limit (4300 digits) is not a TOMLDecodeError
+        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
 
 
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,

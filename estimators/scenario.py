@@ -242,6 +242,17 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return None
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp):   # a section (model.mla, hardware.protocols' entries): a table of its fields
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str) and value.strip().startswith("{"):   # --set model.moe='{"top_k": 2, ...}'
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                raise TraceInputError(None, f"{key}: expected a JSON table of {_type_name(tp)} fields, got {value!r}") from None
+        if isinstance(value, Mapping):
+            return _from_mapping(tp, value, key)
+        raise TraceInputError(None, f"{key}: expected a table of {_type_name(tp)} fields, got {value!r}")
     try:
         if tp is bool:
             if isinstance(value, bool):

@@ -75,6 +75,8 @@ class SyntheticSpec:
         for name in ("domain_share", "cluster_affinity", "prefill_fraction", "decode_correlation", "drift", "skew_jitter"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise TraceInputError(None, f"synthetic routing: {name} must be in [0, 1]")
+        if self.seed < 0:   # numpy's SeedSequence takes non-negative integers only
+            raise TraceInputError(None, f"synthetic routing: seed must be >= 0, got {self.seed}")
         if not 0 <= self.skew < float("inf"):   # NaN fails this too
             raise TraceInputError(None, "synthetic routing: skew must be a finite number >= 0")
 

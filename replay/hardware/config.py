@@ -22,6 +22,9 @@ from typing import Any
 from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
+# GPUs of one scale-up (NVLink) domain: the largest announced is 576 (NVL576); larger is a typo, and the
+# network model divides rank ids by it in C longs (`lumos-sim whatif moe --gpus-per-node` has the same cap)
+MAX_GPUS_PER_NODE = 4096
 
 
 # --------------------------------------------------------------------------------------------- specs
@@ -86,6 +89,8 @@ class ComputeSpec:
         check_number("[compute] gemm_k_overhead", self.gemm_k_overhead, 0, integer=True)
         if not self.gemm_split_k or any(not isinstance(k, int) or k < 1 for k in self.gemm_split_k):
             raise TraceInputError(None, "[compute] gemm_split_k must be a non-empty list of integers >= 1")
+        if 1 not in self.gemm_split_k:   # the GEMM model falls back to no split where a split cannot help
+            raise TraceInputError(None, f"[compute] gemm_split_k must include 1 (no split), got {list(self.gemm_split_k)}")
         check_number("[compute] attention_block", self.attention_block, 1, integer=True)
         check_number("[compute] min_kernel_us", self.min_kernel_us, 0)
         for d, v in self.gemm_efficiency_by_dtype.items():
@@ -106,7 +111,7 @@ class NodeSpec:
     nvlink_mesh: tuple[tuple[int, ...], ...] = ()  # (gpu_a, gpu_b, number of links) for mesh topologies
 
     def __post_init__(self) -> None:
-        check_number("[node] gpus_per_node", self.gpus_per_node, 1, integer=True)
+        check_number("[node] gpus_per_node", self.gpus_per_node, 1, MAX_GPUS_PER_NODE, integer=True)
         if self.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
             raise TraceInputError(None, f"unknown [node] intra_topology '{self.intra_topology}' "
                                         "(expected nvswitch or hybrid_cube_mesh)")

@@ -1,0 +1,177 @@
+"""Regression tests for the fourth hardening pass: the newer CLI surfaces (`whatif parallelism --model
+config.json` / model TOMLs, `--set`, `whatif moe`, hardware presets, NAME|PATH arguments) keep the promise
+that bad input is one line naming the file or flag, exit 2, never a traceback, a hang or an overflow.
+One test per defect, named after the behaviour; each failed on the code before its fix."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from lumos_sim.cli import main
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "vocab_size": 128256, "intermediate_size": 14336}
+PLAN = ("--gpus", 8, "--tp", 8, "--seq-len", 4096, "--global-batch", 8)
+MOE_PLAN = ("--model", "mixtral-8x7b", "--gpus", 16, "--tp", 2, "--ep", 8, "--seq-len", 4096, "--global-batch", 32)
+SMALL_MOE = ("--model", "qwen3-30b-a3b", "--ep", 8, "--routing", "synthetic:tokens=2048", "--tokens", 64)
+
+
+def cli(*argv) -> int:
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as e:
+        return int(e.code)
+
+
+def one_line_error(capsys, code: int, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def hf_config(tmp_path, name: str, data) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------- defect 1
+def test_an_hf_config_with_a_non_string_architectures_entry_is_a_one_line_error(tmp_path, capsys):
+    """{"architectures": [{}]} was a TypeError (unhashable dict) from the architectures lookup."""
+    for i, entry in enumerate(({}, ["LlamaForCausalLM"])):
+        path = hf_config(tmp_path, f"a{i}", {"architectures": [entry], "hidden_size": 1})
+        one_line_error(capsys, cli("whatif", "parallelism", "--model", path, *PLAN), path, "'model_type'")
+
+
+# ------------------------------------------------------------------------------------- defect 2
+def test_an_integer_past_pythons_digit_limit_is_a_one_line_error_in_json_and_toml(tmp_path, capsys):
+    """A 5,000-digit integer raised ValueError ("Exceeds the limit (4300 digits)") out of json / tomllib:
+    not a JSONDecodeError / TOMLDecodeError, so it escaped as a traceback."""
+    path = hf_config(tmp_path, "big", '{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}")
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", path, *PLAN), path, "not valid JSON")
+    toml = tmp_path / "big.toml"
+    toml.write_text('name = "big"\nlayers = ' + "9" * 5000 + "\n")
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", toml, *PLAN), str(toml), "not a valid TOML file")
+
+
+# ------------------------------------------------------------------------------------- defect 3
+@pytest.mark.parametrize("field, value, needle", [
+    ("num_hidden_layers", 10**5, "'layers' must be at most 4,096"),   # ran for minutes
+    ("num_hidden_layers", 10**9, "'layers' must be at most 4,096"),   # MemoryError
+    ("num_hidden_layers", 10**20, "'layers' must be at most 4,096"),   # OverflowError (C ssize_t)
+    ("hidden_size", 10**400, "'hidden' must be at most 2,147,483,648"),   # OverflowError (int -> float)
+    ("intermediate_size", 10**400, "'ffn' must be at most 2,147,483,648"),
+    ("vocab_size", 10**400, "'vocab' must be at most 2,147,483,648"),
+    ("head_dim", 10**400, "'head_dim' must be at most 2,147,483,648"),
+], ids=["layers-1e5", "layers-1e9", "layers-1e20", "hidden-1e400", "ffn-1e400", "vocab-1e400", "head_dim-1e400"])
+def test_model_sizes_past_any_real_model_are_refused_before_any_work(tmp_path, capsys, field, value, needle):
+    path = hf_config(tmp_path, "huge", {**LLAMA, field: value})
+    t0 = time.perf_counter()
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", path, *PLAN), path, needle)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_moe_and_mtp_counts_past_any_real_model_are_refused_before_any_work(capsys):
+    """--set model.mtp_layers=1e20 and model.moe.shared_experts=1e20 looped (one pass per module / shared
+    expert) past any time limit."""
+    t0 = time.perf_counter()
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--set", f"model.mtp_layers={10**20}"),
+                   "'mtp_layers' must be at most 4,096")
+    one_line_error(capsys, cli("whatif", "moe", *SMALL_MOE, "--set", f"model.moe.shared_experts={10**20}"),
+                   "'moe.shared_experts' must be at most 1,048,576")
+    assert time.perf_counter() - t0 < 10
+
+
+# ------------------------------------------------------------------------------------- defect 4
+@pytest.mark.parametrize("limit, needle", [(float("inf"), "finite"), (float("nan"), "finite"), (10**400, "finite")],
+                         ids=["inf", "nan", "1e400"])
+def test_a_gpt_oss_swiglu_limit_that_is_not_a_finite_number_is_refused(tmp_path, capsys, limit, needle):
+    """swiglu_limit = inf / NaN was accepted as the GLU clamp; 1e400 (an integer) was an OverflowError."""
+    cfg = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "vocab_size": 201088, "intermediate_size": 2880, "num_local_experts": 32,
+           "experts_per_token": 4, "swiglu_limit": limit}
+    path = hf_config(tmp_path, "oss", cfg)
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", path, *PLAN), path, needle)
+    toml = tmp_path / "m.toml"
+    toml.write_text('name = "m"\nlayers = 2\nhidden = 64\nheads = 4\nffn = 128\nvocab = 100\nglu_clamp = nan\n')
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", toml, *PLAN[:2], "--tp", 4, *PLAN[4:]),
+                   str(toml), "'glu_clamp' must be a finite number")
+
+
+# ------------------------------------------------------------------------------------- defect 5
+@pytest.mark.parametrize("argv", [
+    ("whatif", "parallelism", "--model", "x" * 300, *PLAN),
+    ("whatif", "parallelism", "--model", "llama3-8b", "--hardware", "x" * 300, *PLAN),
+    ("whatif", "failures", "--failure-model", "x" * 300, "--gpus", 8),
+    ("whatif", "moe", "--model", "qwen3-30b-a3b", "--routing", "x" * 300, "--ep", 8),
+    ("whatif", "scenario", "x" * 300),
+    ("check", "x" * 300),
+    ("replay", "x" * 300),
+    ("calibrate", "--hardware", "h100-sxm", "--install", "x" * 300, "x"),
+], ids=["model", "hardware", "failure-model", "routing", "scenario", "check", "replay", "install"])
+def test_a_name_or_path_past_the_file_name_limit_is_a_one_line_error(capsys, argv):
+    """A 300-character NAME|PATH argument: pathlib's is_file / exists raise ENAMETOOLONG instead of answering
+    False, and the OSError escaped every command as a traceback."""
+    one_line_error(capsys, cli(*argv), "File name too long")
+
+
+# ------------------------------------------------------------------------------------- defect 6
+@pytest.mark.parametrize("assignment, needle", [
+    ("model.moe=3", "model.moe: expected a table of MoEConfig fields"),
+    ("hardware.gpu=abc", "hardware.gpu: expected a table of GPUSpec fields"),
+    ("hardware.protocols=abc", "hardware.protocols"),
+])
+def test_set_of_a_whole_section_to_a_scalar_is_a_one_line_error(capsys, assignment, needle):
+    """--set model.mla=abc / hardware.protocols=abc stored the string as the section: AttributeError later."""
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--set", assignment), needle)
+
+
+def test_set_of_a_whole_section_to_a_table_builds_it(capsys):
+    """The table forms still work: a TOML table (scenario files) or a JSON object on the command line."""
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.scenario import Scenario
+    moe = {"num_experts": 8, "top_k": 2, "expert_ffn": 14336}
+    s = Scenario.build(model="mixtral-8x7b", hardware="h100-sxm", plan=ParallelPlan(tp=2, dp=8, ep=8))
+    assert s.override({"model.moe": {**moe, "top_k": 1}}).model.moe.top_k == 1
+    assert s.override_strings([f"model.moe={json.dumps({**moe, 'top_k': 4})}"]).model.moe.top_k == 4
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--set", 'model.moe={"top_k": 2'),
+                   "model.moe: expected a JSON table of MoEConfig fields")
+
+
+# ------------------------------------------------------------------------------------- defect 7
+def test_an_infinite_moe_capacity_factor_is_refused(capsys):
+    """--moe-capacity-factor inf passed `>= 0` and overflowed in math.ceil(inf * mean tokens)."""
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--moe-capacity-factor", "inf"),
+                   "--moe-capacity-factor must be a finite number >= 0")
+
+
+# ------------------------------------------------------------------------------------- defect 8
+def test_a_preset_whose_split_k_factors_leave_out_one_is_refused(capsys):
+    """gemm_split_k = [4]: for a short K every split was skipped and the GEMM model's `assert best` fired."""
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--set", "hardware.compute.gemm_split_k=[4]"),
+                   "gemm_split_k must include 1")
+
+
+# ------------------------------------------------------------------------------------- defect 9
+def test_gpus_per_node_past_any_nvlink_domain_is_refused(capsys):
+    """hardware.node.gpus_per_node = 1e20 overflowed a C long in the network model (rank // gpus_per_node)."""
+    one_line_error(capsys, cli("whatif", "parallelism", *MOE_PLAN, "--set", f"hardware.node.gpus_per_node={10**20}"),
+                   "[node] gpus_per_node must be in [1, 4096]")
+
+
+# ------------------------------------------------------------------------------------- defect 10
+def test_moe_seed_and_coactivation_weight_are_checked_where_they_are_read(capsys):
+    """A negative seed (--set moe.seed=-1, synthetic:seed=-1) was numpy's ValueError; coactivation_weight
+    NaN / inf was accepted."""
+    one_line_error(capsys, cli("whatif", "moe", *SMALL_MOE, "--set", "moe.seed=-1"), "moe.seed must be >= 0")
+    one_line_error(capsys, cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", 8, "--tokens", 64,
+                               "--routing", "synthetic:tokens=2048,seed=-1"), "synthetic routing: seed must be >= 0")
+    for bad in ("nan", "inf"):
+        one_line_error(capsys, cli("whatif", "moe", *SMALL_MOE, "--placement", "locality",
+                                   "--set", f"moe.coactivation_weight={bad}"), "moe.coactivation_weight must be a finite")
