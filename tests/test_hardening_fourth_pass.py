@@ -175,3 +175,81 @@ def test_moe_seed_and_coactivation_weight_are_checked_where_they_are_read(capsys
     for bad in ("nan", "inf"):
         one_line_error(capsys, cli("whatif", "moe", *SMALL_MOE, "--placement", "locality",
                                    "--set", f"moe.coactivation_weight={bad}"), "moe.coactivation_weight must be a finite")
+
+
+# ------------------------------------------------------------------------------------- defect 11
+BIG = "9" * 400   # a TOML integer: valid TOML, past the float range
+
+
+@pytest.mark.parametrize("body, needle", [
+    (f'[[case]]\nname = "a"\ninputs = ["x.et"]\ntolerance = {BIG}\n', "'tolerance' of case 'a' must be a finite number"),
+    (f'[[case]]\nname = "a"\ninputs = ["x.et"]\nmeasured_ms = {{ s = {BIG} }}\n', "'measured_ms.s' of case 'a'"),
+    (f'[suite]\nmean_tolerance = {BIG}\n[[case]]\nname = "a"\ninputs = ["x.et"]\n', "[suite] mean_tolerance"),
+    (f'[[case]]\nkind = "published_training"\nname = "a"\ncsv = "x.csv"\ntolerance = {BIG}\n', "'tolerance' of case 'a'"),
+], ids=["tolerance", "measured_ms", "suite-mean", "published-tolerance"])
+def test_a_suite_number_past_the_float_range_is_a_one_line_error(tmp_path, capsys, body, needle):
+    """float(400-digit integer) raised OverflowError out of the suite loader."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text(body)
+    one_line_error(capsys, cli("check", suite), str(suite), needle)
+
+
+# ------------------------------------------------------------------------------------- defect 12
+def _preset(tmp_path, old: str, new: str):
+    from replay.hardware.config import PRESET_DIR
+    text = (PRESET_DIR / "h100-sxm-roofline.toml").read_text()
+    assert old in text
+    path = tmp_path / "hw.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("key, needle", [
+    ("memory_gb", "'memory_gb' in [gpu] must be a finite number"),        # OverflowError in float()
+    ("sm_count", "[gpu] sm_count must be in [1, 65536]"),                 # ZeroDivisionError (waves * SMs)
+    ("gemm_k_overhead", "[compute] gemm_k_overhead must be in [0, "),     # OverflowError in the GEMM model
+    ("attention_block", "[compute] attention_block must be in [1, "),     # ZeroDivisionError
+    ("nodes_per_leaf", "[network] nodes_per_leaf must be in [1, "),       # OverflowError in the topology
+], ids=["memory_gb", "sm_count", "gemm_k_overhead", "attention_block", "nodes_per_leaf"])
+def test_a_preset_number_past_any_real_gpu_is_refused(tmp_path, capsys, key, needle):
+    import re
+    from replay.hardware.config import PRESET_DIR
+    text = (PRESET_DIR / "h100-sxm-roofline.toml").read_text()
+    old = re.search(rf"^{key} = [0-9.]+$", text, re.M).group(0)
+    path = _preset(tmp_path, old, f"{key} = {BIG}")
+    one_line_error(capsys, cli("whatif", "parallelism", "--model", "llama3-8b", "--hardware", path, *PLAN), str(path), needle)
+
+
+def test_a_preset_gemm_tile_past_any_real_tile_is_refused(tmp_path, capsys):
+    path = _preset(tmp_path, "gemm_tiles = [[", f"gemm_tiles = [[{BIG}, 1], [")
+    one_line_error(capsys, cli("bench", "gemm", "--hardware", path, "--m", 4096, "--n", 4096, "--k", 4096),
+                   str(path), "gemm_tiles must be a list of [tile_m, tile_n] pairs > 0 (at most")
+
+
+# ------------------------------------------------------------------------------------- defect 13
+@pytest.mark.parametrize("line, needle", [
+    (f'"hardware.network.nic_gbps" = {BIG}', "hardware.network.nic_gbps: expected float"),
+    (f"failure = {{ rate_per_1000_node_days = {BIG} }}", "failure.rate_per_1000_node_days: expected float"),
+], ids=["dotted", "section"])
+def test_a_scenario_float_past_the_float_range_is_a_one_line_error(tmp_path, capsys, line, needle):
+    """coerce() caught ValueError / TypeError but not float()'s OverflowError."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+                    'plan = { tp = 8, dp = 1, seq_len = 4096, global_batch = 8 }\n' + line + "\n")
+    one_line_error(capsys, cli("whatif", "scenario", spec), str(spec), needle)
+
+
+# ------------------------------------------------------------------------------------- defect 14
+@pytest.mark.parametrize("count, needle", [
+    ('"x"', "components.gpu.count must be a number >= 0, got 'x'"),     # ValueError: float('x')
+    ("[1]", "components.gpu.count must be a number >= 0, got [1]"),     # TypeError: float([1])
+    (BIG, "components.gpu.count must be a finite number >= 0"),         # OverflowError
+    ("inf", "components.gpu.count must be a finite number >= 0"),       # accepted: every rate NaN
+], ids=["string", "list", "1e400", "inf"])
+def test_a_failure_model_count_of_the_wrong_kind_is_a_one_line_error(tmp_path, capsys, count, needle):
+    """The counts were summed (float(count)) before any was checked."""
+    path = tmp_path / "fm.toml"
+    path.write_text('name = "x"\n[observation]\ngpus = 16384\ngpus_per_node = 8\ndays = 54\ninterruptions = 419\n'
+                    f'[components.gpu]\ncount = {count}\n[components.nic]\ncount = 7\n')
+    one_line_error(capsys, cli("whatif", "failures", "--failure-model", path, "--gpus", 16384, "--trials", 20),
+                   str(path), needle)
