@@ -253,3 +253,13 @@ def test_a_failure_model_count_of_the_wrong_kind_is_a_one_line_error(tmp_path, c
                     f'[components.gpu]\ncount = {count}\n[components.nic]\ncount = 7\n')
     one_line_error(capsys, cli("whatif", "failures", "--failure-model", path, "--gpus", 16384, "--trials", 20),
                    str(path), needle)
+
+
+# ------------------------------------------------------------------------------------- defect 15
+@pytest.mark.parametrize("flag", ["--seq-len", "--global-batch", "--micro-batch"])
+def test_search_sizes_past_its_int64_columns_are_refused(capsys, flag):
+    """--search holds plans as int64 numpy columns: 1e20 was an OverflowError ("too large to convert to C long")
+    where the same flag without --search runs."""
+    argv = {"--seq-len": 4096, "--global-batch": 64, "--micro-batch": 1, flag: 10**20}
+    one_line_error(capsys, cli("whatif", "parallelism", "--search", "--model", "llama3-8b", "--gpus", 64, "--top-k", 2,
+                               *[x for kv in argv.items() for x in kv]), f"{flag} must be at most 2,147,483,648 with --search")
