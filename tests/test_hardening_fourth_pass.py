@@ -263,3 +263,25 @@ def test_search_sizes_past_its_int64_columns_are_refused(capsys, flag):
     argv = {"--seq-len": 4096, "--global-batch": 64, "--micro-batch": 1, flag: 10**20}
     one_line_error(capsys, cli("whatif", "parallelism", "--search", "--model", "llama3-8b", "--gpus", 64, "--top-k", 2,
                                *[x for kv in argv.items() for x in kv]), f"{flag} must be at most 2,147,483,648 with --search")
+
+
+# ------------------------------------------------------------------------------------- defect 16
+@pytest.mark.parametrize("column, value", [("shapes", 3), ("types", 3), ("strides", 3)])
+def test_et_only_model_mode_reads_an_argument_column_that_is_not_a_list_as_unknown(tmp_path, capsys, column, value):
+    """ET-only model mode (`replay --et X --timing model`): a node whose "shapes" / "types" / "strides" was a
+    number (not a list) was a TypeError ("'int' object is not iterable", "has no len()") in the kernel
+    inference; such an op now has nothing to infer from, like one with no shapes."""
+    import gzip
+    from conftest import DATA
+    src = DATA / "h100" / "moe_t4096" / "host.0.json.gz"
+    et = json.loads(gzip.decompress(src.read_bytes()))
+    hit = 0
+    for n in et["nodes"]:
+        if n["name"] in ("aten::mm", "aten::add_", "aten::copy_", "aten::cat") and n.get("inputs", {}).get("shapes"):
+            n["inputs"][column] = value
+            hit += 1
+    assert hit
+    path = tmp_path / "host.0.json"
+    path.write_text(json.dumps(et))
+    assert cli("replay", "--et", path, "--timing", "model", "--hardware", "h100-sxm", "--json") == 0, capsys.readouterr().err
+    assert "Traceback" not in capsys.readouterr().err
