@@ -285,3 +285,21 @@ def test_et_only_model_mode_reads_an_argument_column_that_is_not_a_list_as_unkno
     path.write_text(json.dumps(et))
     assert cli("replay", "--et", path, "--timing", "model", "--hardware", "h100-sxm", "--json") == 0, capsys.readouterr().err
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- defect 17
+@pytest.mark.parametrize("spec, needle", [
+    (f"synthetic:tokens=2048,request_tokens={10**20}", "request_tokens must be at most 16,777,216"),  # OverflowError
+    ("synthetic:tokens=2048,balanced=5", "balanced must be 0 or 1, got 5"),                       # read as on
+], ids=["request_tokens", "balanced"])
+def test_synthetic_routing_settings_out_of_range_are_one_line_errors(capsys, spec, needle):
+    one_line_error(capsys, cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", 8, "--tokens", 64, "--routing", spec),
+                   f"synthetic routing: {needle}")
+
+
+def test_synthetic_routing_refuses_more_experts_than_its_int16_ids_hold(capsys):
+    """40,000 experts passed the synthetic cap (65,536) and the int16 picks wrapped: the run failed later on
+    "expert id -32768 ... is outside [0, 40000)", blaming the routing, not the size."""
+    one_line_error(capsys, cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", 8, "--tokens", 64,
+                               "--routing", "synthetic:tokens=4096", "--set", "model.moe.num_experts=40000"),
+                   "synthetic routing: experts must be at most 32,768")
