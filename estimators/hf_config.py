@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from chakra_schema.errors import TraceInputError, check_number, with_path
+from chakra_schema.errors import TraceInputError, check_number, read_config_bytes, with_path
 
 _MISSING = object()
 
@@ -302,7 +302,7 @@ def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
         p = p / "config.json"
     try:
         with open(p, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8")), p
+            return json.loads(read_config_bytes(fh, p, "config.json").decode("utf-8")), p
     except FileNotFoundError:
         raise TraceInputError(p, "config.json not found") from None
     except (ValueError, RecursionError) as e:  # JSON / UTF-8 errors, an integer past the int-parsing digit limit,

@@ -303,3 +303,80 @@ def test_synthetic_routing_refuses_more_experts_than_its_int16_ids_hold(capsys):
     one_line_error(capsys, cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", 8, "--tokens", 64,
                                "--routing", "synthetic:tokens=4096", "--set", "model.moe.num_experts=40000"),
                    "synthetic routing: experts must be at most 32,768")
+
+
+# ------------------------------------------------------------------------------------- defect 18
+@pytest.mark.parametrize("argv", [
+    ("whatif", "parallelism", "--model", "/dev/zero", *PLAN),
+    ("whatif", "parallelism", "--model", "llama3-8b", "--hardware", "/dev/zero", *PLAN),
+    ("whatif", "scenario", "/dev/zero"),
+    ("check", "/dev/zero"),
+    ("whatif", "moe", "--deployment", "/dev/zero"),
+    ("whatif", "failures", "--failure-model", "/dev/zero", "--gpus", 8),
+], ids=["model", "hardware", "scenario", "suite", "deployment", "failure-model"])
+def test_a_configuration_file_that_never_ends_is_refused_at_a_bound(capsys, argv):
+    """Configuration TOMLs were read whole: /dev/zero (or a multi-GB file given by mistake) grew until a
+    MemoryError, or the OOM killer."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # a regression reads /dev/zero until memory runs out: cap this process at what it maps now + 2 GiB
+    with open("/proc/self/status") as f:
+        mapped = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+    cap = mapped + (2 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        one_line_error(capsys, cli(*argv), "/dev/zero: is larger than 64 MiB")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_a_scenario_file_goes_through_the_loaders_reader(tmp_path, capsys):
+    """`whatif scenario` parsed with its own tomllib call: a 5,000-digit integer was a ValueError traceback."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nlabel = ' + "9" * 5000 + "\n")
+    one_line_error(capsys, cli("whatif", "scenario", spec), str(spec), "not a valid TOML file")
+
+
+# ------------------------------------------------------------------------------------- defect 19
+@pytest.mark.parametrize("old, new, needle", [
+    ('name = "Simple"', 'name = "Simp*le"', "[[protocols]] name must be one of LL, LL128, Simple, got 'Simp*le'"),
+    ('name = "Simple"', 'name = "LL"', "[[protocols]] needs a 'Simple' entry"),
+], ids=["unknown-name", "no-simple"])
+def test_a_preset_whose_protocols_leave_a_collective_none_is_refused(tmp_path, capsys, old, new, needle):
+    """Found by tests/fuzz/configs_target.py: protocols NCCL does not have (or no Simple) loaded, and a
+    collective then raised ValueError "no protocol of ... fits algorithm ['ring']"."""
+    path = _preset(tmp_path, old, new)
+    one_line_error(capsys, cli("bench", "collective", "--hardware", path, "--gpus", 16), str(path), needle)
+
+
+# ------------------------------------------------------------------------------------- defect 20
+SWEEP = """[scenario]
+whatif = "parallelism"
+model = "llama3-8b"
+hardware = "h100-sxm"
+plan = { tp = 8, dp = 1, seq_len = 4096, global_batch = 8 }
+[axes.mb]
+grid = { "plan.micro_batch" = [1, 2] }
+"""
+
+
+def test_a_sweep_set_value_past_the_digit_limit_is_a_one_line_error(tmp_path, capsys):
+    """`--set axes...=<5,000 digits>`: tomllib's ValueError (not a TOMLDecodeError) escaped the value parser."""
+    spec = tmp_path / "s.toml"
+    spec.write_text(SWEEP)
+    out = tmp_path / "r.parquet"
+    one_line_error(capsys, cli("sweep", spec, "-o", out, "--set", "axes.mb.grid.plan.micro_batch=" + "9" * 5000),
+                   "grid 'plan.micro_batch' must be a non-empty list of values")
+    assert not out.exists()
+
+
+def test_a_swept_integer_past_int64_is_kept_in_the_results_table(tmp_path, capsys):
+    """A grid value of 10**400 (valid TOML): its point fails, but the table's Int64 cast raised OverflowError
+    and the sweep ended in a traceback with no results file."""
+    import pandas as pd
+    spec = tmp_path / "s.toml"
+    spec.write_text(SWEEP.replace("[1, 2]", f"[1, {BIG}]"))
+    out = tmp_path / "r.parquet"
+    assert cli("sweep", spec, "-o", out) == 0, capsys.readouterr().err[-2000:]
+    df = pd.read_parquet(out)
+    assert sorted(df["status"]) == ["error", "ok"] and BIG in set(df["plan.micro_batch"]), df[["status", "plan.micro_batch"]]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
+from chakra_schema.errors import TraceInputError, check_choice, check_number, read_toml, reject_unknown_keys, with_path
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 # GPUs of one scale-up (NVLink) domain: the largest announced is 576 (NVL576); larger is a typo, and the
@@ -31,6 +31,9 @@ MAX_SMS = 1 << 16
 # Any count or length a preset gives (K units, tile sizes, nodes under a leaf): past 2^31 is a typo, and the
 # models convert these to floats (a 400-digit integer overflows there)
 MAX_COUNT = 1 << 31
+# NCCL's protocols, the names the collective algorithms of replay/hardware/network.py look up; every
+# algorithm can run Simple, so a preset without it left some collectives with no protocol (a ValueError)
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 
 
 # --------------------------------------------------------------------------------------------- specs
@@ -174,6 +177,7 @@ class ProtocolSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise TraceInputError(None, "[[protocols]] name is empty")
+        check_choice("[[protocols]] name", self.name, NCCL_PROTOCOLS)
         check_number(f"[[protocols]] {self.name}: bw_fraction", self.bw_fraction, 0, 1, low_open=True)
         for name in ("base_latency_us", "nvlink_hop_us", "net_hop_us"):
             check_number(f"[[protocols]] {self.name}: {name}", getattr(self, name), 0)
@@ -232,6 +236,9 @@ class HardwareConfig:
     def __post_init__(self) -> None:
         if not self.protocols:
             raise TraceInputError(self.path or None, "[[protocols]] must be a non-empty array of tables")
+        if "Simple" not in {p.name for p in self.protocols}:
+            raise TraceInputError(self.path or None, "[[protocols]] needs a 'Simple' entry: every collective "
+                                                     "algorithm can run it, and some only it")
 
     # -------- derived figures used by the models (GB/s are 1e9 bytes/s)
     @property
