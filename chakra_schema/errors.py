@@ -28,11 +28,25 @@ def reject_unknown_keys(path: str | os.PathLike | None, keys: Iterable[str], all
             raise TraceInputError(path, f"unknown {what} '{prefix}{key}'{where}{hint}")
 
 
+# A configuration file (model, preset, suite, scenario, ...) is text a person writes or `calibrate` generates:
+# the largest shipped, a calibrated preset, is 120 KB. Read at most this much, so `--hardware /dev/zero` or a
+# trace given by mistake is a one-line error, not a MemoryError.
+MAX_CONFIG_BYTES = 64 << 20
+
+
+def read_config_bytes(f, path: str | os.PathLike, what: str) -> bytes:
+    """The content of the open file `f`, refused past MAX_CONFIG_BYTES."""
+    data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise TraceInputError(path, f"is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a {what}")
+    return data
+
+
 def read_toml(path: str | os.PathLike, what: str = "file") -> dict:
-    """A TOML file as a dict; a missing or malformed file is a one-line TraceInputError naming it."""
+    """A TOML file as a dict; a missing, oversized or malformed file is a one-line TraceInputError naming it."""
     try:
         with open(path, "rb") as f:
-            return loads_toml(f.read().decode("utf-8"), path)
+            return loads_toml(read_config_bytes(f, path, what).decode("utf-8"), path)
     except FileNotFoundError:
         raise TraceInputError(path, f"{what} not found") from None
     except IsADirectoryError:
@@ -54,6 +68,8 @@ def loads_toml(text: str, path: str | os.PathLike | None = None) -> dict:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
     except RecursionError:
         raise TraceInputError(path, "not a valid TOML file: nested too deeply") from None
+    except ValueError as e:  # an integer past Python's int-parsing digit limit (4300 digits) is not a TOMLDecodeError
+        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
 
 
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,

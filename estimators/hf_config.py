@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from chakra_schema.errors import TraceInputError, with_path
+from chakra_schema.errors import TraceInputError, check_number, read_config_bytes, with_path
 
 _MISSING = object()
 
@@ -228,9 +228,8 @@ def _gpt_oss(f: _Fields) -> dict[str, Any]:
     kw["bias"] = f.bool("attention_bias", True)   # q/k/v/o biases; the experts carry biases too
     kw["attention_sinks"] = True
     limit = f.data.get("swiglu_limit", 7.0)        # the released configs: 7.0
-    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit < 0:
-        raise TraceInputError(None, f"field 'swiglu_limit' must be a number >= 0, got {limit!r}")
-    kw["glu_clamp"] = float(limit)
+    check_number("field 'swiglu_limit'", limit, 0)
+    kw["glu_clamp"] = limit                        # model_from_dict makes it a float (refusing one past float range)
     kw["moe"] = dict(num_experts=f.first("num_local_experts", "num_experts"),
                      top_k=f.first("num_experts_per_tok", "experts_per_token"),
                      expert_ffn=f.int("intermediate_size"))
@@ -266,7 +265,7 @@ def _model_type(data: dict[str, Any]) -> str:
     archs = data.get("architectures")
     if isinstance(archs, list):
         for a in archs:
-            if a in _ARCHITECTURES:
+            if isinstance(a, str) and a in _ARCHITECTURES:   # entries of other types ({}, []) are unhashable
                 return _ARCHITECTURES[a]
     raise TraceInputError(None, "missing field 'model_type' (and no known 'architectures' entry)")
 
@@ -303,10 +302,10 @@ def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
         p = p / "config.json"
     try:
         with open(p, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8")), p
+            return json.loads(read_config_bytes(fh, p, "config.json").decode("utf-8")), p
     except FileNotFoundError:
         raise TraceInputError(p, "config.json not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise TraceInputError(p, f"not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSON / UTF-8 errors, an integer past the int-parsing digit limit,
+        raise TraceInputError(p, f"not valid JSON: {e}") from None   # RecursionError: nested too deeply
     except OSError as e:
         raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None

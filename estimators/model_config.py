@@ -44,6 +44,22 @@ ACTIVATIONS = ("swiglu", "gelu", "squared_relu")
 GATED_ACTIVATIONS = ("swiglu",)
 ROUTER_SCORING = ("softmax", "sigmoid")
 
+# Caps that keep a typo (1e20 layers) a one-line error instead of an overflow or an hours-long run.
+# MAX_LAYERS: the deepest trained transformers have ~1,000 layers (DeepNet, Wang et al. 2022); the workload
+# builds every layer (~1 ms each), so 4,096 layers take seconds.  MAX_DIM: widths and vocabularies past
+# 2^31 are beyond any real matrix (as `lumos-sim bench`'s GEMM dimensions).  MAX_EXPERTS: the largest
+# published expert count is 1,048,576 (PEER, He 2024, "Mixture of A Million Experts").
+MAX_LAYERS = 4096
+MAX_DIM = 1 << 31
+MAX_EXPERTS = 1 << 20
+
+
+def _check_count(what: str, value: object, low: int, cap: int | None) -> None:
+    """An integer >= `low` (check_number's message) and at most `cap`."""
+    check_number(what, value, low, integer=True)
+    if cap is not None and value > cap:
+        raise TraceInputError(None, f"{what} must be at most {cap:,}, got {value}")
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -67,10 +83,11 @@ class MoEConfig:
     router: str = "softmax"           # router scoring: "softmax" (Mixtral, Qwen3) | "sigmoid" (DeepSeek V3)
 
     def __post_init__(self) -> None:
-        for key in ("num_experts", "top_k", "expert_ffn", "layer_freq", "groups", "groups_per_token"):
-            check_number(f"'moe.{key}'", getattr(self, key), 1, integer=True)
-        for key in ("shared_experts", "first_dense_layers", "layer_offset", "shared_expert_ffn"):
-            check_number(f"'moe.{key}'", getattr(self, key), 0, integer=True)
+        for key, low, cap in (("num_experts", 1, MAX_EXPERTS), ("top_k", 1, MAX_EXPERTS), ("groups", 1, MAX_EXPERTS),
+                              ("groups_per_token", 1, MAX_EXPERTS), ("expert_ffn", 1, MAX_DIM),
+                              ("shared_experts", 0, MAX_EXPERTS), ("shared_expert_ffn", 0, MAX_DIM),
+                              ("layer_freq", 1, None), ("first_dense_layers", 0, None), ("layer_offset", 0, None)):
+            _check_count(f"'moe.{key}'", getattr(self, key), low, cap)
         if self.top_k > self.num_experts:
             raise TraceInputError(None, "'moe.top_k' must be between 1 and 'moe.num_experts'")
         if self.layer_offset >= self.layer_freq:
@@ -106,7 +123,7 @@ class MLAConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            check_number(f"'mla.{f.name}'", getattr(self, f.name), 1, integer=True)
+            _check_count(f"'mla.{f.name}'", getattr(self, f.name), 1, MAX_DIM)
 
 
 @dataclass(frozen=True)
@@ -467,7 +484,10 @@ def model_from_dict(data: dict[str, Any], path: str = "<model>") -> ModelConfig:
               "bool": lambda v: isinstance(v, bool)}.get(str(want), lambda v: True)
         if not ok(value):
             raise TraceInputError(path, f"'{key}' must be {want}, got {value!r}")
-        kwargs[key] = float(value) if str(want) == "float" else value
+        try:
+            kwargs[key] = float(value) if str(want) == "float" else value
+        except OverflowError:   # an integer past the float range
+            raise TraceInputError(path, f"'{key}' must be a finite number, got {value}") from None
     for key in ("name", "layers", "hidden", "heads", "vocab"):
         if key not in kwargs:
             raise TraceInputError(path, f"missing key '{key}'")
@@ -485,19 +505,21 @@ def _validate(cfg: ModelConfig) -> None:
 
     if not isinstance(cfg.name, str) or not cfg.name:
         bad("'name' must be a non-empty string")
-    for key in ("layers", "hidden", "heads", "vocab"):
-        check_number(f"'{key}'", getattr(cfg, key), 1, integer=True)
+    _check_count("'layers'", cfg.layers, 1, MAX_LAYERS)
+    for key in ("hidden", "heads", "vocab"):
+        _check_count(f"'{key}'", getattr(cfg, key), 1, MAX_DIM)
     for key in ("ffn", "kv_heads", "head_dim", "max_seq"):
-        check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
+        _check_count(f"'{key}'", getattr(cfg, key), 0, MAX_DIM)
     for key in ("published_params_b", "published_active_params_b"):
         check_number(f"'{key}'", getattr(cfg, key), 0)
     if cfg.activation not in ACTIVATIONS:
         bad(f"'activation' must be one of {', '.join(ACTIVATIONS)}, got {cfg.activation!r}")
-    if cfg.glu_clamp < 0 or (cfg.glu_clamp and cfg.activation not in GATED_ACTIVATIONS):
+    check_number("'glu_clamp'", cfg.glu_clamp, 0)
+    if cfg.glu_clamp and cfg.activation not in GATED_ACTIVATIONS:
         bad(f"'glu_clamp' must be >= 0 and needs a gated activation, got {cfg.glu_clamp!r} with "
             f"{cfg.activation!r}")
-    for key in ("mtp_layers", "sliding_window"):
-        check_number(f"'{key}'", getattr(cfg, key), 0, integer=True)
+    _check_count("'mtp_layers'", cfg.mtp_layers, 0, MAX_LAYERS)
+    _check_count("'sliding_window'", cfg.sliding_window, 0, MAX_DIM)
     if not isinstance(cfg.window_pattern, str) or set(cfg.window_pattern) - {"S", "F"}:
         bad(f"'window_pattern' must be a string of 'S' (windowed) and 'F' (full) layers, got {cfg.window_pattern!r}")
     if cfg.window_pattern and cfg.sliding_window <= 0:

@@ -138,10 +138,10 @@ class Scenario:
         dotted = {k: data.pop(k) for k in list(data) if "." in k}
         reject_unknown_keys(path, data, names, what="scenario key")
         section_types = _option_section_types()
-        for key, cls_ in section_types.items():
-            if isinstance(data.get(key), Mapping):
-                data[key] = _from_mapping(cls_, data[key], key)
-        try:
+        try:   # a bad value in an option section names the file too
+            for key, cls_ in section_types.items():
+                if isinstance(data.get(key), Mapping):
+                    data[key] = _from_mapping(cls_, data[key], key)
             s = cls.build(**data)
         except TraceInputError as e:
             raise TraceInputError(path, e.problem) from None
@@ -242,6 +242,17 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return None
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp):   # a section (model.mla, hardware.protocols' entries): a table of its fields
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str) and value.strip().startswith("{"):   # --set model.moe='{"top_k": 2, ...}'
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                raise TraceInputError(None, f"{key}: expected a JSON table of {_type_name(tp)} fields, got {value!r}") from None
+        if isinstance(value, Mapping):
+            return _from_mapping(tp, value, key)
+        raise TraceInputError(None, f"{key}: expected a table of {_type_name(tp)} fields, got {value!r}")
     try:
         if tp is bool:
             if isinstance(value, bool):
@@ -281,7 +292,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ValueError
             kt, vt = typing.get_args(tp) or (Any, Any)
             return {coerce(k, kt, key): coerce(v, vt, key) for k, v in value.items()}
-    except (ValueError, TypeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested too deeply
+    # RecursionError: nested too deeply; OverflowError: a TOML integer past the float range for a float field
+    except (ValueError, TypeError, OverflowError, RecursionError):
         raise TraceInputError(None, f"{key}: expected {_type_name(tp)}, got {value!r}") from None
     return value
 

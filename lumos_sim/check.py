@@ -27,6 +27,7 @@ the suite file); `{suite_dir}` is the suite's own folder; other relative paths a
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,12 +137,15 @@ def _typed(path: Path, what: str, value: Any, tp: type) -> Any:
     """`value` when it is a `tp` (bools are not numbers), else a one-line error naming `what`."""
     ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > _MAX_FLOAT:   # a TOML integer past the float range: float() would raise OverflowError
+            raise TraceInputError(path, f"{what} must be a finite number, got {value}"[:300])
         return float(value)
     if not ok:
         raise TraceInputError(path, f"{what} must be {_TYPE_NAMES[tp]}, got {value!r}"[:300])
     return value
 
 
+_MAX_FLOAT = sys.float_info.max
 _TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", list: "a list", dict: "a table",
                bool: "true or false"}
 

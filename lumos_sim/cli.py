@@ -178,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except OSError as e:
+        # A file the user named that the OS refuses (a name past NAME_MAX: pathlib's is_file / exists raise
+        # ENAMETOOLONG rather than answer False, at every place a NAME|PATH argument is probed): bad input.
+        # An OSError naming no file is not about the user's input and keeps its traceback.
+        if e.filename is None:
+            raise
+        print(f"lumos-sim {args.command}: error: {TraceInputError(e.filename, e.strerror or str(e))}", file=sys.stderr)
+        return 2
     except Terminated:
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:

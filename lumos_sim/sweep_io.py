@@ -39,8 +39,14 @@ def rows_frame(rows: list[dict[str, Any]]):
     return df
 
 
+def _past_int64(v: Any) -> bool:
+    """A Python integer no int64 column holds (a swept value such as 10**400 is valid TOML)."""
+    return isinstance(v, int) and not -(1 << 63) <= v < (1 << 63)
+
+
 def _integer_columns(rows: list[dict[str, Any]], columns) -> list[str]:
-    """Columns whose first present value is an integer (not a bool)."""
+    """Columns whose first present value is an integer (not a bool), every value within int64 (a larger
+    one is kept as text by `_arrow_safe`: the cast raised OverflowError and the sweep lost its table)."""
     out = []
     for col in columns:
         for r in rows:
@@ -48,7 +54,8 @@ def _integer_columns(rows: list[dict[str, Any]], columns) -> list[str]:
             if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
                 continue
             if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
-                out.append(col)
+                if not any(_past_int64(r.get(col)) for r in rows):
+                    out.append(col)
             break
     return out
 
@@ -58,7 +65,7 @@ def _arrow_safe(df):
     in another) as strings, so parquet can store them."""
     for col in df.columns[df.dtypes == object]:
         kinds = {type(v) for v in df[col] if v is not None and not (isinstance(v, float) and math.isnan(v))}
-        if len(kinds) > 1 and str in kinds:
+        if (len(kinds) > 1 and str in kinds) or any(_past_int64(v) for v in df[col]):
             df[col] = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in df[col]]
     return df
 

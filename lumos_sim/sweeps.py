@@ -413,7 +413,7 @@ def _toml_value(text: str, path: str | None = None) -> Any:
     """A `--set` value as TOML would read it (`[64, 128]`, `2`, `"x"`), else the bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except ValueError:   # TOMLDecodeError, or an integer past Python's int-parsing digit limit
         return text
     except RecursionError:
         raise TraceInputError(path, f"--set value nested too deeply: {text[:40]}...") from None

@@ -180,6 +180,13 @@ def _leaf_types(t: Any) -> list[str]:
     return [s]
 
 
+def _arg_list(a: dict, key: str) -> Sequence[Any]:
+    """An ET argument column (input_shapes, input_types, ...): a list, else nothing to infer from (a writer's
+    `"shapes": 3` is as uninformative as a missing one, and must not reach the per-argument loops)."""
+    v = a.get(key)
+    return v if isinstance(v, (list, tuple)) else []
+
+
 def _tensor_bytes(shapes: Sequence[Any], types: Sequence[Any]) -> tuple[float, list[list[int]]]:
     """Bytes of every plain tensor among the arguments, and the tensor lists (numel per element)."""
     total = 0.0
@@ -259,10 +266,8 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         return []
     if _ALLOC_OR_META.search(low) or (a.get("outputs_alias_inputs") and not low.endswith("_")):
         return []
-    shapes = a.get("input_shapes") or []
-    types = a.get("input_types") or []
-    out_shapes = a.get("output_shapes") or []
-    out_types = a.get("output_types") or []
+    shapes, types = _arg_list(a, "input_shapes"), _arg_list(a, "input_types")
+    out_shapes, out_types = _arg_list(a, "output_shapes"), _arg_list(a, "output_types")
     dtype = _dtype_of([t for t in types if "Tensor" in str(t)], "")[0]
     tens = [list(s) for s, t in zip(shapes, types)
             if "Tensor(" in str(t) and "GenericList" not in str(t) and isinstance(s, (list, tuple)) and s
@@ -385,9 +390,7 @@ def _contiguous(shape: Sequence[int], strides: Any) -> bool:
 def _strided(a: dict, tens: list[list[int]], out_shapes: Sequence[Any]) -> bool:
     """An op whose plain tensor operands are not all contiguous and of one shape: a view (strides) or a
     broadcast operand (an input with more than one element but fewer than the output)."""
-    shapes = a.get("input_shapes") or []
-    types = a.get("input_types") or []
-    strides = a.get("input_strides") or []
+    shapes, types, strides = _arg_list(a, "input_shapes"), _arg_list(a, "input_types"), _arg_list(a, "input_strides")
     outs = [list(s) for s in out_shapes if isinstance(s, (list, tuple)) and s and all(isinstance(x, int) for x in s)]
     out_n = max((_count(s) for s in outs), default=0)
     for k, s in enumerate(shapes):
@@ -404,7 +407,7 @@ def _strided(a: dict, tens: list[list[int]], out_shapes: Sequence[Any]) -> bool:
             return True
         if 1 < _count(s) < out_n:
             return True
-    ostr = a.get("output_strides") or []
+    ostr = _arg_list(a, "output_strides")
     return any(not _contiguous(s, ostr[k]) for k, s in enumerate(outs) if k < len(ostr))
 
 

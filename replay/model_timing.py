@@ -171,7 +171,7 @@ class _ModelBase:
             return str(a["dtype"])
         host = launching_op(graph, i)
         types = graph.attr(host, "input_types", []) if host >= 0 else []
-        return _dtype_of(types or [], graph.name[i])[0]
+        return _dtype_of(types if isinstance(types, (list, tuple)) else [], graph.name[i])[0]
 
 
 class ModelTiming(_ModelBase):

@@ -1,10 +1,11 @@
-"""Coverage-guided fuzzing (atheris / libFuzzer) for a bounded time of three targets: the trace readers
+"""Coverage-guided fuzzing (atheris / libFuzzer) for a bounded time of four targets: the trace readers
 (`tests/fuzz/readers_target.py`), the MoE routing readers (`routing_target.py`: .npy, parquet, JSON
-lines, gzip) and the sweep / suite TOML loaders (`specs_target.py`). A target fails on any exception
+lines, gzip), the sweep / suite TOML loaders (`specs_target.py`) and the model / config.json / hardware
+preset / failure-model loaders (`configs_target.py`). A target fails on any exception
 other than a one-line TraceInputError, and libFuzzer fails on an input that takes more than 2 GB or
 10 s. LUMOS_SIM_FUZZ_SECONDS sets the time per target (default 20 for the trace readers, half that for
 the others), LUMOS_SIM_FUZZ_SEED the seed (default 1). Inputs that once crashed a target are kept in
-tests/fuzz/crashes/ (named `routing-*` / `spec-*` for the new targets) and start its corpus
+tests/fuzz/crashes/ (named `routing-*` / `spec-*` / `config-*` for the new targets) and start its corpus
 (tests/test_fuzz_regressions.py replays them without atheris)."""
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ if importlib.util.find_spec("atheris") is None:
     pytest.skip("atheris (the dev extra) is not installed", allow_module_level=True)
 
 FUZZ = ROOT / "tests" / "fuzz"
-CRASH_PREFIXES = {"routing": ("routing-",), "specs": ("spec-",)}
+CRASH_PREFIXES = {"routing": ("routing-",), "specs": ("spec-",), "configs": ("config-",)}
 
 KINETO = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
     {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
@@ -129,9 +130,22 @@ def _seed_specs(directory) -> None:
     (directory / "seed-suite").write_bytes(bytes([1]) + suite)
 
 
+def _seed_configs(directory) -> None:
+    """A valid file per loader (first byte: 0 model TOML, 1 config.json, 2 hardware preset, 3 failure model)."""
+    (directory / "seed-model").write_bytes(bytes([0]) + (ROOT / "estimators" / "zoo" / "deepseek-v3.toml").read_bytes())
+    hf = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 32,
+          "num_key_value_heads": 4, "vocab_size": 151936, "intermediate_size": 6144, "moe_intermediate_size": 768,
+          "num_experts": 128, "num_experts_per_tok": 8, "layer_types": ["full_attention"] * 4}
+    (directory / "seed-hf").write_bytes(bytes([1]) + json.dumps(hf).encode())
+    preset = ROOT / "replay" / "hardware" / "presets" / "h100-sxm-roofline.toml"
+    (directory / "seed-preset").write_bytes(bytes([2]) + preset.read_bytes())
+    failures = ROOT / "estimators" / "failures" / "presets" / "llama3-405b.toml"
+    (directory / "seed-failures").write_bytes(bytes([3]) + failures.read_bytes())
+
+
 # target -> (file, corpus seeder, default seconds)
 TARGETS = {"readers": ("readers_target.py", _seed_readers, 20), "routing": ("routing_target.py", _seed_routing, 10),
-           "specs": ("specs_target.py", _seed_specs, 10)}
+           "specs": ("specs_target.py", _seed_specs, 10), "configs": ("configs_target.py", _seed_configs, 10)}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

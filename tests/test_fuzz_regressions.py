@@ -1,6 +1,6 @@
 """Inputs the fuzzers once broke a reader or loader with, kept in tests/fuzz/crashes/ (first byte picks the
 reader, as in the target): `routing-*` belong to tests/fuzz/routing_target.py, `spec-*` to
-specs_target.py, the others to readers_target.py. Each must now end in a result or a one-line
+specs_target.py, `config-*` to configs_target.py, the others to readers_target.py. Each must now end in a result or a one-line
 TraceInputError."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 CRASHES = sorted((ROOT / "tests" / "fuzz" / "crashes").iterdir())
-TARGET_MODULES = {"routing-": "routing_target", "spec-": "specs_target"}
+TARGET_MODULES = {"routing-": "routing_target", "spec-": "specs_target", "config-": "configs_target"}
 
 
 def _target(name: str):

@@ -14,6 +14,7 @@ Every number has a provenance line in the [sources] table, like the hardware pre
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,7 +103,9 @@ def failure_model_from_dict(data: Mapping[str, Any], path: str | None = None) ->
     if not isinstance(comps_in, Mapping) or not comps_in:
         raise TraceInputError(path, "a failure model needs a [components] table (one sub-table per cause)")
     total = _total_rate(data, comps_in, path)
-    counted = sum(float(c.get("count", 0)) for c in comps_in.values() if isinstance(c, Mapping))
+    # counts checked before they are summed (a string or a list count was a ValueError / TypeError here)
+    counted = sum(_number(c["count"], f"components.{name}.count", path)
+                  for name, c in comps_in.items() if isinstance(c, Mapping) and "count" in c)
     comps = []
     for name, c in comps_in.items():
         if not isinstance(c, Mapping):
@@ -143,7 +146,13 @@ def _total_rate(data: Mapping[str, Any], comps: Mapping[str, Any], path: str | N
 def _number(v: Any, key: str, path: str | None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
         raise TraceInputError(path, f"{key} must be a number >= 0, got {v!r}")
-    return float(v)
+    try:
+        value = float(v)
+    except OverflowError:   # a TOML integer past the float range
+        value = math.inf
+    if value == math.inf:
+        raise TraceInputError(path, f"{key} must be a finite number >= 0, got {v!r}"[:300])
+    return value
 
 
 def list_failure_models() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chakra_schema.errors import TraceInputError, check_choice
+from chakra_schema.errors import TraceInputError, check_choice, check_number
 from estimators.moe.placement import PLACEMENTS, SLOTTED
 
 PHASES = ("prefill", "decode", "train")
@@ -63,8 +63,9 @@ class MoEOptions:
                 bad(f"{name} must be at most {cap:,} ({why}), got {getattr(self, name):,}")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
-        if self.coactivation_weight < 0:
-            bad("coactivation_weight must be >= 0")
+        check_number("moe.coactivation_weight", self.coactivation_weight, 0)   # finite: NaN / inf refused
+        if self.seed < 0:   # numpy's SeedSequence takes non-negative integers only
+            bad(f"seed must be >= 0, got {self.seed}")
         if not 0.0 <= self.mtp_acceptance <= 1.0:
             bad("mtp_acceptance must be in [0, 1]")
         if self.redundant_experts and self.placement not in SLOTTED:

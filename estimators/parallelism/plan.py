@@ -11,6 +11,7 @@ so EP32 with ETP1 spans TP2 x DP16 (32 consecutive ranks, four nodes), and ep ne
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from chakra_schema.errors import TraceInputError
@@ -99,7 +100,7 @@ class ParallelPlan:
                   and self.gpus_per_node >= 1 and self.dp_shard >= 0 and self.zero in (0, 1, 2, 3)
                   and self.precision in PRECISIONS and self.recompute in RECOMPUTE and self.attention in ATTENTION
                   and self.etp >= 1 and self.first_stage_layers >= 0 and self.last_stage_layers >= 0
-                  and self.recompute_layers >= 0 and self.moe_capacity_factor >= 0 and self.moe_a2a in MOE_A2A
+                  and self.recompute_layers >= 0 and 0 <= self.moe_capacity_factor < math.inf and self.moe_a2a in MOE_A2A
                   and self.fp8_recipe in FP8_RECIPES and self.finetune in FINETUNE and self.fsdp in FSDP_IMPLS
                   and self.packed_doc_len >= 0 and self.lora_rank >= 1
                   and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
@@ -229,8 +230,8 @@ def _reject_fields(plan: ParallelPlan) -> None:
     bad_mod = [x for x in plan.recompute_modules if x not in RECOMPUTE_MODULES]
     if bad_mod:
         bad(f"--recompute-modules: unknown module {bad_mod[0]!r} (known: {', '.join(RECOMPUTE_MODULES)})")
-    if not (isinstance(plan.moe_capacity_factor, (int, float)) and plan.moe_capacity_factor >= 0):
-        bad(f"--moe-capacity-factor must be >= 0 (0: dropless), got {plan.moe_capacity_factor!r}")
+    if not (isinstance(plan.moe_capacity_factor, (int, float)) and 0 <= plan.moe_capacity_factor < math.inf):
+        bad(f"--moe-capacity-factor must be a finite number >= 0 (0: dropless), got {plan.moe_capacity_factor!r}")
     for key in ("grad_bytes", "master_weight_bytes"):
         if getattr(plan, key) not in (2, 4):
             bad(f"{key} must be 2 or 4, got {getattr(plan, key)!r}")

@@ -48,6 +48,10 @@ from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, stage_layers
 
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+# The search holds plans as int64 numpy columns: a sequence length, batch or micro-batch past 2^31 (beyond any
+# training run) would not fit them, and their products (tokens per step) stay exact below 2^62
+MAX_SEARCH_SIZE = 1 << 31
+
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
             "sequence_parallel", "overlap_grad_reduce", "overlap_p2p", "async_tp_comm")
 
@@ -91,6 +95,8 @@ class SearchSpace:
             if key in ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch"):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise TraceInputError(None, f"{flag} must be an integer >= 1, got {v!r}")
+                if v > MAX_SEARCH_SIZE:
+                    raise TraceInputError(None, f"{flag} must be at most {MAX_SEARCH_SIZE:,} with --search, got {v}")
                 kw["micro_batches" if key == "micro_batch" else key] = (v,)
             elif key == "zero":
                 if v not in (0, 1, 2, 3):
@@ -793,6 +799,9 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
     from estimators.parallelism.timing import resolve_hardware
     if gpus < 1 or seq_len < 1 or global_batch < 1:
         raise TraceInputError(None, "the search needs gpus, seq_len and global_batch >= 1")
+    for flag, v in (("--seq-len", seq_len), ("--global-batch", global_batch)):
+        if v > MAX_SEARCH_SIZE:
+            raise TraceInputError(None, f"{flag} must be at most {MAX_SEARCH_SIZE:,} with --search, got {v}")
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware)
     timings: dict[str, float] = {}

@@ -160,17 +160,10 @@ def _main_search(args) -> int:
 
 
 def main_scenario(args) -> int:
-    import tomllib
-
+    from chakra_schema.errors import read_toml
     from estimators.scenario import Scenario
 
-    try:
-        with open(args.file, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise TraceInputError(args.file, "scenario file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, IsADirectoryError, RecursionError) as e:
-        raise TraceInputError(args.file, f"not a valid TOML file: {e}") from None
+    data = read_toml(args.file, "scenario file")   # the loaders' one reader: bounded, digit-limit integers
     scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
     p = evaluate_with_progress(scenario, "evaluating")
     if args.json:

@@ -19,9 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, check_number, read_toml, reject_unknown_keys, with_path
+from chakra_schema.errors import TraceInputError, check_choice, check_number, read_toml, reject_unknown_keys, with_path
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
+# GPUs of one scale-up (NVLink) domain: the largest announced is 576 (NVL576); larger is a typo, and the
+# network model divides rank ids by it in C longs (`lumos-sim whatif moe --gpus-per-node` has the same cap)
+MAX_GPUS_PER_NODE = 4096
+# SMs of one GPU: the largest shipped has 160 (B200, two dies); the GEMM model's wave count divides by
+# sm_count, and a 400-digit count rounded that to a zero float
+MAX_SMS = 1 << 16
+# Any count or length a preset gives (K units, tile sizes, nodes under a leaf): past 2^31 is a typo, and the
+# models convert these to floats (a 400-digit integer overflows there)
+MAX_COUNT = 1 << 31
+# NCCL's protocols, the names the collective algorithms of replay/hardware/network.py look up; every
+# algorithm can run Simple, so a preset without it left some collectives with no protocol (a ValueError)
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 
 
 # --------------------------------------------------------------------------------------------- specs
@@ -39,7 +51,7 @@ class GPUSpec:
     device_names: tuple[str, ...] = ()      # substrings of Kineto `deviceProperties[].name` that mean this GPU
 
     def __post_init__(self) -> None:
-        check_number("[gpu] sm_count", self.sm_count, 1, integer=True)
+        check_number("[gpu] sm_count", self.sm_count, 1, MAX_SMS, integer=True)
         for name in ("memory_gb", "hbm_bw_gbs", "pcie_bw_gbs"):
             check_number(f"[gpu] {name}", getattr(self, name), 0, low_open=True)
         check_number("[gpu] kernel_start_after_call_us", self.kernel_start_after_call_us, 0)
@@ -80,13 +92,16 @@ class ComputeSpec:
         for name in ("gemm_efficiency", "hbm_efficiency", "pcie_efficiency", "attention_fwd_efficiency",
                      "attention_bwd_efficiency", "pageable_copy_efficiency", "sustained_tensor_fraction"):
             check_number(f"[compute] {name}", getattr(self, name), 0, 1, low_open=True)
-        if not self.gemm_tiles or any(len(t) != 2 or min(t) <= 0 for t in self.gemm_tiles):
-            raise TraceInputError(None, "[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs > 0")
+        if not self.gemm_tiles or any(len(t) != 2 or min(t) <= 0 or max(t) > MAX_COUNT for t in self.gemm_tiles):
+            raise TraceInputError(None, f"[compute] gemm_tiles must be a list of [tile_m, tile_n] pairs > 0 "
+                                        f"(at most {MAX_COUNT:,})")
         check_number("[compute] gemm_tile_intensity_knee", self.gemm_tile_intensity_knee, 0, low_open=True)
-        check_number("[compute] gemm_k_overhead", self.gemm_k_overhead, 0, integer=True)
+        check_number("[compute] gemm_k_overhead", self.gemm_k_overhead, 0, MAX_COUNT, integer=True)
         if not self.gemm_split_k or any(not isinstance(k, int) or k < 1 for k in self.gemm_split_k):
             raise TraceInputError(None, "[compute] gemm_split_k must be a non-empty list of integers >= 1")
-        check_number("[compute] attention_block", self.attention_block, 1, integer=True)
+        if 1 not in self.gemm_split_k:   # the GEMM model falls back to no split where a split cannot help
+            raise TraceInputError(None, f"[compute] gemm_split_k must include 1 (no split), got {list(self.gemm_split_k)}")
+        check_number("[compute] attention_block", self.attention_block, 1, MAX_COUNT, integer=True)
         check_number("[compute] min_kernel_us", self.min_kernel_us, 0)
         for d, v in self.gemm_efficiency_by_dtype.items():
             check_number(f"[compute] gemm_efficiency_by_dtype.{d}", v, 0, 1, low_open=True)
@@ -106,7 +121,7 @@ class NodeSpec:
     nvlink_mesh: tuple[tuple[int, ...], ...] = ()  # (gpu_a, gpu_b, number of links) for mesh topologies
 
     def __post_init__(self) -> None:
-        check_number("[node] gpus_per_node", self.gpus_per_node, 1, integer=True)
+        check_number("[node] gpus_per_node", self.gpus_per_node, 1, MAX_GPUS_PER_NODE, integer=True)
         if self.intra_topology not in ("nvswitch", "hybrid_cube_mesh"):
             raise TraceInputError(None, f"unknown [node] intra_topology '{self.intra_topology}' "
                                         "(expected nvswitch or hybrid_cube_mesh)")
@@ -142,7 +157,7 @@ class NetworkSpec:
         if self.topology != "rail_fat_tree":
             raise TraceInputError(None, f"unknown [network] topology '{self.topology}' (expected rail_fat_tree)")
         check_number("[network] nics_per_node", self.nics_per_node, 1, integer=True)
-        check_number("[network] nodes_per_leaf", self.nodes_per_leaf, 1, integer=True)
+        check_number("[network] nodes_per_leaf", self.nodes_per_leaf, 1, MAX_COUNT, integer=True)
         check_number("[network] nic_gbps", self.nic_gbps, 0, low_open=True)
         check_number("[network] oversubscription", self.oversubscription, 0, low_open=True)
         check_number("[network] switch_latency_us", self.switch_latency_us, 0)
@@ -163,6 +178,7 @@ class ProtocolSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise TraceInputError(None, "[[protocols]] name is empty")
+        check_choice("[[protocols]] name", self.name, NCCL_PROTOCOLS)
         check_number(f"[[protocols]] {self.name}: bw_fraction", self.bw_fraction, 0, 1, low_open=True)
         for name in ("base_latency_us", "nvlink_hop_us", "net_hop_us"):
             check_number(f"[[protocols]] {self.name}: {name}", getattr(self, name), 0)
@@ -221,6 +237,9 @@ class HardwareConfig:
     def __post_init__(self) -> None:
         if not self.protocols:
             raise TraceInputError(self.path or None, "[[protocols]] must be a non-empty array of tables")
+        if "Simple" not in {p.name for p in self.protocols}:
+            raise TraceInputError(self.path or None, "[[protocols]] needs a 'Simple' entry: every collective "
+                                                     "algorithm can run it, and some only it")
 
     # -------- derived figures used by the models (GB/s are 1e9 bytes/s)
     @property
@@ -288,7 +307,10 @@ def _convert(value: Any, tp: Any, where: str, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:   # a TOML integer past the float range
+            raise TraceInputError(path, f"{where} must be a finite number, got {value}"[:200]) from None
     if tp is str:
         if not isinstance(value, str):
             raise bad
