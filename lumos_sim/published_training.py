@@ -337,14 +337,23 @@ def case_from_table(path, where: str, raw: dict, shared, CaseSpec, fraction, typ
 def run_case(suite: str, case, CaseResult, StepCheck):
     """Every row (or `case.ranks` = the chosen rows): one check per row, measured = the published
     tokens/s per GPU (TFLOP/s per GPU where the row has none), predicted = ours. A row that cannot run,
-    or that the memory model flags as out of memory although it ran, fails the case."""
+    or that the memory model flags as out of memory although it ran, fails the case; a case that cannot
+    be read (no such CSV or preset, a row the table lacks) is bad input, raised with the case named."""
     import time
+
+    from estimators.parallelism.timing import resolve_hardware
 
     t0 = time.perf_counter()
     try:
-        results = run_rows(case.csv, case.hardware or "h100-sxm", case.ranks)
+        rows = read_rows(case.csv)
+        hardware = resolve_hardware(case.hardware or "h100-sxm")
+        missing = sorted(set(case.ranks or ()) - {r.index for r in rows})
+        if missing:
+            raise TraceInputError(case.csv, f"'rows' names row {missing[0]}, which the table lacks "
+                                            f"(rows 0-{len(rows) - 1})")
     except TraceInputError as e:
-        return CaseResult(suite, case, [], error=str(e), seconds=time.perf_counter() - t0)
+        raise TraceInputError(e.path, f"{e.problem} (case '{case.name}' of suite '{suite}')") from None
+    results = [run_row(row, hardware) for row in rows if case.ranks is None or row.index in case.ranks]
     checks, problems = [], []
     for r in results:
         if r.error:

@@ -380,3 +380,19 @@ def test_a_swept_integer_past_int64_is_kept_in_the_results_table(tmp_path, capsy
     assert cli("sweep", spec, "-o", out) == 0, capsys.readouterr().err[-2000:]
     df = pd.read_parquet(out)
     assert sorted(df["status"]) == ["error", "ok"] and BIG in set(df["plan.micro_batch"]), df[["status", "plan.micro_batch"]]
+
+
+# ------------------------------------------------------------------------- published_training cases
+@pytest.mark.parametrize("extra, needle", [
+    ('csv = "missing.csv"\n', "cannot read"),
+    ('csv = "rows.csv"\nhardware = "no-such-gpu"\n', "no-such-gpu"),
+    ('csv = "rows.csv"\nrows = [0, 7]\n', "'rows' names row 7"),
+], ids=["no-csv", "unknown-preset", "row-past-the-table"])
+def test_an_unreadable_published_training_case_is_bad_input_not_a_failed_check(tmp_path, capsys, extra, needle):
+    """A missing CSV, an unknown preset or a row the table lacks was a failed accuracy case (exit 1); it is
+    bad input (exit 2), one line naming the case."""
+    (tmp_path / "rows.csv").write_text("model,gpus,tp,pp,gbs,seq,precision,published_tokens_per_gpu\n"
+                                       "llama2-7b,8,1,1,128,4096,BF16,3000\n")
+    suite = tmp_path / "suite.toml"
+    suite.write_text('[[case]]\nkind = "published_training"\nname = "pub"\n' + extra)
+    one_line_error(capsys, cli("check", suite), needle, "case 'pub'")
