@@ -18,8 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from atheris_main import run_atheris  # noqa: E402
-from chakra_schema.errors import TraceInputError  # noqa: E402
+from atheris_main import load_as_file, run_atheris  # noqa: E402
 
 _DIR = tempfile.mkdtemp(prefix="lumos-fuzz-specs-")
 
@@ -38,20 +37,11 @@ def _suite(path: str) -> None:
     load_suite(path)
 
 
-LOADERS = (_sweep, _suite)
+LOADERS = ((_sweep, "spec.toml"), (_suite, "spec.toml"))
 
 
 def fuzz_one(data: bytes) -> None:
-    if not data:
-        return
-    loader = LOADERS[data[0] % len(LOADERS)]
-    path = os.path.join(_DIR, "spec.toml")
-    with open(path, "wb") as f:
-        f.write(data[1:])
-    try:
-        loader(path)
-    except TraceInputError:
-        pass
+    load_as_file(data, LOADERS, _DIR)
 
 
 def main(argv: list[str]) -> None:
