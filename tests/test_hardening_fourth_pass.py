@@ -9,30 +9,13 @@ import time
 
 import pytest
 
-from lumos_sim.cli import main
+from tests.test_hardening_third_pass import cli, one_line_error
 
 LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
          "num_key_value_heads": 8, "vocab_size": 128256, "intermediate_size": 14336}
 PLAN = ("--gpus", 8, "--tp", 8, "--seq-len", 4096, "--global-batch", 8)
 MOE_PLAN = ("--model", "mixtral-8x7b", "--gpus", 16, "--tp", 2, "--ep", 8, "--seq-len", 4096, "--global-batch", 32)
 SMALL_MOE = ("--model", "qwen3-30b-a3b", "--ep", 8, "--routing", "synthetic:tokens=2048", "--tokens", 64)
-
-
-def cli(*argv) -> int:
-    try:
-        return main([str(a) for a in argv])
-    except SystemExit as e:
-        return int(e.code)
-
-
-def one_line_error(capsys, code: int, *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2, err[-2000:]
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def hf_config(tmp_path, name: str, data) -> str:
