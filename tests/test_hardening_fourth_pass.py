@@ -379,3 +379,11 @@ def test_an_unreadable_published_training_case_is_bad_input_not_a_failed_check(t
     suite = tmp_path / "suite.toml"
     suite.write_text('[[case]]\nkind = "published_training"\nname = "pub"\n' + extra)
     one_line_error(capsys, cli("check", suite), needle, "case 'pub'")
+
+
+def test_an_empty_calibrated_preset_name_is_refused_before_any_fit(tmp_path, capsys):
+    """`calibrate --name ""` wrote a preset named "" that `--hardware` could never select."""
+    out = tmp_path / "mine.toml"
+    one_line_error(capsys, cli("calibrate", tmp_path, "--hardware", "h100-sxm", "-o", out, "--name", " "),
+                   "--name must name the preset")
+    assert not out.exists()

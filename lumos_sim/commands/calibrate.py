@@ -71,6 +71,8 @@ def main(args) -> int:
 
     if args.install:
         args.output, args.name = install_path(args.install), args.install
+    elif args.name is not None and not args.name.strip():
+        raise TraceInputError(None, "--name must name the preset (empty given); leave it out to use the file's stem")
     if not str(args.output).endswith(".toml"):
         raise TraceInputError(args.output, "the calibrated preset must be a .toml file")
     from chakra_schema.safe_io import prepare_output, refuse_overwriting_inputs
