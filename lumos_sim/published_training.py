@@ -32,9 +32,8 @@ Where the release's own scripts ran something else than its table prints, the ro
 - GPT-OSS-120B H100 (25.11): the script runs micro-batch 1 (the table's 4 with GA 2 is the B200 row's), and
   sets recompute_modules without recompute_granularity = "selective", so nothing is recomputed in v0.2.0.
 - EP all-to-all overlap (overlap_moe_expert_parallel_comm with delay_wgrad_compute) is on in the 25.11
-  Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too. The rows run without
-  `moe_a2a_overlap`, which prices the overlap as fully hidden: on these rows that reads 34-35% above the
-  published throughput, where the runs without it are 5-9% below (README, "Published training runs").
+  Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too (`A2A_OVERLAP_RUNS`). These rows
+  run with `moe_a2a_overlap`, as they ran.
 """
 from __future__ import annotations
 
@@ -53,6 +52,11 @@ from estimators.parallelism.plan import ParallelPlan
 # projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
 LORA_RANK = 16
 SQUAD_EXAMPLE_TOKENS = 256        # mean packed SQuAD example, Llama-2 tokens (see row_plan)
+# Runs whose release scripts overlap the EP all-to-all with another micro-batch's compute (Megatron-Core
+# overlap_moe_expert_parallel_comm with delay_wgrad_compute): Megatron-Bridge r0.1.0 (25.09) sets it for
+# DeepSeek-V3 with DeepEP; v0.2.0 (25.11) base configs set moe_a2a_overlap=True for Qwen3-30B-A3B and
+# Qwen3-235B-A22B on H100. GPT-OSS-120B 25.11 and the 25.09 Qwen3 token-drop runs do not.
+A2A_OVERLAP_RUNS = {("NeMo 25.09", "deepseek-v3"), ("NeMo 25.11", "qwen3-30b-a3b"), ("NeMo 25.11", "qwen3-235b-a22b")}
 # Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B)
 ALIASES = {"nemotron340b": "nemotron4-340b"}
 
@@ -220,6 +224,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # off, which padding to capacity makes moot: every expert computes its capacity either way.
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0 or "25." in row.release
+        kw["moe_a2a_overlap"] = (row.release, model.name) in A2A_OVERLAP_RUNS
     return ParallelPlan(**kw)
 
 

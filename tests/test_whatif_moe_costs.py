@@ -4,6 +4,8 @@ three kernels per cast, and the fused (bf16, in-place) cross entropy. Figures ar
 formulas in the tests, not read from the code."""
 from __future__ import annotations
 
+import pytest
+
 from estimators.model_config import load_model
 from estimators.parallelism.memory import estimate_memory
 from estimators.parallelism.plan import ParallelPlan
@@ -70,9 +72,9 @@ def test_fused_cross_entropy_reads_and_writes_the_logits_once():
     assert bwd["cross_entropy_bwd"]["bytes"] == 8192 * 128256 * 2 * 2
 
 
-def test_overlapped_all_to_all_hides_under_compute_but_still_bounds_the_step():
-    """EP communication overlap: the all-to-alls run under compute, so the step is shorter than with them
-    exposed, but never shorter than the compute alone or the all-to-alls alone (both streams are busy)."""
+def test_overlapped_all_to_all_hides_its_measured_share_of_the_exposed_time():
+    """EP communication overlap hides 26% of the all-to-all time (EP_OVERLAP_HIDDEN, fitted on measured H100
+    runs): the step shortens by about that share of the exposed all-to-all time, never below the compute."""
     from estimators.parallelism.evaluate import predict
     model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(tp=1, pp=2, dp=8, ep=8, seq_len=4096, micro_batch=2, global_batch=64, precision="bf16")
@@ -80,8 +82,18 @@ def test_overlapped_all_to_all_hides_under_compute_but_still_bounds_the_step():
     hidden = predict(model, plan.with_(moe_a2a_overlap=True), "h100-sxm")
     bd = exposed.breakdown.mean
     assert bd.exposed_ep_comm_us > 0.05 * bd.window_us          # the all-to-alls matter here
-    assert hidden.step_time_s < exposed.step_time_s - 0.5 * bd.exposed_ep_comm_us / 1e6
+    saved = exposed.step_time_s - hidden.step_time_s
+    assert 0.15 * bd.exposed_ep_comm_us / 1e6 < saved < 0.35 * bd.exposed_ep_comm_us / 1e6
     assert hidden.step_time_s >= bd.compute_us / 1e6 * 0.999
+
+
+def test_an_overlapped_plan_splits_each_all_to_all_into_an_exposed_and_a_hidden_share():
+    """74% of the dispatch bytes on the compute chain, 26% beside it (the same EP stream, exposed first)."""
+    plan = _qwen30b_plan(moe_a2a_overlap=True)
+    fwd = _ops(load_model("qwen3-30b-a3b"), plan)
+    whole = _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan())["moe_dispatch_alltoall"]["comm_size"]
+    assert fwd["moe_dispatch_alltoall_exposed"]["comm_size"] == pytest.approx(0.74 * whole, rel=1e-6)
+    assert fwd["moe_dispatch_alltoall"]["comm_size"] == pytest.approx(0.26 * whole, rel=1e-6)
 
 
 def test_clamped_glu_adds_the_clamp_and_concat_passes_over_the_expert_input():
@@ -105,15 +117,14 @@ def test_gpt_oss_config_json_swiglu_limit_is_the_clamp():
 
 
 def test_an_overlapped_all_to_all_estimate_says_it_reads_above_the_published_runs():
-    """The fully hidden overlap is 34-35% above the two published H100 runs that used it (DeepSeek-V3
-    1,297 and Qwen3-235B 1,575 tokens/s/GPU, training-throughput.csv): the prediction says so, and only
-    when the plan overlaps an expert-parallel all-to-all."""
+    """The prediction says what share of the all-to-all its overlap hides, and only when the plan overlaps
+    an expert-parallel all-to-all."""
     from estimators.parallelism.evaluate import predict
     from estimators.parallelism.whatif import prediction_of_plan
     model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8, precision="bf16")
     overlapped = prediction_of_plan(predict(model, plan.with_(moe_a2a_overlap=True), "h100-sxm"))
-    assert any("34-35% optimistic" in n for n in overlapped.notes)
-    assert not any("optimistic" in n for n in prediction_of_plan(predict(model, plan, "h100-sxm")).notes)
+    assert any("hides 26% of the EP all-to-all time" in n for n in overlapped.notes)
+    assert not any("hides" in n for n in prediction_of_plan(predict(model, plan, "h100-sxm")).notes)
     no_ep = plan.with_(ep=1, moe_a2a_overlap=True)
-    assert not any("optimistic" in n for n in prediction_of_plan(predict(model, no_ep, "h100-sxm")).notes)
+    assert not any("hides" in n for n in prediction_of_plan(predict(model, no_ep, "h100-sxm")).notes)

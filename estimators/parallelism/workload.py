@@ -85,6 +85,16 @@ FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
 # without it. hardware.md: the launch call alone takes 3-6 us of CPU; Megatron-Core's Python around each
 # op adds about as much again (see LAUNCH_US in the README's constants table).
 LAUNCH_US = 8.0
+# EP all-to-all overlap (Megatron-Core overlap_moe_expert_parallel_comm): the share of the all-to-all time
+# that the other micro-batch's compute actually hides. Ideally all of it; measured runs hide far less
+# (communication kernels take SMs from the GEMMs they run beside -- DeepEP's 20 SMs cost about 20% of GEMM
+# efficiency, Megatron-Core MoE report arXiv:2603.07685 -- the first forward and last backward of a
+# pipeline chunk have no partner, and the merged schedule adds host work). Fitted on the four H100 runs
+# with the overlap on: Megatron-Bridge DeepSeek-V3 25.09 (1,297 tokens/s/GPU) and Qwen3-235B 25.11 (1,575),
+# Megatron-Core report Table 11 DeepSeek-V3 (1,412) and Qwen3-235B (2,132); they realise 0.14, 0.20, 0.34 and
+# 0.38 of the fully hidden estimate's gain over the exposed one. Mean 0.26; leave-one-model-out 0.24 / 0.29,
+# every run then within 6.4%.
+EP_OVERLAP_HIDDEN = 0.26
 
 
 def dropless_imbalance(ep: int, assignments: float) -> float:
@@ -682,36 +692,50 @@ class _RankBuilder:
         if p.moe_capacity_factor > 0:
             size *= p.moe_capacity_factor       # padded to capacity, the padding travels too
         if self.routing is None and p.moe_a2a == "deepep":
-            self._deepep(tpl, name, size)
+            if p.moe_a2a_overlap:
+                self._deepep(tpl, name + "_exposed", size * (1.0 - EP_OVERLAP_HIDDEN), hidden=False)
+                self._deepep(tpl, name, size * EP_OVERLAP_HIDDEN, hidden=True)
+            else:
+                self._deepep(tpl, name, size, hidden=False)
             return
-        attrs = coll(CommType.ALL_TO_ALL, size, self.ep_g, self._pg("ep", self.ep_g))
+        if not p.moe_a2a_overlap:
+            self._a2a_share(tpl, name, size, 1.0, transpose, hidden=False)
+            return
+        # overlapped: the exposed share first (the compute waits for it), then the share the other
+        # micro-batch's compute hides (done by the end of the next layer); one EP stream keeps them in order
+        self._a2a_share(tpl, name + "_exposed", size, 1.0 - EP_OVERLAP_HIDDEN, transpose, hidden=False)
+        self._a2a_share(tpl, name, size, EP_OVERLAP_HIDDEN, transpose, hidden=True)
+
+    def _a2a_share(self, tpl: _Template, name: str, size: float, share: float, transpose: bool,
+                   hidden: bool) -> None:
+        """`share` of one all-to-all (and of its ETP collective), on the compute chain or, `hidden`, beside it."""
+        p = self.p
+        attrs = coll(CommType.ALL_TO_ALL, size * share, self.ep_g, self._pg("ep", self.ep_g))
         if self.routing is not None:  # measured routing: this layer's per-pair sizes (combine: reversed)
             pairs = self.moe_loads.pair_tokens[self.routing[1], self.routing[0]]
-            pair_bytes = (pairs.T if transpose else pairs) * (self.m.hidden * ACT_BYTES)
+            pair_bytes = (pairs.T if transpose else pairs) * (self.m.hidden * ACT_BYTES * share)
             attrs["comm_pair_bytes"] = pair_bytes
             attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
-        if p.moe_a2a_overlap:
-            # the other micro-batch's compute runs meanwhile: the compute stream goes on, and the
-            # all-to-all need only be done by the end of the next layer (throughput view of the overlap)
+        if hidden:
             i = tpl.add(name, EP, attrs, deps=(tpl.head,), chain=False)
         else:
             i = tpl.add(name, EP, attrs)
         if p.etp > 1:   # the ETP group shares its tokens (all-gather after dispatch, reduce-scatter before combine)
             ag = "combine" in name
             i = tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
-                        coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * p.etp, self.etp_g,
-                             self._pg("etp", self.etp_g)), deps=(i,) if p.moe_a2a_overlap else None,
-                        chain=not p.moe_a2a_overlap)
-        if p.moe_a2a_overlap:
+                        coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * share * p.etp,
+                             self.etp_g, self._pg("etp", self.etp_g)), deps=(i,) if hidden else None,
+                        chain=not hidden)
+        if hidden:
             tpl.overlapped.append(i)
 
-    def _deepep(self, tpl: _Template, name: str, size: float) -> None:
+    def _deepep(self, tpl: _Template, name: str, size: float, hidden: bool) -> None:
         """DeepEP's fused dispatch / combine: a token bound for another node crosses the network once per
         destination node (to the GPU of the same local index there), then NVLink forwards it to the GPUs
         holding its experts. Two transfers in flight together: RDMA over the EP group's rail peers with
         each token counted once per distinct remote node, NVLink inside the node with every (token,
         expert) pair."""
-        p, mo, gpn = self.p, self.m.moe, self.p.gpus_per_node
+        mo, gpn = self.m.moe, self.p.gpus_per_node
         ep_nodes = sorted({r // gpn for r in self.ep_g})
         n = len(ep_nodes)
         tok = size / (mo.top_k * self.m.hidden * ACT_BYTES)
@@ -733,7 +757,7 @@ class _RankBuilder:
             joins.append(tpl.add(name + "_nvlink", EP,
                                  coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
                                  deps=(head,), chain=False))
-        if p.moe_a2a_overlap:
+        if hidden:
             tpl.overlapped += joins
         else:
             tpl.join += joins
