@@ -70,7 +70,8 @@ class ParallelPlan:
     moe_force_balance: bool = True     # balanced routing (Megatron --moe-router-force-load-balancing)
     # EP communication overlap (Megatron-Core `overlap_moe_expert_parallel_comm`, Megatron-Bridge
     # `moe_a2a_overlap`): the 1F1B schedule interleaves one micro-batch's forward with another's backward
-    # layer by layer, so each dispatch / combine all-to-all runs under the other micro-batch's compute
+    # layer by layer, so each dispatch / combine all-to-all runs under the other micro-batch's compute; the
+    # share of its time that this hides on H100 is measured, not all of it (workload.EP_OVERLAP_HIDDEN)
     moe_a2a_overlap: bool = False
     fp8_recipe: str = "delayed"
     cuda_graphs: bool = False          # layers captured in CUDA graphs: no per-kernel launch overhead
