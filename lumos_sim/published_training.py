@@ -280,7 +280,7 @@ def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float,
     return conv(model, row.seq) * tokens_per_gpu / 1e12
 
 
-def run_row(row: PublishedRow, hardware: str = "h100-sxm") -> RowResult:
+def run_row(row: PublishedRow, hardware: Any = "h100-sxm") -> RowResult:
     import time
 
     from estimators.parallelism.evaluate import predict
@@ -299,7 +299,12 @@ def run_row(row: PublishedRow, hardware: str = "h100-sxm") -> RowResult:
 
 def run_rows(path: str | Path, hardware: str = "h100-sxm", only: list[int] | None = None,
              progress=None) -> list[RowResult]:
-    rows = read_rows(path)
+    return run_selected_rows(read_rows(path), hardware, only, progress)
+
+
+def run_selected_rows(rows: list[PublishedRow], hardware: Any = "h100-sxm", only: list[int] | None = None,
+                      progress=None) -> list[RowResult]:
+    """`rows` (those whose index is in `only`, when given) predicted on `hardware`."""
     out = []
     for n, row in enumerate(rows):
         if only is not None and row.index not in only:
@@ -358,7 +363,7 @@ def run_case(suite: str, case, CaseResult, StepCheck):
                                             f"(rows 0-{len(rows) - 1})")
     except TraceInputError as e:
         raise TraceInputError(e.path, f"{e.problem} (case '{case.name}' of suite '{suite}')") from None
-    results = [run_row(row, hardware) for row in rows if case.ranks is None or row.index in case.ranks]
+    results = run_selected_rows(rows, hardware, case.ranks)
     checks, problems = [], []
     for r in results:
         if r.error:

@@ -11,11 +11,12 @@ from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
 from estimators.parallelism.evaluate import PlanPrediction, predict
+from estimators.parallelism.workload import EP_OVERLAP_HIDDEN
 from estimators.registry import register_whatif
 
 
 # The overlapped EP all-to-all hides only a fitted share of its time (workload.EP_OVERLAP_HIDDEN): say so, and
-# what the estimate would be with the ideal overlap, which no measured H100 run reached.
+# that the ideal (fully hidden) overlap reads above every measured H100 run.
 OVERLAP_CAVEAT = ("moe_a2a_overlap hides {hidden:.0%} of the EP all-to-all time, as measured H100 runs did "
                   "(fitted on four; hiding all of it reads 24-35% above them)")
 
@@ -29,7 +30,6 @@ def prediction_of_plan(r: PlanPrediction) -> Prediction:
                "simulated_nodes": r.num_nodes, "pipeline_bubble_fraction": r.breakdown.mean.idle_fraction}
     notes = []
     if r.plan.moe_a2a_overlap and r.plan.ep > 1:
-        from estimators.parallelism.workload import EP_OVERLAP_HIDDEN
         notes.append(OVERLAP_CAVEAT.format(hidden=EP_OVERLAP_HIDDEN))
     return Prediction(whatif="parallelism", scenario_key="", step_time_s=r.step_time_s,
                       breakdown=r.breakdown.mean, tokens_per_s=r.tokens_per_s, tflops_per_gpu=r.tflops_per_gpu,
