@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lumos_sim.check import find_shared  # noqa: E402
-from lumos_sim.published_training import RowResult, read_rows, run_row, zoo_name  # noqa: E402
+from lumos_sim.published_training import (RowResult, finetune_script_layout, read_rows, row_model,  # noqa: E402
+                                          run_row, zoo_name)
 
 
 def csv_path(arg: str | None) -> Path:
@@ -56,8 +57,11 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
              "predicted | error | memory GiB | estimate CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         w = r.row
-        lay = f"TP{w.tp} PP{w.pp}" + (f"x{w.vp}" if w.vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
-            (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}"
+        script = finetune_script_layout(w, row_model(w))   # columns the table omits, from its launch script
+        vp = script.get("vp", w.vp)
+        lay = f"TP{w.tp} PP{w.pp}" + (f"x{vp}" if vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
+            (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}" + \
+            (" (no SP)" if script.get("sequence_parallel") is False else "") + ("*" if script else "")
         err = r.relative_error
         lines.append(f"| {w.index} | {w.release.split(' (')[0]} | {w.model_name} | {w.gpus} | {lay} | "
                      f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
@@ -65,6 +69,10 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
                      + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
                      f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} | {fmt(cpu.get(w.index), 2)} |")
     errs = [abs(r.relative_error) for r in results if r.relative_error is not None]
+    if any(finetune_script_layout(r.row, row_model(r.row)) for r in results):
+        lines.append("")
+        lines.append("\\* VP / sequence parallelism that the table does not print, as the release's launch script set "
+                     "them (lumos_sim.published_training.FINETUNE_SCRIPT_LAYOUTS)")
     if errs:
         lines.append("")
         lines.append(f"{len(errs)} of {len(results)} rows ran; mean |error| {100 * sum(errs) / len(errs):.1f}%, "

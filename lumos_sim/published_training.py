@@ -31,6 +31,8 @@ Where the release's own scripts ran something else than its table prints, the ro
   "before_ep_alltoall"); token drop with padding never does.
 - GPT-OSS-120B H100 (25.11): the script runs micro-batch 1 (the table's 4 with GA 2 is the B200 row's), and
   sets recompute_modules without recompute_granularity = "selective", so nothing is recomputed in v0.2.0.
+- NeMo 24.07 fine-tuning rows: the table prints no VP or sequence-parallel column; the launch scripts' values
+  fill them (`FINETUNE_SCRIPT_LAYOUTS`: 13B SFT VP 10, 70B SFT VP 20, 70B LoRA without SP).
 - EP all-to-all overlap (overlap_moe_expert_parallel_comm with delay_wgrad_compute) is on in the 25.11
   Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too (`A2A_OVERLAP_RUNS`). These rows
   run with `moe_a2a_overlap`, as they ran.
@@ -57,6 +59,24 @@ SQUAD_EXAMPLE_TOKENS = 256        # mean packed SQuAD example, Llama-2 tokens (s
 # DeepSeek-V3 with DeepEP; v0.2.0 (25.11) base configs set moe_a2a_overlap=True for Qwen3-30B-A3B and
 # Qwen3-235B-A22B on H100. GPT-OSS-120B 25.11 and the 25.09 Qwen3 token-drop runs do not.
 A2A_OVERLAP_RUNS = {("NeMo 25.09", "deepseek-v3"), ("NeMo 25.11", "qwen3-30b-a3b"), ("NeMo 25.11", "qwen3-235b-a22b")}
+# NeMo 24.07's fine-tuning table prints no VP and no sequence-parallel column. The launch scripts that made
+# it (NeMo-Framework-Launcher tag 24.07, examples/peft/llama/h100/*.sh over launcher_scripts/conf/peft/llama/
+# sft.yaml, whose defaults are no VP and sequence_parallel False) set, by (task, model):
+# - 13b_1node.sh (SFT, TP1 PP4): virtual_pipeline_model_parallel_size=10, overlap_p2p_comm=true;
+# - 70b_2node.sh (SFT, TP4 PP4): virtual_pipeline_model_parallel_size=20, sequence_parallel=true,
+#   ub_tp_comm_overlap=true;
+# - 70b_1node_lora.sh (LoRA, TP2 PP4): ub_tp_comm_overlap=true but not sequence_parallel, and NeMo switches
+#   userbuffer overlap off without SP (megatron_base_model.py: "Pipelined tensor-parallel communication
+#   overlap is available with sequence-parallelism. Setting `ub_tp_comm_overlap` to False."), so that run
+#   all-reduced its TP activations unpipelined;
+# - the 7B SFT / LoRA and 13B LoRA scripts run TP1 PP1 (nothing to add).
+# These fill columns the table leaves out; no printed column is changed.
+FINETUNE_SCRIPT_LAYOUTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("sft", "llama2-13b"): {"vp": 10},
+    ("sft", "llama2-70b"): {"vp": 20, "sequence_parallel": True},
+    ("lora", "llama2-70b"): {"sequence_parallel": False},
+}
+FINETUNE_SCRIPT_RELEASE = "NeMo 24.07"
 # Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B)
 ALIASES = {"nemotron340b": "nemotron4-340b"}
 
@@ -174,6 +194,15 @@ def _recompute(row: PublishedRow) -> dict[str, Any]:
     raise TraceInputError(None, f"row {row.index}: unknown recompute {row.recompute!r}")
 
 
+def finetune_script_layout(row: PublishedRow, model: ModelConfig) -> dict[str, Any]:
+    """What the release's fine-tuning launch script set in the columns its table does not print
+    (`FINETUNE_SCRIPT_LAYOUTS`); empty for every other row."""
+    ft = _finetune(row)
+    if ft == "none" or not row.release.startswith(FINETUNE_SCRIPT_RELEASE):
+        return {}
+    return dict(FINETUNE_SCRIPT_LAYOUTS.get((ft, model.name), {}))
+
+
 def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     """The published layout as a plan (nothing changed)."""
     dp = row.gpus // (row.tp * row.pp * row.cp)
@@ -212,6 +241,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         kw["packed_doc_len"] = SQUAD_EXAMPLE_TOKENS
     if ft == "lora":
         kw["lora_rank"] = LORA_RANK
+    kw.update(finetune_script_layout(row, model))
     text = f"{row.model_name} {row.notes}".lower()
     if model.moe is not None:
         if "tokendrop" in text or "token-drop" in text:
