@@ -51,13 +51,18 @@ def fmt(v: float | None, nd: int = 0) -> str:
     return f"{v:,.{nd}f}"
 
 
+def _script_layout(r: RowResult) -> dict:
+    """The columns a row's table omits, from its release's launch script (none for a row that failed)."""
+    return {} if r.error else finetune_script_layout(r.row, row_model(r.row))
+
+
 def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
     cpu = cpu or {}
     lines = ["| # | release | model | GPUs | layout | published tok/s/GPU | predicted | published TFLOP/s | "
              "predicted | error | memory GiB | estimate CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         w = r.row
-        script = finetune_script_layout(w, row_model(w))   # columns the table omits, from its launch script
+        script = _script_layout(r)
         vp = script.get("vp", w.vp)
         lay = f"TP{w.tp} PP{w.pp}" + (f"x{vp}" if vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
             (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}" + \
@@ -69,7 +74,7 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
                      + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
                      f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} | {fmt(cpu.get(w.index), 2)} |")
     errs = [abs(r.relative_error) for r in results if r.relative_error is not None]
-    if any(finetune_script_layout(r.row, row_model(r.row)) for r in results):
+    if any(_script_layout(r) for r in results):
         lines.append("")
         lines.append("\\* VP / sequence parallelism that the table does not print, as the release's launch script set "
                      "them (lumos_sim.published_training.FINETUNE_SCRIPT_LAYOUTS)")

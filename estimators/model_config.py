@@ -28,6 +28,7 @@ Hardware FLOPs (what the kernels execute: unfused attention computes the full sq
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,9 @@ def release_flop_convention(release: str) -> str:
     for prefix, name in RELEASE_FLOP_CONVENTION.items():
         if release.startswith(prefix):
             return name
+    v = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
+    if v and (int(v.group(1)), int(v.group(2))) >= (25, 9):
+        return "megatron"     # every Megatron-Bridge table (NeMo 25.09 and later) counts as Megatron-Core
     raise TraceInputError(None, f"no known FLOP convention for release {release!r} "
                                 f"(known: {', '.join(RELEASE_FLOP_CONVENTION)})")
 

@@ -77,8 +77,16 @@ FINETUNE_SCRIPT_LAYOUTS: dict[tuple[str, str], dict[str, Any]] = {
     ("lora", "llama2-70b"): {"sequence_parallel": False},
 }
 FINETUNE_SCRIPT_RELEASE = "NeMo 24.07"
-# Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B)
-ALIASES = {"nemotron340b": "nemotron4-340b"}
+# Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B;
+# Llama 3.1 405B has Llama 3 405B's architecture, its longer RoPE context aside)
+ALIASES = {"nemotron340b": "nemotron4-340b", "llama31405b": "llama3-405b"}
+
+
+def megatron_bridge_release(release: str) -> bool:
+    """Tables of NeMo 25.09 and later come from Megatron-Bridge's performance scripts (Transformer Engine
+    2.x, Megatron-Core): 'NeMo 25.09', 'NeMo 26.04.01 SFT', ... Earlier NeMo releases ran NeMo 1.x."""
+    m = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (25, 9)
 
 
 @dataclass
@@ -175,7 +183,7 @@ def _fp8_recipe(row: PublishedRow) -> str:
     if "BLOCK" in p:
         return "blockwise"
     # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling
-    if "25." in row.release:
+    if megatron_bridge_release(row.release):
         return "tensorwise"
     return "delayed"
 
@@ -215,7 +223,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     # NeMo / Megatron-Bridge H100 performance recipes pipeline the sequence-parallel all-gathers and
     # reduce-scatters with the GEMMs (TE userbuffers, `tp_comm_overlap=True`) whenever TP > 1
     kw["tp_comm_overlap"] = row.tp > 1
-    if "25." in row.release:
+    if megatron_bridge_release(row.release):
         # Megatron-Bridge 25.x (Transformer Engine 2.x, cuDNN 9) runs cuDNN's fused flash attention on Hopper
         kw["attention_kernel"] = "cudnn"
         # its performance scripts (scripts/performance, 25.11 tree 97ad8cc6f: configs/*/..._llm_pretrain.py
@@ -253,7 +261,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # token dropless"; the GPT-OSS and DeepSeek scripts set it too). The 25.09 token-drop runs leave it
         # off, which padding to capacity makes moot: every expert computes its capacity either way.
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
-            kw.get("moe_capacity_factor", 0) > 0 or "25." in row.release
+            kw.get("moe_capacity_factor", 0) > 0 or megatron_bridge_release(row.release)
         kw["moe_a2a_overlap"] = (row.release, model.name) in A2A_OVERLAP_RUNS
     return ParallelPlan(**kw)
 
