@@ -106,6 +106,21 @@ def test_wave_quantization_over_the_sms(cm):
     assert e.time_us == pytest.approx(52.4288, rel=1e-12) and e.detail == "tile 64x64 split-k 1"
 
 
+def test_a_gemm_issued_in_row_chunks_pays_each_chunks_wave_quantization(cm):
+    """256 x 320 x 256 bf16 whole: 4 x 5 = 20 tiles on 4 SMs, 5 full waves; rate 1e6 x 0.8 x 0.5 x 1 x 0.8 =
+    320,000 FLOP/us; 41,943,040 FLOPs -> 131.072 us. As 4 row chunks of 64 rows (a communication-overlapped
+    GEMM consuming one TP shard at a time): each 64 x 320 x 256 is 5 tiles -> 2 waves, waves_eff 5/8, rate
+    200,000 -> 52.4288 us, 4 of them 209.7152 us; each re-reads B: 4 x (64x256 + 256x320 + 64x320) x 2 =
+    950,272 bytes."""
+    whole = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16"})
+    assert whole.time_us == pytest.approx(131.072, rel=1e-12)
+    e = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 4})
+    assert e.time_us == e.compute_us == pytest.approx(209.7152, rel=1e-12)
+    assert e.flops == 41_943_040 and e.bytes == 950_272
+    assert e.detail == "4 row chunks, tile 64x64 split-k 1"
+    assert cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 1}) == whole
+
+
 def test_gemm_dtypes_scale_peak_efficiency_knee_and_bytes(cm):
     """The 100 x 128 x 192 shape. fp8: peak 2e6, mainloop 0.6, knee 64 x 2 x 1/2 = 64 (tile_eff 0.5), 1 B per
     element: rate 2e6 x 0.6 x 0.5 x 0.78125 x 0.75 = 351,562.5 -> 13.98101 us, 56,576 B.

@@ -231,6 +231,26 @@ def test_tp_comm_overlap_runs_gathers_beside_the_next_gemm_and_scatters_beside_t
     assert bwd["sp_reducescatter_attn_grad"] == ("qkv_proj_dgrad",)
 
 
+def test_userbuffers_ring_exchange_runs_the_overlapped_gemms_one_tp_shard_at_a_time():
+    """Transformer Engine's userbuffers configs (NeMo-Framework-Launcher 24.07 tp_overlap/ub_cfg_h100_*,
+    Megatron-Bridge comm_overlap.py): qkv_fprop, fc1_fprop, proj_dgrad and fc2_dgrad are ring exchanges
+    (one GEMM per TP shard received), proj / fc2 fprop drain one chunk per shard into the reduce-scatter;
+    qkv / fc1 dgrad and every weight grad overlap their collective in bulk, as whole GEMMs."""
+    chunked = {"qkv_proj", "out_proj", "mlp_up_gate_proj", "mlp_down_proj", "out_proj_dgrad", "mlp_down_proj_dgrad"}
+    for tp in (2, 4):
+        plan = ParallelPlan(tp=tp, seq_len=128, global_batch=1, tp_comm_overlap=True)
+        rb = _RankBuilder(LLAMA, plan, 0, 8)
+        for p in "FB":
+            for name, _, a, _ in rb.layer_template(0, p).ops:
+                if a.get("op") == "gemm":
+                    assert a.get("chunks", 1) == (tp if name in chunked else 1), (tp, name)
+    for plan in (ParallelPlan(tp=2, seq_len=128, global_batch=1),                       # no overlap
+                 ParallelPlan(tp=2, seq_len=128, global_batch=1, tp_comm_overlap=True,
+                              sequence_parallel=False)):                                 # overlap needs SP
+        rb = _RankBuilder(LLAMA, plan, 0, 8)
+        assert not any("chunks" in a for p in "FB" for _, _, a, _ in rb.layer_template(0, p).ops)
+
+
 # ----------------------------------------------------------------------------- attention variants
 def _attn_rows(tpl, start="rope", stop="out_proj"):
     rows = table(tpl)

@@ -212,6 +212,9 @@ class _Template:
         self.join: list[int] = []          # collectives the next chained op must also wait for
         self.overlapped: list[int] = []    # EP all-to-alls that run under later compute (moe_a2a_overlap)
         self.join_after_gemm: list[int] = []  # ... once the next GEMM has been added
+        # Userbuffers TP overlap (ring exchange) runs a GEMM beside its all-gather / reduce-scatter as this
+        # many GEMMs over row chunks, one per TP shard as it arrives or leaves (1: whole GEMMs)
+        self.ub_chunks = 1
 
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
         if self.frozen and name.endswith("_wgrad") and not name.startswith("lora_"):
@@ -228,6 +231,8 @@ class _Template:
             attrs = {**attrs, "kernel": self.attention_kernel}
         if attrs.get("op") in ("gemm", "grouped_gemm"):
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
+            if self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":
+                attrs["chunks"] = self.ub_chunks   # consumes the overlapped all-gather shard by shard
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
@@ -374,21 +379,29 @@ class _RankBuilder:
         return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel,
                          FP8_CAST_KERNELS[self.p.fp8_recipe])
 
-    def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True) -> int | None:
+    def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True,
+                split_gemm: bool = True) -> int | None:
+        """A TP collective. With userbuffers overlap (Megatron / TE tp_comm_overlap, sequence parallel) the
+        all-gather streams shards into the GEMM after it and the reduce-scatter drains the GEMM before it:
+        they run beside that GEMM, and the op after it waits for both. The forward's linears and the
+        backward's proj / fc2 data grads are ring exchanges (Transformer Engine's userbuffers configs in
+        NeMo 24.07 and Megatron-Bridge 25.x: qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad, and proj / fc2
+        fprop in the FP8 ones), which run that GEMM as one GEMM per TP shard; `split_gemm=False` is the
+        bulk overlap of the backward's reduce-scatter beside whole GEMMs."""
         if self.p.tp == 1:
             return None
         attrs = coll(ctype, size, self.tp_g, self._pg("tp", self.tp_g))
         if self.p.tp_comm_overlap and self.sh.sp and deps is None and chain:
-            # userbuffers TP overlap (Megatron/TE tp_comm_overlap): the all-gather streams chunks into the
-            # GEMM after it, the reduce-scatter drains the GEMM before it, chunk by chunk: they run beside
-            # that GEMM and the op after it waits for both
             if ctype == CommType.ALL_GATHER:
                 i = tpl.add(name, TP, attrs, deps=(tpl.head,), chain=False)
                 tpl.join_after_gemm.append(i)
                 return i
             if ctype == CommType.REDUCE_SCATTER and tpl.head >= 0 and \
                     tpl.ops[tpl.head][2].get("op") in ("gemm", "grouped_gemm"):
-                i = tpl.add(name, TP, attrs, deps=tpl.ops[tpl.head][3], chain=False)
+                gname, slot, gemm_attrs, gdeps = tpl.ops[tpl.head]
+                if split_gemm and tpl.ub_chunks > 1 and gemm_attrs.get("op") == "gemm":
+                    tpl.ops[tpl.head] = (gname, slot, {**gemm_attrs, "chunks": tpl.ub_chunks}, gdeps)
+                i = tpl.add(name, TP, attrs, deps=gdeps, chain=False)
                 tpl.join.append(i)
                 return i
         return tpl.add(name, TP, attrs, deps, chain)
@@ -522,6 +535,8 @@ class _RankBuilder:
 
     def _build_layer(self, moe: bool, pas: str) -> _Template:
         tpl = self._template()
+        if self.p.tp_comm_overlap and self.sh.sp:
+            tpl.ub_chunks = self.p.tp      # userbuffers overlap the transformer layer's linears only
         if pas == "S":
             self._selective_recompute(tpl, moe)
             return tpl
@@ -636,7 +651,7 @@ class _RankBuilder:
             if not self.async_tp:  # the input-grad all-reduce runs after the whole linear backward
                 tpl.add("mlp_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, T, dt))
             self.tp_coll(tpl, "sp_reducescatter_mlp_grad" if sh.sp else "allreduce_mlp_grad",
-                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full)
+                         CommType.REDUCE_SCATTER if sh.sp else CommType.ALL_REDUCE, full, split_gemm=False)
             rs = tpl.head
             if self.async_tp:       # the weight-grad GEMM overlaps the reduction of the input grad
                 tpl.add("mlp_up_gate_proj_wgrad", COMPUTE, gemm(h, f_in, T, dt),

@@ -173,6 +173,15 @@ class ComputeModel:
         _, compute_us, memory_us, detail, nbytes = best
         return self._finish(compute_us, memory_us, flops, nbytes, dtype, detail)
 
+    def chunked_gemm(self, m: int, n: int, k: int, chunks: int, batch: int = 1, dtype: str = "bf16") -> OpEstimate:
+        """One GEMM issued as `chunks` GEMMs over row blocks of about m / chunks rows, one after another (the
+        way a communication-overlapped GEMM consumes its input shard by shard): each block pays its own
+        tiles' wave quantization, so a block too short to fill the GPU runs below the whole GEMM's rate."""
+        part = self.gemm(math.ceil(m / chunks), n, k, batch, dtype)
+        return OpEstimate(part.time_us * chunks, part.compute_us * chunks, part.memory_us * chunks, part.bound,
+                          part.flops * chunks, part.bytes * chunks, part.efficiency,
+                          f"{chunks} row chunks, {part.detail}")
+
     def grouped_gemm(self, ms: Sequence[int], n: int, k: int, dtype: str = "bf16", wgrad: bool = False) -> OpEstimate:
         """One GEMM per group with its own row count m ([m, k] x [k, n]; wgrad: [n, m] x [m, k], the
         weight gradient reducing over m), as a grouped/batched kernel: groups of equal m run as one
@@ -272,6 +281,10 @@ class ComputeModel:
         op = str(attrs.get("op", "elementwise"))
         dtype = str(attrs.get("dtype", "bf16"))
         if op == "gemm" and all(k in attrs for k in ("m", "n", "k")):
+            chunks = max(int(attrs.get("chunks", 1) or 1), 1)
+            if chunks > 1:
+                return self.chunked_gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), chunks,
+                                         int(attrs.get("batch", 1)), dtype)
             return self.gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), int(attrs.get("batch", 1)), dtype)
         if op == "grouped_gemm" and "ms" in attrs:
             return self.grouped_gemm(attrs["ms"], int(attrs["n"]), int(attrs["k"]), dtype, bool(attrs.get("wgrad")))
