@@ -106,19 +106,33 @@ def test_wave_quantization_over_the_sms(cm):
     assert e.time_us == pytest.approx(52.4288, rel=1e-12) and e.detail == "tile 64x64 split-k 1"
 
 
-def test_a_gemm_issued_in_row_chunks_pays_each_chunks_wave_quantization(cm):
+def test_a_gemm_issued_in_row_chunks_pays_each_chunk_groups_wave_quantization(cm):
     """256 x 320 x 256 bf16 whole: 4 x 5 = 20 tiles on 4 SMs, 5 full waves; rate 1e6 x 0.8 x 0.5 x 1 x 0.8 =
     320,000 FLOP/us; 41,943,040 FLOPs -> 131.072 us. As 4 row chunks of 64 rows (a communication-overlapped
-    GEMM consuming one TP shard at a time): each 64 x 320 x 256 is 5 tiles -> 2 waves, waves_eff 5/8, rate
-    200,000 -> 52.4288 us, 4 of them 209.7152 us; each re-reads B: 4 x (64x256 + 256x320 + 64x320) x 2 =
-    950,272 bytes."""
+    GEMM consuming one TP shard at a time) on 1 stream: each 64 x 320 x 256 is 5 tiles -> 2 waves, waves_eff
+    5/8, rate 200,000 -> 52.4288 us, 4 of them 209.7152 us; each re-reads B: 4 x (64x256 + 256x320 + 64x320)
+    x 2 = 950,272 bytes. On 3 streams, 3 chunks run together (15 tiles -> 4 waves, 15/16: rate 300,000 ->
+    104.8576 us) and then the 4th alone (52.4288 us): 157.2864 us."""
     whole = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16"})
     assert whole.time_us == pytest.approx(131.072, rel=1e-12)
-    e = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 4})
-    assert e.time_us == e.compute_us == pytest.approx(209.7152, rel=1e-12)
-    assert e.flops == 41_943_040 and e.bytes == 950_272
-    assert e.detail == "4 row chunks, tile 64x64 split-k 1"
+    one = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 4})
+    assert one.time_us == one.compute_us == pytest.approx(209.7152, rel=1e-12)
+    assert one.flops == 41_943_040 and one.bytes == 950_272
+    assert one.detail == "4 row chunks on 1 streams, tile 64x64 split-k 1"
+    three = cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 4,
+                            "chunk_streams": 3})
+    assert three.time_us == pytest.approx(104.8576 + 52.4288, rel=1e-12) and three.flops == 41_943_040
     assert cm.op_estimate({"op": "gemm", "m": 256, "n": 320, "k": 256, "dtype": "bf16", "chunks": 1}) == whole
+
+
+def test_row_chunks_never_outnumber_the_rows_and_count_the_real_flops(cm):
+    """m = 3 in 8 chunks is 3 one-row chunks; m = 100 in 8 chunks is 8 chunks of 13 rows (the last one
+    ragged), FLOPs 2 x 100 x 64 x 64 whatever the chunking."""
+    e = cm.chunked_gemm(3, 64, 64, chunks=8)
+    assert e.detail.startswith("3 row chunks") and e.flops == 2 * 3 * 64 * 64
+    assert e.time_us == pytest.approx(3 * cm.gemm(1, 64, 64).time_us, rel=1e-12)
+    e = cm.chunked_gemm(100, 64, 64, chunks=8)
+    assert e.flops == 2 * 100 * 64 * 64 and e.time_us == pytest.approx(8 * cm.gemm(13, 64, 64).time_us, rel=1e-12)
 
 
 def test_gemm_dtypes_scale_peak_efficiency_knee_and_bytes(cm):

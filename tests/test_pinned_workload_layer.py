@@ -240,15 +240,28 @@ def test_userbuffers_ring_exchange_runs_the_overlapped_gemms_one_tp_shard_at_a_t
     for tp in (2, 4):
         plan = ParallelPlan(tp=tp, seq_len=128, global_batch=1, tp_comm_overlap=True)
         rb = _RankBuilder(LLAMA, plan, 0, 8)
-        for p in "FB":
+        for p in "FRB":       # the recomputed forward is a forward
             for name, _, a, _ in rb.layer_template(0, p).ops:
                 if a.get("op") == "gemm":
-                    assert a.get("chunks", 1) == (tp if name in chunked else 1), (tp, name)
+                    # TE issues the chunks round-robin over 3 compute streams (NVTE_COMM_OVERLAP_MAX_STREAMS)
+                    want = (tp, 3) if name in chunked else (1, None)
+                    assert (a.get("chunks", 1), a.get("chunk_streams")) == want, (tp, p, name)
     for plan in (ParallelPlan(tp=2, seq_len=128, global_batch=1),                       # no overlap
                  ParallelPlan(tp=2, seq_len=128, global_batch=1, tp_comm_overlap=True,
                               sequence_parallel=False)):                                 # overlap needs SP
         rb = _RankBuilder(LLAMA, plan, 0, 8)
         assert not any("chunks" in a for p in "FB" for _, _, a, _ in rb.layer_template(0, p).ops)
+
+
+def test_mla_projections_are_not_userbuffers_linears():
+    """DeepSeek's MLA projects the gathered input through replicated down-projections (q_a, kv_a) that
+    userbuffers do not overlap: no chunked GEMM before the attention; the output projection still is."""
+    mla = model_from_dict(dict(name="m", layers=2, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=1000,
+                               mla=dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
+                                        qk_rope_head_dim=16, v_head_dim=32)))
+    rb = _RankBuilder(mla, ParallelPlan(tp=2, seq_len=128, global_batch=1, tp_comm_overlap=True), 0, 8)
+    chunked = [n for n, _, a, _ in rb.layer_template(0, "F").ops if a.get("chunks")]
+    assert chunked == ["out_proj", "mlp_up_gate_proj", "mlp_down_proj"]
 
 
 # ----------------------------------------------------------------------------- attention variants

@@ -95,6 +95,9 @@ LAUNCH_US = 8.0
 # 0.38 of the fully hidden estimate's gain over the exposed one. Mean 0.26; leave-one-model-out 0.24 / 0.29,
 # every run then within 6.4%.
 EP_OVERLAP_HIDDEN = 0.26
+# Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
+# streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
+UB_COMPUTE_STREAMS = 3
 
 
 def dropless_imbalance(ep: int, assignments: float) -> float:
@@ -216,7 +219,10 @@ class _Template:
         # many GEMMs over row chunks, one per TP shard as it arrives or leaves (1: whole GEMMs)
         self.ub_chunks = 1
 
-    def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True) -> int:
+    def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True,
+            ub: bool = True) -> int:
+        """`ub=False`: a GEMM that is not a userbuffers linear (MLA's replicated down-projections) stays whole
+        even right after an overlapped all-gather."""
         if self.frozen and name.endswith("_wgrad") and not name.startswith("lora_"):
             return self.head        # frozen base weight (LoRA): no weight gradient
         if deps is None:
@@ -231,8 +237,9 @@ class _Template:
             attrs = {**attrs, "kernel": self.attention_kernel}
         if attrs.get("op") in ("gemm", "grouped_gemm"):
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
-            if self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":
-                attrs["chunks"] = self.ub_chunks   # consumes the overlapped all-gather shard by shard
+            if ub and self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":
+                # consumes the overlapped all-gather shard by shard
+                attrs.update(chunks=self.ub_chunks, chunk_streams=UB_COMPUTE_STREAMS)
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
@@ -386,8 +393,10 @@ class _RankBuilder:
         they run beside that GEMM, and the op after it waits for both. The forward's linears and the
         backward's proj / fc2 data grads are ring exchanges (Transformer Engine's userbuffers configs in
         NeMo 24.07 and Megatron-Bridge 25.x: qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad, and proj / fc2
-        fprop in the FP8 ones), which run that GEMM as one GEMM per TP shard; `split_gemm=False` is the
-        bulk overlap of the backward's reduce-scatter beside whole GEMMs."""
+        fprop in the FP8 ones; the BF16 ones pipeline those two in 4 chunks, taken here as TP chunks too),
+        which run that GEMM as one GEMM per TP shard, up to UB_COMPUTE_STREAMS at once; `split_gemm=False`
+        is the bulk overlap of the backward's reduce-scatter beside whole GEMMs. MLA's projections are not
+        userbuffers linears and stay whole."""
         if self.p.tp == 1:
             return None
         attrs = coll(ctype, size, self.tp_g, self._pg("tp", self.tp_g))
@@ -400,7 +409,8 @@ class _RankBuilder:
                     tpl.ops[tpl.head][2].get("op") in ("gemm", "grouped_gemm"):
                 gname, slot, gemm_attrs, gdeps = tpl.ops[tpl.head]
                 if split_gemm and tpl.ub_chunks > 1 and gemm_attrs.get("op") == "gemm":
-                    tpl.ops[tpl.head] = (gname, slot, {**gemm_attrs, "chunks": tpl.ub_chunks}, gdeps)
+                    tpl.ops[tpl.head] = (gname, slot, {**gemm_attrs, "chunks": tpl.ub_chunks,
+                                                       "chunk_streams": UB_COMPUTE_STREAMS}, gdeps)
                 i = tpl.add(name, TP, attrs, deps=gdeps, chain=False)
                 tpl.join.append(i)
                 return i
@@ -436,7 +446,7 @@ class _RankBuilder:
         r = self.p.lora_rank
         if not backward:
             for name, k_in, n_out, _ in shapes:
-                tpl.add(name, COMPUTE, gemm(T, n_out, k_in, dt))
+                tpl.add(name, COMPUTE, gemm(T, n_out, k_in, dt), ub=not m.mla)
             if lora:   # the adapter beside the frozen projection: x A^T, then B, added to the output
                 n_out = shapes[0][2]
                 tpl.add("lora_qkv_a", COMPUTE, gemm(T, r, h, "bf16"))

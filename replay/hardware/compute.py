@@ -173,14 +173,26 @@ class ComputeModel:
         _, compute_us, memory_us, detail, nbytes = best
         return self._finish(compute_us, memory_us, flops, nbytes, dtype, detail)
 
-    def chunked_gemm(self, m: int, n: int, k: int, chunks: int, batch: int = 1, dtype: str = "bf16") -> OpEstimate:
-        """One GEMM issued as `chunks` GEMMs over row blocks of about m / chunks rows, one after another (the
-        way a communication-overlapped GEMM consumes its input shard by shard): each block pays its own
-        tiles' wave quantization, so a block too short to fill the GPU runs below the whole GEMM's rate."""
-        part = self.gemm(math.ceil(m / chunks), n, k, batch, dtype)
-        return OpEstimate(part.time_us * chunks, part.compute_us * chunks, part.memory_us * chunks, part.bound,
-                          part.flops * chunks, part.bytes * chunks, part.efficiency,
-                          f"{chunks} row chunks, {part.detail}")
+    def chunked_gemm(self, m: int, n: int, k: int, chunks: int, streams: int = 1, batch: int = 1,
+                     dtype: str = "bf16") -> OpEstimate:
+        """One GEMM issued as `chunks` GEMMs over row blocks of ceil(m / chunks) rows (the way a
+        communication-overlapped GEMM consumes its input shard by shard), round-robin over `streams` streams:
+        up to `streams` blocks run together and share the SMs like one batched GEMM, the groups one after
+        another. A group too small to fill the GPU pays its own wave quantization; every block re-reads B."""
+        chunks = max(min(int(chunks), int(m)), 1)
+        streams = max(min(int(streams), chunks), 1)
+        rows = math.ceil(m / chunks)
+        full, rest = divmod(chunks, streams)
+        groups = [self.gemm(rows, n, k, batch * streams, dtype)] * full
+        if rest:
+            groups.append(self.gemm(rows, n, k, batch * rest, dtype))
+        t = sum(g.time_us for g in groups)
+        flops = 2.0 * batch * m * n * k
+        peak = self.hw.peak_flops(dtype) / 1e6
+        return OpEstimate(t, sum(g.compute_us for g in groups), sum(g.memory_us for g in groups),
+                          max(groups, key=lambda g: g.time_us).bound, flops, sum(g.bytes for g in groups),
+                          flops / t / peak if t > 0 and peak > 0 else 0.0,
+                          f"{chunks} row chunks on {streams} streams, {groups[0].detail}")
 
     def grouped_gemm(self, ms: Sequence[int], n: int, k: int, dtype: str = "bf16", wgrad: bool = False) -> OpEstimate:
         """One GEMM per group with its own row count m ([m, k] x [k, n]; wgrad: [n, m] x [m, k], the
@@ -284,7 +296,7 @@ class ComputeModel:
             chunks = max(int(attrs.get("chunks", 1) or 1), 1)
             if chunks > 1:
                 return self.chunked_gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), chunks,
-                                         int(attrs.get("batch", 1)), dtype)
+                                         int(attrs.get("chunk_streams", 1) or 1), int(attrs.get("batch", 1)), dtype)
             return self.gemm(int(attrs["m"]), int(attrs["n"]), int(attrs["k"]), int(attrs.get("batch", 1)), dtype)
         if op == "grouped_gemm" and "ms" in attrs:
             return self.grouped_gemm(attrs["ms"], int(attrs["n"]), int(attrs["k"]), dtype, bool(attrs.get("wgrad")))
