@@ -420,10 +420,7 @@ FLOP_CONVENTIONS = {"megatron": megatron_flops_per_token, "nemo-24.07": nemo_240
 RELEASE_FLOP_CONVENTION = {
     "NeMo 24.03": "nemo-24.07",   # long-sequence table: TFLOP/s only; inferred (4K row = the 24.07 7B figure)
     "NeMo 24.07": "nemo-24.07",   # NVIDIA/NeMo docs/source/performance/performance_summary.md (rev 9c5c5e9709)
-    "NeMo 25.09": "megatron",     # Megatron-Bridge docs/performance-summary-archive.md
-    "NeMo 25.11": "megatron",
-    "Megatron-Bridge": "megatron",
-}
+}   # and "megatron" for every Megatron-Bridge table (`megatron_bridge_release`)
 FLOP_CONVENTION_NOTES = (
     "Megatron-Bridge 25.11 counts GPT-OSS 120B with every layer as full causal attention (no window) and "
     "its experts as 2-matrix FFNs (its clamped GLU is not recognised as SwiGLU): published 153 TFLOP/s at "
@@ -431,16 +428,25 @@ FLOP_CONVENTION_NOTES = (
 )
 
 
+def megatron_bridge_release(release: str) -> bool:
+    """A table from Megatron-Bridge's performance scripts (Transformer Engine 2.x, Megatron-Core): its
+    docs/performance-summary*.md names releases 'NeMo 25.09' onwards ('NeMo 26.04.01 SFT', ...); earlier
+    NeMo releases ran NeMo 1.x."""
+    if release.startswith("Megatron-Bridge"):
+        return True
+    v = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
+    return bool(v) and (int(v.group(1)), int(v.group(2))) >= (25, 9)
+
+
 def release_flop_convention(release: str) -> str:
     """The FLOP convention of a published release string ("NeMo 24.07 (rev ...)", "NeMo 25.11")."""
     for prefix, name in RELEASE_FLOP_CONVENTION.items():
         if release.startswith(prefix):
             return name
-    v = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
-    if v and (int(v.group(1)), int(v.group(2))) >= (25, 9):
-        return "megatron"     # every Megatron-Bridge table (NeMo 25.09 and later) counts as Megatron-Core
+    if megatron_bridge_release(release):
+        return "megatron"     # Megatron-Bridge docs/performance-summary-archive.md count as Megatron-Core
     raise TraceInputError(None, f"no known FLOP convention for release {release!r} "
-                                f"(known: {', '.join(RELEASE_FLOP_CONVENTION)})")
+                                f"(known: {', '.join(RELEASE_FLOP_CONVENTION)}, NeMo 25.09 and later)")
 
 
 # ------------------------------------------------------------------ loading

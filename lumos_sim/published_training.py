@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from chakra_schema.errors import TraceInputError
-from estimators.model_config import ModelConfig, load_model
+from estimators.model_config import ModelConfig, load_model, megatron_bridge_release
 from estimators.parallelism.plan import ParallelPlan
 
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
@@ -80,13 +80,6 @@ FINETUNE_SCRIPT_RELEASE = "NeMo 24.07"
 # Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B;
 # Llama 3.1 405B has Llama 3 405B's architecture, its longer RoPE context aside)
 ALIASES = {"nemotron340b": "nemotron4-340b", "llama31405b": "llama3-405b"}
-
-
-def megatron_bridge_release(release: str) -> bool:
-    """Tables of NeMo 25.09 and later come from Megatron-Bridge's performance scripts (Transformer Engine
-    2.x, Megatron-Core): 'NeMo 25.09', 'NeMo 26.04.01 SFT', ... Earlier NeMo releases ran NeMo 1.x."""
-    m = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (25, 9)
 
 
 @dataclass

@@ -212,3 +212,14 @@ def test_nemo_2407_sft_and_lora_rows_count_short_packed_attention_and_frozen_wei
 def test_unknown_release_has_no_convention():
     with pytest.raises(TraceInputError):
         release_flop_convention("SomeFramework 1.0")
+
+
+def test_every_megatron_bridge_release_counts_flops_as_megatron_core():
+    """Megatron-Bridge's tables name their releases 'NeMo 25.09' onwards, patch and fine-tuning tables
+    included ('NeMo 26.04.01', 'NeMo 26.06 SFT'); NeMo 24.x ran NeMo 1.x and counts otherwise."""
+    from estimators.model_config import megatron_bridge_release
+    for r in ("NeMo 25.09", "NeMo 25.11", "NeMo 26.02.01", "NeMo 26.06 SFT", "Megatron-Bridge 25.11"):
+        assert megatron_bridge_release(r) and release_flop_convention(r) == "megatron", r
+    for r in ("NeMo 24.07 (rev 9c5c5e9709) SFT", "NeMo 24.03.01 (long-seq)", "NeMo 25.07", "SomeFramework 26.02"):
+        assert not megatron_bridge_release(r), r
+    assert release_flop_convention("NeMo 24.03.01 (long-seq)") == "nemo-24.07"
