@@ -34,6 +34,10 @@ import pytest
 
 from conftest import ROOT
 
+# The steps of one documented block share a scratch folder and run in order (a step reads what the step
+# before it wrote): under pytest-xdist they all go to one worker (`--dist loadgroup`, as the README runs it)
+pytestmark = pytest.mark.xdist_group("documented-commands")
+
 # step prefix -> why it is not run by this test
 SKIPPED = {
     "python3 -m venv": "creates a virtual environment: CI's .ci/run does this itself",
