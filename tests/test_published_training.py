@@ -30,7 +30,7 @@ SCRIPT_VP = {"LLAMA2-13B SFT": 10, "LLAMA2-70B SFT": 20}
 SCRIPT_NO_SP = {"LLAMA2-70B LoRA"}
 
 
-def test_every_published_layout_is_accepted_unchanged(rows):
+def test_every_published_layout_is_accepted_with_its_printed_columns_unchanged(rows):
     assert len(rows) >= 33
     for r in rows:
         model, plan = row_scenario(r)
