@@ -34,9 +34,9 @@ import pytest
 
 from conftest import ROOT
 
-# The steps of one documented block share a scratch folder and run in order (a step reads what the step
-# before it wrote): under pytest-xdist they all go to one worker (`--dist loadgroup`, as the README runs it)
-pytestmark = pytest.mark.xdist_group("documented-commands")
+# The steps of one documented block share this module's scratch folder and run in order (a step reads what
+# the step before it wrote): under pytest-xdist the module must stay on one worker (`--dist loadfile`, as the
+# README runs it)
 
 # step prefix -> why it is not run by this test
 SKIPPED = {
