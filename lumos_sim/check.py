@@ -303,6 +303,22 @@ def suite_means(results: list[CaseResult]) -> list[SuiteMean]:
     return list(out.values())
 
 
+def _step_json(case: CaseSpec, s: StepCheck) -> dict[str, Any]:
+    """A replay step's times in us; a published-training row's throughput in the unit its label names
+    (tokens/s or TFLOP/s per GPU), under `published` / `predicted`, and the row index as `row`."""
+    if case.kind == "published_training":
+        return {"row": s.rank, "step": s.step, "published": s.measured_us, "predicted": s.predicted_us,
+                "error": s.error}
+    return {"rank": s.rank, "step": s.step, "measured_us": s.measured_us, "predicted_us": s.predicted_us,
+            "error": s.error}
+
+
+def _step_line(case: CaseSpec, s: StepCheck) -> str:
+    if case.kind == "published_training":   # the label ends with its metric, e.g. "(tokens/s/GPU)"
+        return f"  row {s.rank} {s.step}: published {s.measured_us:,.0f}, predicted {s.predicted_us:,.0f}"
+    return f"  rank {s.rank} {s.step}: measured {s.measured_us / 1000:.3f} ms, predicted {s.predicted_us / 1000:.3f} ms"
+
+
 def results_json(results: list[CaseResult]) -> dict[str, Any]:
     means = suite_means(results)
     return {
@@ -310,8 +326,7 @@ def results_json(results: list[CaseResult]) -> dict[str, Any]:
                    "passed": r.passed, "in_sample": r.case.in_sample, "error": r.error, "tolerance": r.case.tolerance,
                    "mean_tolerance": r.case.mean_tolerance, "max_error": r.max_error, "mean_error": r.mean_error,
                    "seconds": r.seconds,
-                   "steps": [{"rank": s.rank, "step": s.step, "measured_us": s.measured_us,
-                              "predicted_us": s.predicted_us, "error": s.error} for s in r.steps]}
+                   "steps": [_step_json(r.case, s) for s in r.steps]}
                   for r in results],
         "suite_means": [{"suite": m.suite, "mean_error": m.mean_error, "mean_tolerance": m.tolerance,
                          "steps": len(m.errors), "passed": m.passed} for m in means],
@@ -348,8 +363,7 @@ def print_results(results: list[CaseResult], verbose: bool = False, file=None) -
                       + (" [yellow]in-sample[/yellow]" if r.case.in_sample else ""))
             if verbose:
                 for s in r.steps:
-                    t.add_row(f"  rank {s.rank} {s.step}: measured {s.measured_us / 1000:.3f} ms, predicted "
-                              f"{s.predicted_us / 1000:.3f} ms", "", f"{100 * s.error:+.2f}%", "", "", "")
+                    t.add_row(_step_line(r.case, s), "", f"{100 * s.error:+.2f}%", "", "", "")
         for m in (m for m in suite_means(results) if m.suite == suite):
             t.add_row("suite mean over every counted step", str(len(m.errors)), "",
                       "-" if m.mean_error is None else f"{100 * m.mean_error:.2f}%", f"mean {100 * m.tolerance:.1f}%",

@@ -113,6 +113,24 @@ def test_check_suite_reads_the_csv_and_scores_rows(rows):
     assert res.steps[0].measured_us == 16934.0       # published tokens/s per GPU of that row
 
 
+def test_check_reports_a_published_row_in_its_metric_not_as_a_time(tmp_path):
+    """`lumos-sim check -v` / `--json` on a published-training case: the row's published and predicted
+    tokens/s per GPU as numbers of that unit (a replay case's step times stay in ms / us)."""
+    import io
+
+    from lumos_sim.check import CaseResult, CaseSpec, StepCheck, print_results, results_json
+    case = CaseSpec(name="pub", inputs=[], kind="published_training", csv="x.csv", hardware="h100-sxm",
+                    timing="model", tolerance=0.15)
+    res = CaseResult("s", case, [StepCheck(3, "LLAMA2-7B (tokens/s/GPU)", 16934.0, 16857.0)])
+    out = io.StringIO()
+    print_results([res], verbose=True, file=out)
+    text = " ".join(out.getvalue().split())
+    assert "published 16,934, predicted 16,857" in text and " ms" not in text
+    assert results_json([res])["cases"][0]["steps"] == [
+        {"row": 3, "step": "LLAMA2-7B (tokens/s/GPU)", "published": 16934.0, "predicted": 16857.0,
+         "error": (16857.0 - 16934.0) / 16934.0}]
+
+
 def test_dense_published_rows_the_shared_table_lacks_are_within_the_issue_bound():
     """Fifteen dense H100 rows published beside the shared ones (NeMo 24.07's rows the shared table left
     out, Megatron-Bridge 25.09 - 26.06: Llama 2 70B, Llama 3 8B / 70B, Llama 3.1 405B, GPT-3 175B, 70B SFT
