@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lumos_sim.check import find_shared  # noqa: E402
-from lumos_sim.published_training import (RowResult, finetune_script_layout, read_rows, row_model,  # noqa: E402
-                                          run_row, zoo_name)
+from lumos_sim.published_training import RowResult, read_rows, run_row, zoo_name  # noqa: E402
 
 
 def csv_path(arg: str | None) -> Path:
@@ -51,9 +50,13 @@ def fmt(v: float | None, nd: int = 0) -> str:
     return f"{v:,.{nd}f}"
 
 
-def _script_layout(r: RowResult) -> dict:
-    """The columns a row's table omits, from its release's launch script (none for a row that failed)."""
-    return {} if r.error else finetune_script_layout(r.row, row_model(r.row))
+def _unprinted(r: RowResult) -> tuple[int, bool]:
+    """(VP, sequence parallel off) as the row ran, where its plan differs from the printed columns (the
+    fine-tuning rows' launch-script settings, lumos_sim.published_training.FINETUNE_SCRIPT_LAYOUTS)."""
+    p, w = r.plan, r.row
+    if p is None:
+        return w.vp, False
+    return p.vp, p.tp > 1 and not p.sequence_parallel
 
 
 def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
@@ -62,11 +65,10 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
              "predicted | error | memory GiB | estimate CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         w = r.row
-        script = _script_layout(r)
-        vp = script.get("vp", w.vp)
+        vp, no_sp = _unprinted(r)
         lay = f"TP{w.tp} PP{w.pp}" + (f"x{vp}" if vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
             (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}" + \
-            (" (no SP)" if script.get("sequence_parallel") is False else "") + ("*" if script else "")
+            (" (no SP)" if no_sp else "") + ("*" if vp != w.vp or no_sp else "")
         err = r.relative_error
         lines.append(f"| {w.index} | {w.release.split(' (')[0]} | {w.model_name} | {w.gpus} | {lay} | "
                      f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
@@ -74,7 +76,7 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
                      + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
                      f" | {fmt(r.memory_gib, 1)}{' OOM' if r.oom else ''} | {fmt(cpu.get(w.index), 2)} |")
     errs = [abs(r.relative_error) for r in results if r.relative_error is not None]
-    if any(_script_layout(r) for r in results):
+    if any(_unprinted(r) != (r.row.vp, False) for r in results):
         lines.append("")
         lines.append("\\* VP / sequence parallelism that the table does not print, as the release's launch script set "
                      "them (lumos_sim.published_training.FINETUNE_SCRIPT_LAYOUTS)")

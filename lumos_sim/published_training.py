@@ -274,6 +274,7 @@ class RowResult:
     oom: bool = False
     error: str | None = None      # why it could not run
     wall_s: float = 0.0
+    plan: ParallelPlan | None = None   # the plan that ran (None when the row could not run)
 
     @property
     def metric(self) -> str:
@@ -323,7 +324,7 @@ def run_row(row: PublishedRow, hardware: Any = "h100-sxm") -> RowResult:
         return RowResult(row, error=str(e.problem if hasattr(e, "problem") else e),
                          wall_s=time.perf_counter() - t0)
     tok_gpu = p.tokens_per_s / plan.gpus
-    return RowResult(row, predicted_tokens_per_gpu=tok_gpu,
+    return RowResult(row, plan=plan, predicted_tokens_per_gpu=tok_gpu,
                      predicted_tflops=release_tflops(row, model, tok_gpu, p.tflops_per_gpu),
                      memory_gib=p.memory.total_gib, oom=p.oom, wall_s=time.perf_counter() - t0)
 

@@ -113,7 +113,7 @@ def test_check_suite_reads_the_csv_and_scores_rows(rows):
     assert res.steps[0].measured_us == 16934.0       # published tokens/s per GPU of that row
 
 
-def test_check_reports_a_published_row_in_its_metric_not_as_a_time(tmp_path):
+def test_check_reports_a_published_row_in_its_metric_not_as_a_time():
     """`lumos-sim check -v` / `--json` on a published-training case: the row's published and predicted
     tokens/s per GPU as numbers of that unit (a replay case's step times stay in ms / us)."""
     import io

@@ -219,6 +219,11 @@ class _Template:
         # many GEMMs over row chunks, one per TP shard as it arrives or leaves (1: whole GEMMs)
         self.ub_chunks = 1
 
+    def ub_split(self, attrs: dict) -> dict:
+        """A GEMM's attrs as the userbuffers overlap runs it: ub_chunks row chunks, up to
+        UB_COMPUTE_STREAMS at once."""
+        return {**attrs, "chunks": self.ub_chunks, "chunk_streams": UB_COMPUTE_STREAMS}
+
     def add(self, name: str, slot: int, attrs: dict, deps: Sequence[int] | None = None, chain: bool = True,
             ub: bool = True) -> int:
         """`ub=False`: a GEMM that is not a userbuffers linear (MLA's replicated down-projections) stays whole
@@ -238,8 +243,7 @@ class _Template:
         if attrs.get("op") in ("gemm", "grouped_gemm"):
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
             if ub and self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":
-                # consumes the overlapped all-gather shard by shard
-                attrs.update(chunks=self.ub_chunks, chunk_streams=UB_COMPUTE_STREAMS)
+                attrs = self.ub_split(attrs)     # consumes the overlapped all-gather shard by shard
         if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
             elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
@@ -409,8 +413,7 @@ class _RankBuilder:
                     tpl.ops[tpl.head][2].get("op") in ("gemm", "grouped_gemm"):
                 gname, slot, gemm_attrs, gdeps = tpl.ops[tpl.head]
                 if split_gemm and tpl.ub_chunks > 1 and gemm_attrs.get("op") == "gemm":
-                    tpl.ops[tpl.head] = (gname, slot, {**gemm_attrs, "chunks": tpl.ub_chunks,
-                                                       "chunk_streams": UB_COMPUTE_STREAMS}, gdeps)
+                    tpl.ops[tpl.head] = (gname, slot, tpl.ub_split(gemm_attrs), gdeps)
                 i = tpl.add(name, TP, attrs, deps=gdeps, chain=False)
                 tpl.join.append(i)
                 return i
