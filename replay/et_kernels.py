@@ -81,14 +81,15 @@ class HostModel:
     op_us: float = 28.0
     launch_us: float = 9.6
     python_us: float = 19.0
-    # The first GEMM of a shape in a process costs the host a cuBLASLt algorithm search (heuristic query,
-    # plan setup) before its launch; later GEMMs of that shape reuse it. Static shapes were searched in the
-    # warm-up steps; data-dependent ones (MoE experts' token counts, varying sequence lengths) are new in
-    # every step. Measured in the H100 MoE traces of tests/data/h100 (torch 2.11, CUDA 12.8): aten::mm of a
-    # shape first seen in the trace spends a median 339 us (4,096 tokens) / 290 us (16,384 tokens) on the
-    # host, one of a seen shape 107 / 105 us: 208 us extra as the mean of the two. The Llama traces (static
-    # shapes) hold no such GEMM, so they do not inform it.
-    new_gemm_shape_us: float = 208.0
+    # The first GEMM of a shape and operand layout in a process costs the host a cuBLAS algorithm search
+    # (heuristic query, plan setup) before its launch; later GEMMs of that shape and layout reuse it. Static
+    # shapes were searched in the warm-up steps; data-dependent ones (MoE experts' token counts, varying
+    # sequence lengths) are new in every step. Measured in the H100 MoE traces of tests/data/h100 (torch 2.11,
+    # CUDA 13.0), keyed as _gemm_key keys them: aten::mm of a shape and layout not run in every step and
+    # first seen in the trace spends a median 347 us (4,096 tokens) / 290 us (16,384 tokens) on the host, one
+    # seen before 93 / 83 us: 230 us extra as the mean of the two. The Llama traces (static shapes) hold no
+    # such GEMM, so they do not inform it.
+    new_gemm_shape_us: float = 230.0
 
 
 HOST_MODEL = HostModel()
@@ -113,7 +114,7 @@ class InferenceReport:
     uninferred: Counter = field(default_factory=Counter)   # op name -> count: launches, work unknown
     cpu_trace: bool = False               # tensors were on the CPU: the kernels are those of a CUDA run
     collectives_moved: int = 0            # host (gloo) transfers moved to a GPU communication stream
-    new_gemm_shapes: int = 0              # GEMMs whose shape is not in every step: a cuBLASLt search each
+    new_gemm_shapes: int = 0              # GEMMs whose shape is not in every step: a cuBLAS search each
 
     def lines(self) -> list[str]:
         out = [f"inferred {self.kernels:,} GPU kernels from {self.launching_ops:,} of {self.ops:,} ET ops ("
@@ -131,7 +132,7 @@ class InferenceReport:
             out.append("every operator's kernels were inferred")
         if self.new_gemm_shapes:
             out.append(f"{self.new_gemm_shapes:,} GEMMs of a shape not run in every step (data-dependent) pay the "
-                       "host's cuBLASLt algorithm search")
+                       "host's cuBLAS algorithm search")
         return out
 
     def to_json(self) -> dict:
@@ -321,7 +322,8 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
     dims = _gemm_dims(low, tens) if _GEMM.search(low) else None
     if dims is not None:
         m, n, k, batch = dims
-        return [KernelSpec("gemm", {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "batch": batch})]
+        return [KernelSpec("gemm", {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "batch": batch,
+                                    "layout": _operand_layout(a)})]
     if _GEMM.search(low):
         return None
     if not low.startswith("aten::"):
@@ -564,7 +566,7 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
             for spec in specs:
                 key = _gemm_key(spec)
                 if key is not None and key not in warm_gemms:
-                    clock += host.new_gemm_shape_us   # first GEMM of this shape: cuBLASLt searches an algorithm
+                    clock += host.new_gemm_shape_us   # first GEMM of this shape: cuBLAS searches an algorithm
                     warm_gemms.add(key)
                     report.new_gemm_shapes += 1
                 # the runtime call under the op (as Kineto records it) launches the kernel
@@ -662,11 +664,21 @@ def _conv_kernels(low: str, tens: list[list[int]], out_shapes: list, dtype: str)
     return specs
 
 
+def _operand_layout(a: dict) -> str:
+    """The strides of a GEMM's tensor operands, as the ET records them: with the shapes they give each
+    operand's transposition and leading dimension, which cuBLAS's algorithm choice depends on."""
+    types, strides = _arg_list(a, "input_types"), _arg_list(a, "input_strides")
+    return ";".join(str(st) for t, st in zip(types, strides) if "Tensor(" in str(t) and isinstance(st, (list, tuple)))
+
+
 def _gemm_key(spec: KernelSpec) -> tuple | None:
+    """What cuBLAS keys its algorithm search on: the problem and the operands' layout. A GEMM of a known
+    (m, n, k) with other transposes or leading dimensions is searched anew: in the H100 MoE traces such
+    GEMMs cost the host as much as unseen shapes (median 369 us against 92 us for a repeated layout)."""
     a = spec.attrs
     if a.get("op") != "gemm" or a.get("conv"):   # cuDNN picks convolution algorithms its own way
         return None
-    return (a.get("dtype"), a.get("m"), a.get("n"), a.get("k"), a.get("batch", 1))
+    return (a.get("dtype"), a.get("m"), a.get("n"), a.get("k"), a.get("batch", 1), a.get("layout", ""))
 
 
 def _gemm_shapes_in_every_step(graph: ExecutionGraph, specs_of: list[list[KernelSpec]]) -> set[tuple]:
