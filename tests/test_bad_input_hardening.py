@@ -514,3 +514,12 @@ def test_oom_plans_explain_the_flag_and_labels_spell_out_the_plan():
                   "--pp 16 --cp 1 --dp 128 --seq-len 8192 --global-batch 2048 --micro-batch 2 | cat")
     assert "OUT OF MEMORY:" in p.stdout and "--recompute full" in p.stdout
     assert "mb2" in p.stdout and "zero=1" in p.stdout and "recompute=none" in p.stdout
+
+
+def test_oom_advice_names_only_options_the_plan_does_not_use():
+    # FSDP (ZeRO-3) with full recompute at micro-batch 1 still over 80 GiB: only a deeper split is left
+    p = run_shell("lumos-sim whatif parallelism --model llama3-70b --hardware h100-sxm --gpus 8 --zero 3 "
+                  "--recompute full --seq-len 131072 --global-batch 8 | cat")
+    text = unwrapped(p.stdout)
+    assert "OUT OF MEMORY:" in text and "Try a larger --pp or --tp." in text
+    assert "--zero 3" not in text.split("OUT OF MEMORY:")[1] and "--recompute full" not in text.split("OUT OF MEMORY:")[1]

@@ -246,7 +246,20 @@ def _print_prediction(r) -> None:
     if r.oom:
         console.print(f"OUT OF MEMORY: {r.memory.total_gib:.1f} GiB per GPU is more than the "
                       f"{r.memory.capacity_gib:.1f} GiB usable on {r.hardware}; the time assumes it fit. Try "
-                      "--recompute full, a larger --pp or --tp, or --zero 3.")
+                      f"{_oom_remedies(r.plan)}.")
+
+
+def _oom_remedies(plan) -> str:
+    """The memory-saving options the plan does not already use, as a sentence's list."""
+    tips = []
+    if plan.recompute != "full":
+        tips.append("--recompute full")
+    if plan.micro_batch > 1:
+        tips.append("a smaller --micro-batch")
+    tips.append("a larger --pp or --tp")
+    if plan.zero < 3:
+        tips.append("--zero 3")
+    return ", ".join(tips[:-1]) + (", or " if len(tips) > 2 else " or ") + tips[-1] if len(tips) > 1 else tips[0]
 
 
 PLAN_MIN_WIDTH = 20  # search table: the plan column's floor at 80 columns
