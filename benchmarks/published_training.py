@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lumos_sim.check import find_shared  # noqa: E402
-from lumos_sim.published_training import RowResult, read_rows, run_row, zoo_name  # noqa: E402
+from lumos_sim.published_training import MOE_SCRIPT_SETTINGS, RowResult, read_rows, run_row, zoo_name  # noqa: E402
 
 
 def csv_path(arg: str | None) -> Path:
@@ -59,6 +59,20 @@ def _unprinted(r: RowResult) -> tuple[int, bool]:
     return p.vp, p.tp > 1 and not p.sequence_parallel
 
 
+def _moe_script(r: RowResult) -> str:
+    """The MoE dispatcher and overlaps a row ran with that its table does not print (the release's scripts,
+    lumos_sim.published_training.MOE_SCRIPT_SETTINGS), as a layout suffix; '' for other rows."""
+    p = r.plan
+    if p is None or p.ep <= 1 or (r.row.release.split(" (")[0], r.model) not in MOE_SCRIPT_SETTINGS:
+        return ""
+    parts = {"deepep": ["DeepEP"], "hybridep": ["HybridEP"]}.get(p.moe_a2a, [])
+    if p.moe_a2a_overlap:
+        parts.append("a2a overlap")
+    if p.tp > 1 and not p.tp_comm_overlap:
+        parts.append("no TP overlap")
+    return f" ({', '.join(parts)})†" if parts else "†"
+
+
 def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
     cpu = cpu or {}
     lines = ["| # | release | model | GPUs | layout | published tok/s/GPU | predicted | published TFLOP/s | "
@@ -68,7 +82,7 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
         vp, no_sp = _unprinted(r)
         lay = f"TP{w.tp} PP{w.pp}" + (f"x{vp}" if vp > 1 else "") + (f" CP{w.cp}" if w.cp > 1 else "") + \
             (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}" + \
-            (" (no SP)" if no_sp else "") + ("*" if vp != w.vp or no_sp else "")
+            (" (no SP)" if no_sp else "") + ("*" if vp != w.vp or no_sp else "") + _moe_script(r)
         err = r.relative_error
         lines.append(f"| {w.index} | {w.release.split(' (')[0]} | {w.model_name} | {w.gpus} | {lay} | "
                      f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
@@ -80,6 +94,10 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
         lines.append("")
         lines.append("\\* VP / sequence parallelism that the table does not print, as the release's launch script set "
                      "them (lumos_sim.published_training.FINETUNE_SCRIPT_LAYOUTS)")
+    if any(_moe_script(r) for r in results):
+        lines.append("")
+        lines.append("\u2020 MoE token dispatcher and overlaps that the table does not print, as the release's H100 "
+                     "performance scripts set them (lumos_sim.published_training.MOE_SCRIPT_SETTINGS)")
     if errs:
         lines.append("")
         lines.append(f"{len(errs)} of {len(results)} rows ran; mean |error| {100 * sum(errs) / len(errs):.1f}%, "

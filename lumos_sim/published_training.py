@@ -15,7 +15,8 @@ Reading the columns (facts of the releases, not fitted):
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
 - Megatron-Bridge 25.x rows: cuDNN fused attention (TE 2.x on Hopper); NeMo 24.x rows: FlashAttention-2.
 - NeMo 24.x rows: bf16 gradients and 16-bit master-weight remainders (NeMo 1.x distributed Adam).
-- TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`).
+- TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`), except where a MoE
+  script turns it off (`MOE_SCRIPT_SETTINGS`).
 - notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
 - notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
   balanced routing.
@@ -33,9 +34,11 @@ Where the release's own scripts ran something else than its table prints, the ro
   sets recompute_modules without recompute_granularity = "selective", so nothing is recomputed in v0.2.0.
 - NeMo 24.07 fine-tuning rows: the table prints no VP or sequence-parallel column; the launch scripts' values
   fill them (`FINETUNE_SCRIPT_LAYOUTS`: 13B SFT VP 10, 70B SFT VP 20, 70B LoRA without SP).
-- EP all-to-all overlap (overlap_moe_expert_parallel_comm with delay_wgrad_compute) is on in the 25.11
-  Qwen3 scripts; DeepSeek-V3 25.09 dispatches with DeepEP and overlaps too (`A2A_OVERLAP_RUNS`). These rows
-  run with `moe_a2a_overlap`, as they ran.
+- MoE rows of Megatron-Bridge releases take the token dispatcher (all-to-all, DeepEP, HybridEP), the EP
+  all-to-all overlap and the TP communication overlap their release's H100 scripts set
+  (`MOE_SCRIPT_SETTINGS`), as they ran.
+- Qwen3-30B-A3B H100 26.02.01: the table prints PP2 VP12 EP8, the v0.3.1 script runs PP1 EP16 (PR #2477;
+  the row's figures match the 26.04 PP1 EP16 row); it runs as printed.
 """
 from __future__ import annotations
 
@@ -54,11 +57,36 @@ from estimators.parallelism.plan import ParallelPlan
 # projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
 LORA_RANK = 16
 SQUAD_EXAMPLE_TOKENS = 256        # mean packed SQuAD example, Llama-2 tokens (see row_plan)
-# Runs whose release scripts overlap the EP all-to-all with another micro-batch's compute (Megatron-Core
-# overlap_moe_expert_parallel_comm with delay_wgrad_compute): Megatron-Bridge r0.1.0 (25.09) sets it for
-# DeepSeek-V3 with DeepEP; v0.2.0 (25.11) base configs set moe_a2a_overlap=True for Qwen3-30B-A3B and
-# Qwen3-235B-A22B on H100. GPT-OSS-120B 25.11 and the 25.09 Qwen3 token-drop runs do not.
-A2A_OVERLAP_RUNS = {("NeMo 25.09", "deepseek-v3"), ("NeMo 25.11", "qwen3-30b-a3b"), ("NeMo 25.11", "qwen3-235b-a22b")}
+# What the H100 performance scripts of each Megatron-Bridge release set for its MoE rows in the columns the
+# tables do not print: the token dispatcher, the EP all-to-all overlap (Megatron-Core
+# overlap_moe_expert_parallel_comm with delay_wgrad_compute; Bridge `moe_a2a_overlap`) and the TP
+# communication overlap. Containers map to Bridge tags by docs/releases/software-versions.md and
+# docs/versions1.json: 25.09 = v0.1.0rc3, 25.11 = v0.2.0, 26.02 = v0.3.0, 26.02.01 = v0.3.1, 26.04 = v0.4.0,
+# 26.04.01 = v0.4.2, 26.06 = v0.5.0. Read at those tags in scripts/performance (run_script.py and the yaml
+# configs at v0.1.0rc3; configs/{qwen,qwen3,gpt_oss,deepseek}/*workload_base_configs.py, *_llm_pretrain.py and
+# utils/overrides.py later):
+# - DeepSeek-V3 25.09: DeepEP (enable_deepep on H100), a2a overlap, recipe CommOverlapConfig(tp_comm_overlap=False);
+# - Qwen3 25.09: alltoall (asserted by apply_moe_token_drop), no a2a overlap; 235B keeps TP overlap;
+# - Qwen3 25.11: a2a overlap on both; 235B's preset is built with tp_comm_overlap=False (kept through 26.04.01);
+# - Qwen3-30B 26.02: flex dispatcher with the DeepEP backend, a2a overlap; 26.02.01 on (PR #2477): flex with
+#   HybridEP (32 SMs), no a2a overlap;
+# - Qwen3-235B 26.x: alltoall (set explicitly), a2a overlap; GPT-OSS-120B every release: alltoall, no overlap.
+# Each entry: (moe_a2a, moe_a2a_overlap, tp_comm_overlap or None = the TP > 1 default).
+_QWEN3_235B_26 = ("alltoall", True, False)
+MOE_SCRIPT_SETTINGS: dict[tuple[str, str], tuple[str, bool, bool | None]] = {
+    ("NeMo 25.09", "deepseek-v3"): ("deepep", True, False),
+    ("NeMo 25.09", "qwen3-30b-a3b"): ("alltoall", False, None),
+    ("NeMo 25.09", "qwen3-235b-a22b"): ("alltoall", False, None),
+    ("NeMo 25.11", "qwen3-30b-a3b"): ("alltoall", True, None),
+    ("NeMo 25.11", "qwen3-235b-a22b"): ("alltoall", True, False),
+    ("NeMo 26.02", "qwen3-30b-a3b"): ("deepep", True, None),
+    **{(rel, "qwen3-235b-a22b"): _QWEN3_235B_26 for rel in ("NeMo 26.02", "NeMo 26.02.01", "NeMo 26.04",
+                                                          "NeMo 26.04.01")},
+    **{(rel, "qwen3-30b-a3b"): ("hybridep", False, None) for rel in ("NeMo 26.02.01", "NeMo 26.04",
+                                                                    "NeMo 26.04.01", "NeMo 26.06")},
+    **{(rel, "gpt-oss-120b"): ("alltoall", False, None) for rel in ("NeMo 25.11", "NeMo 26.02", "NeMo 26.02.01",
+                                                                   "NeMo 26.04", "NeMo 26.04.01")},
+}
 # NeMo 24.07's fine-tuning table prints no VP and no sequence-parallel column. The launch scripts that made
 # it (NeMo-Framework-Launcher tag 24.07, examples/peft/llama/h100/*.sh over launcher_scripts/conf/peft/llama/
 # sft.yaml, whose defaults are no VP and sequence_parallel False) set, by (task, model):
@@ -255,7 +283,11 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # off, which padding to capacity makes moot: every expert computes its capacity either way.
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0 or megatron_bridge_release(row.release)
-        kw["moe_a2a_overlap"] = (row.release, model.name) in A2A_OVERLAP_RUNS
+        script = MOE_SCRIPT_SETTINGS.get((row.release.split(" (")[0], model.name))
+        if script is not None:
+            kw["moe_a2a"], kw["moe_a2a_overlap"] = script[0], script[1]
+            if script[2] is not None:
+                kw["tp_comm_overlap"] = script[2] and row.tp > 1
     return ParallelPlan(**kw)
 
 
@@ -275,6 +307,7 @@ class RowResult:
     error: str | None = None      # why it could not run
     wall_s: float = 0.0
     plan: ParallelPlan | None = None   # the plan that ran (None when the row could not run)
+    model: str = ""                    # the zoo model that ran
 
     @property
     def metric(self) -> str:
@@ -324,7 +357,7 @@ def run_row(row: PublishedRow, hardware: Any = "h100-sxm") -> RowResult:
         return RowResult(row, error=str(e.problem if hasattr(e, "problem") else e),
                          wall_s=time.perf_counter() - t0)
     tok_gpu = p.tokens_per_s / plan.gpus
-    return RowResult(row, plan=plan, predicted_tokens_per_gpu=tok_gpu,
+    return RowResult(row, plan=plan, model=model.name, predicted_tokens_per_gpu=tok_gpu,
                      predicted_tflops=release_tflops(row, model, tok_gpu, p.tflops_per_gpu),
                      memory_gib=p.memory.total_gib, oom=p.oom, wall_s=time.perf_counter() - t0)
 

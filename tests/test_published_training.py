@@ -143,3 +143,43 @@ def test_dense_published_rows_the_shared_table_lacks_are_within_the_issue_bound(
     assert res.error is None and len(res.steps) == 15
     errors = [abs(s.error) for s in res.steps]
     assert max(errors) <= 0.15 and sum(errors) / len(errors) <= 0.05, sorted(errors)
+
+
+# What each Megatron-Bridge release's H100 performance scripts set for its MoE rows, read at the release's
+# Bridge tag (25.09 = v0.1.0rc3, 25.11 = v0.2.0, 26.02 = v0.3.0, 26.02.01 = v0.3.1, 26.04 = v0.4.0):
+# (token dispatcher, EP all-to-all overlap, TP communication overlap)
+BRIDGE_MOE_SCRIPTS = {
+    ("NeMo 25.09", "DeepSeekV3 (dropless)"): ("deepep", True, False),     # run_script.py enable_deepep; recipe
+    ("NeMo 25.09", "Qwen3_235B_a22B (tokendrop)"): ("alltoall", False, True),  # apply_moe_token_drop; TP overlap
+    ("NeMo 25.11", "Qwen3_235B_a22B"): ("alltoall", True, False),        # CommOverlapConfig(tp_comm_overlap=False)
+    ("NeMo 25.11", "Qwen3_30B_a3B"): ("alltoall", True, False),          # TP1: no TP overlap to run
+    ("NeMo 25.11", "GPT OSS 120B"): ("alltoall", False, False),
+    ("NeMo 26.02", "Qwen3_30B_a3B"): ("deepep", True, False),            # flex dispatcher, DeepEP backend
+    ("NeMo 26.04", "Qwen3_30B_a3B"): ("hybridep", False, False),         # PR #2477: flex + HybridEP
+    ("NeMo 26.04", "Qwen3_235B_a22B"): ("alltoall", True, False),
+}
+
+
+def test_moe_rows_run_with_their_release_scripts_dispatcher_and_overlaps(rows):
+    heldout = read_rows(ROOT / "tests" / "published" / "heldout_h100.csv")
+    seen = set()
+    for r in rows + heldout:
+        key = (r.release.split(" (")[0], r.model_name)
+        if key in BRIDGE_MOE_SCRIPTS:
+            _, plan = row_scenario(r)
+            assert (plan.moe_a2a, plan.moe_a2a_overlap, plan.tp_comm_overlap) == BRIDGE_MOE_SCRIPTS[key], key
+            seen.add(key)
+    assert seen == set(BRIDGE_MOE_SCRIPTS)
+
+
+def test_hybridep_dispatch_is_timed_as_a_fused_dispatch_not_as_nccl_all_to_all():
+    """HybridEP, like DeepEP, sends a token over the network once per destination node: on a two-node EP16
+    layout it beats NCCL's all-to-all, and it delivers tokens grouped by expert (no regrouping pass)."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import predict
+    from estimators.parallelism.plan import ParallelPlan
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(tp=1, pp=1, dp=16, ep=16, seq_len=4096, micro_batch=1, global_batch=64, precision="bf16")
+    nccl, hybrid, deepep = (predict(model, plan.with_(moe_a2a=a), "h100-sxm") for a in ("alltoall", "hybridep", "deepep"))
+    assert hybrid.step_time_s < nccl.step_time_s
+    assert hybrid.step_time_s == pytest.approx(deepep.step_time_s, rel=1e-9)

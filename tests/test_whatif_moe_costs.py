@@ -73,7 +73,7 @@ def test_fused_cross_entropy_reads_and_writes_the_logits_once():
 
 
 def test_overlapped_all_to_all_hides_its_measured_share_of_the_exposed_time():
-    """EP communication overlap hides 26% of the all-to-all time (EP_OVERLAP_HIDDEN, fitted on measured H100
+    """EP communication overlap hides 29% of the all-to-all time (EP_OVERLAP_HIDDEN, fitted on measured H100
     runs): the step shortens by about that share of the exposed all-to-all time, never below the compute."""
     from estimators.parallelism.evaluate import predict
     model = load_model("qwen3-30b-a3b")
@@ -83,17 +83,17 @@ def test_overlapped_all_to_all_hides_its_measured_share_of_the_exposed_time():
     bd = exposed.breakdown.mean
     assert bd.exposed_ep_comm_us > 0.05 * bd.window_us          # the all-to-alls matter here
     saved = exposed.step_time_s - hidden.step_time_s
-    assert 0.15 * bd.exposed_ep_comm_us / 1e6 < saved < 0.35 * bd.exposed_ep_comm_us / 1e6
+    assert 0.18 * bd.exposed_ep_comm_us / 1e6 < saved < 0.40 * bd.exposed_ep_comm_us / 1e6
     assert hidden.step_time_s >= bd.compute_us / 1e6 * 0.999
 
 
 def test_an_overlapped_plan_splits_each_all_to_all_into_an_exposed_and_a_hidden_share():
-    """74% of the dispatch bytes on the compute chain, 26% beside it (the same EP stream, exposed first)."""
+    """71% of the dispatch bytes on the compute chain, 29% beside it (the same EP stream, exposed first)."""
     plan = _qwen30b_plan(moe_a2a_overlap=True)
     fwd = _ops(load_model("qwen3-30b-a3b"), plan)
     whole = _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan())["moe_dispatch_alltoall"]["comm_size"]
-    assert fwd["moe_dispatch_alltoall_exposed"]["comm_size"] == pytest.approx(0.74 * whole, rel=1e-6)
-    assert fwd["moe_dispatch_alltoall"]["comm_size"] == pytest.approx(0.26 * whole, rel=1e-6)
+    assert fwd["moe_dispatch_alltoall_exposed"]["comm_size"] == pytest.approx(0.71 * whole, rel=1e-6)
+    assert fwd["moe_dispatch_alltoall"]["comm_size"] == pytest.approx(0.29 * whole, rel=1e-6)
 
 
 def test_clamped_glu_adds_the_clamp_and_concat_passes_over_the_expert_input():
@@ -124,7 +124,7 @@ def test_an_overlapped_all_to_all_estimate_says_it_reads_above_the_published_run
     model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8, precision="bf16")
     overlapped = prediction_of_plan(predict(model, plan.with_(moe_a2a_overlap=True), "h100-sxm"))
-    assert any("hides 26% of the EP all-to-all time" in n for n in overlapped.notes)
+    assert any("hides 29% of the EP all-to-all time" in n for n in overlapped.notes)
     assert not any("hides" in n for n in prediction_of_plan(predict(model, plan, "h100-sxm")).notes)
     no_ep = plan.with_(ep=1, moe_a2a_overlap=True)
     assert not any("hides" in n for n in prediction_of_plan(predict(model, no_ep, "h100-sxm")).notes)

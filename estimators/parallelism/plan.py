@@ -23,7 +23,12 @@ PRECISIONS = ("bf16", "fp8")
 # blockwise = 1x128 activation / 128x128 weight scales (DeepSeek-V3), scales computed in the cast, the
 # GEMM promotes partial sums to fp32 every 128 of K; mxfp8 = 1x32 e8m0 block scales (Blackwell)
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-MOE_A2A = ("alltoall", "deepep")     # token dispatch: NCCL all-to-all, or DeepEP's fused NVLink+RDMA kernels
+# token dispatch: NCCL all-to-all, or fused dispatch / combine kernels that send a token over the network
+# once per destination node and fan it out over NVLink there: DeepEP, and NVIDIA's HybridEP (DeepEP's
+# hybrid-ep branch, Megatron-Core flex dispatcher backend "hybridep"), timed alike (their SM budgets,
+# 20 / 16-32 SMs, are not modelled)
+MOE_A2A = ("alltoall", "deepep", "hybridep")
+FUSED_DISPATCH = ("deepep", "hybridep")
 FINETUNE = ("none", "sft", "lora")
 FSDP_IMPLS = ("megatron", "fsdp2")
 # modules Megatron-Core's selective recompute names (--recompute-modules); "core_attn" is the classic one

@@ -55,7 +55,7 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     g.add_argument("--moe-unbalanced", action="store_true",
                    help="dropless routing balanced only in expectation (default: force-balanced)")
     g.add_argument("--moe-a2a", default="alltoall",
-                   help="alltoall (NCCL) | deepep (fused NVLink+RDMA dispatch/combine)")
+                   help="alltoall (NCCL) | deepep | hybridep (fused NVLink+RDMA dispatch/combine)")
     g.add_argument("--fp8-recipe", default="delayed",
                    help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
     g.add_argument("--cuda-graphs", action="store_true", help="layers run as CUDA graphs: no per-kernel launch cost")
