@@ -115,6 +115,7 @@ class InferenceReport:
     cpu_trace: bool = False               # tensors were on the CPU: the kernels are those of a CUDA run
     collectives_moved: int = 0            # host (gloo) transfers moved to a GPU communication stream
     new_gemm_shapes: int = 0              # GEMMs whose shape is not in every step: a cuBLAS search each
+    compiled_regions: int = 0             # torch.compile graphs run: their fused kernels are not in the ET
 
     def lines(self) -> list[str]:
         out = [f"inferred {self.kernels:,} GPU kernels from {self.launching_ops:,} of {self.ops:,} ET ops ("
@@ -123,12 +124,16 @@ class InferenceReport:
             out.append("the trace ran on the CPU: ops are timed as the CUDA kernels a GPU run would launch"
                        + (f"; {self.collectives_moved} gloo collectives timed as NCCL collectives"
                           if self.collectives_moved else ""))
+        if self.compiled_regions:
+            out.append(f"{self.compiled_regions:,} torch.compile graph calls: their fused (Triton) kernels are not "
+                       "ATen ops, so the ET does not record them and they are not timed; only the ATen ops they "
+                       "call (GEMMs, ...) are")
         if self.uninferred:
             n = sum(self.uninferred.values())
             out.append(f"kernels not inferred for {n:,} ops ({100 * n / max(self.ops, 1):.1f}% of the ET's operators; "
                        "their work is unknown, so they are timed as host time only): "
                        + ", ".join(f"{name} x{c}" for name, c in self.uninferred.most_common(8)))
-        else:
+        elif not self.compiled_regions:
             out.append("every operator's kernels were inferred")
         if self.new_gemm_shapes:
             out.append(f"{self.new_gemm_shapes:,} GEMMs of a shape not run in every step (data-dependent) pay the "
@@ -139,12 +144,12 @@ class InferenceReport:
         return {"ops": self.ops, "launching_ops": self.launching_ops, "kernels": self.kernels,
                 "kernels_by_class": dict(self.kernels_by_class), "uninferred": dict(self.uninferred),
                 "cpu_trace": self.cpu_trace, "collectives_moved": self.collectives_moved,
-                "new_gemm_shapes": self.new_gemm_shapes}
+                "new_gemm_shapes": self.new_gemm_shapes, "compiled_regions": self.compiled_regions}
 
 
 # ----------------------------------------------------------------------------------- op -> kernels
 _ALLOC_OR_META = re.compile(
-    r"::(empty|empty_like|empty_strided|new_empty|new_empty_strided|resize_|resize_as_|set_|"
+    r"::(empty|empty_like|empty_strided|new_empty|new_empty_strided|resize_|resize_as_|set_|as_strided_|"
     r"record_stream|_local_scalar_dense_cpu|size|stride|numel|is_nonzero|result_type|"
     r"_has_compatible_shallow_copy_type|retains_grad|requires_grad_|lift_fresh|_nested_tensor_from_mask)$")
 _SYNCS = re.compile(r"::(_local_scalar_dense|nonzero|nonzero_static|unique|_unique2|tolist|"
@@ -265,8 +270,9 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         # Python functions, autograd nodes, record_function ranges, c10d front ends (the collective is
         # its own node): their ATen children launch the kernels
         return []
-    if _ALLOC_OR_META.search(low) or (a.get("outputs_alias_inputs") and not low.endswith("_")):
-        return []
+    if _ALLOC_OR_META.search(low) or (a.get("outputs_alias_inputs") and not low.endswith("_")
+                                      and "(a!)" not in str(a.get("op_schema", ""))):
+        return []   # a view; an out= variant (`Tensor(a!) out`, as torch.compile's extern GEMMs) computes
     shapes, types = _arg_list(a, "input_shapes"), _arg_list(a, "input_types")
     out_shapes, out_types = _arg_list(a, "output_shapes"), _arg_list(a, "output_types")
     dtype = _dtype_of([t for t in types if "Tensor" in str(t)], "")[0]
@@ -453,9 +459,10 @@ def _only_scalars(types: Sequence[Any]) -> bool:
 
 # ------------------------------------------------------------------------------------ the rebuild
 def needs_inference(graph: ExecutionGraph) -> bool:
-    """An ET-only graph (durations unknown, no GPU kernels) that model mode must infer kernels for."""
-    return (graph.metadata or {}).get("durations_known") is False and not graph.is_gpu()[
-        np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any()
+    """A graph without GPU kernels that model mode must infer them for: an ET alone (durations unknown), or
+    a trace of a CPU run (its recorded op times are CPU compute, not what a GPU would take)."""
+    return not graph.is_gpu()[np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any() \
+        and bool((graph.kind == int(OpKind.CPU_OP)).any())
 
 
 def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple[ExecutionGraph, InferenceReport]:
@@ -512,16 +519,7 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
         while st and kinds[st[-1]] != OpKind.ANNOTATION:
             end[st.pop()] = clock
 
-    # an op launches its own kernels only when none of its descendants launches any (aten::linear ->
-    # aten::mm: the GEMM is mm's); computed bottom-up, children follow their parents in ET order
-    specs_of: list[list[KernelSpec]] = [[] for _ in range(n)]
-    below = [False] * n
-    for i in range(n - 1, -1, -1):
-        if kinds[i] == OpKind.CPU_OP and not below[i]:
-            specs_of[i] = _kernels_for(graph, i, report, gpu_devices)
-        p = parent[i]
-        if p >= 0 and (below[i] or specs_of[i]):
-            below[p] = True
+    specs_of = _kernel_owners(graph, report, gpu_devices)
     def place_transfer(t: int, issuer: int) -> None:
         """A collective / send / recv on a GPU communication stream of its process group, after the
         compute stream's work issued before it (NCCL waits for it)."""
@@ -700,22 +698,73 @@ def _gpu_kind(spec: KernelSpec) -> int:
     return int(OpKind.MEMCPY if op == "memcpy" else OpKind.MEMSET if op == "memset" else OpKind.KERNEL)
 
 
-def _kernels_for(graph: ExecutionGraph, i: int, report: InferenceReport, gpu_devices: set[str]) -> list[KernelSpec]:
+# Kernel classes an op owns whatever helper ops its implementation calls: a CPU kernel calls ATen ops of
+# its own (addmm copies the bias into the output, mkldnn convolutions restride, attention and layer-norm
+# backward zero their accumulators), which would otherwise take the op's place
+_PRIMARY = ("gemm", "attention", "norm", "softmax", "embedding")
+_COMPILED = re.compile(r"^## Call CompiledFxGraph")   # Inductor's record_function around a compiled graph call
+
+
+def _op_specs(graph: ExecutionGraph, i: int, gpu_devices: set[str]) -> list[KernelSpec] | None:
+    """op_kernels for node i, [] for host work in a CUDA run and ops without tensors."""
     a = graph.attrs.get(i) or {}
     devs = set(a.get("tensor_devices") or ())
     if gpu_devices and devs and not (devs & gpu_devices):
         return []   # an op on host tensors in a CUDA run: CPU work
     if not devs and not a.get("input_shapes") and not a.get("output_shapes"):
         return []   # no tensors at all (python functions, autograd bookkeeping)
-    specs = op_kernels(graph.name[i], a)
-    if specs is None:
-        report.uninferred[graph.name[i]] += 1
-        return []
-    if specs:
-        report.launching_ops += 1
-        for s in specs:
-            report.kernels_by_class[str(s.attrs.get("op"))] += 1
-    return specs
+    return op_kernels(graph.name[i], a)
+
+
+def _classes(specs: list[KernelSpec] | None, of: tuple[str, ...]) -> bool:
+    return bool(specs) and any(sp.attrs.get("op") in of for sp in specs)
+
+
+def _kernel_owners(graph: ExecutionGraph, report: InferenceReport, gpu_devices: set[str]) -> list[list[KernelSpec]]:
+    """The kernels each node launches. An op launches its own kernels when none of its descendants launches
+    any (aten::linear -> aten::mm: the GEMM is mm's). Two exceptions, for the helper ops CPU kernels call:
+    a GEMM / attention / norm / softmax / embedding op with no such op below it launches its own kernels
+    beside its descendants' (addmm -> copy_ of the bias); a foreach / fused optimizer op replaces its
+    descendants (on the CPU it loops per tensor; a CUDA run launches multi_tensor_apply kernels instead).
+    Computed bottom-up (children follow their parents in ET order), then owned subtrees are cleared."""
+    n = len(graph)
+    kinds, parent = graph.kind.tolist(), graph.parent.tolist()
+    own: list[list[KernelSpec] | None] = [None] * n
+    below = [False] * n          # a descendant launches kernels
+    primary_below = [False] * n  # ... of a primary class
+    launches = [False] * n
+    replaces = [False] * n
+    for i in range(n - 1, -1, -1):
+        if _COMPILED.search(graph.name[i]):
+            report.compiled_regions += 1
+        if kinds[i] == OpKind.CPU_OP:
+            if not below[i] or not primary_below[i]:
+                own[i] = _op_specs(graph, i, gpu_devices)
+                if not below[i]:
+                    launches[i] = True
+                elif _classes(own[i], ("optimizer",)):
+                    launches[i] = replaces[i] = True
+                elif _classes(own[i], _PRIMARY):
+                    launches[i] = True
+        p = parent[i]
+        if p >= 0:
+            below[p] = below[p] or below[i] or (launches[i] and bool(own[i]))
+            primary_below[p] = primary_below[p] or primary_below[i] or (launches[i] and _classes(own[i], _PRIMARY))
+    specs_of: list[list[KernelSpec]] = [[] for _ in range(n)]
+    cleared = [False] * n
+    for i in range(n):
+        p = parent[i]
+        cleared[i] = p >= 0 and (cleared[p] or replaces[p])
+        if not launches[i] or cleared[i]:
+            continue
+        if own[i] is None:
+            report.uninferred[graph.name[i]] += 1
+        elif own[i]:
+            specs_of[i] = own[i]
+            report.launching_ops += 1
+            for sp in own[i]:
+                report.kernels_by_class[str(sp.attrs.get("op"))] += 1
+    return specs_of
 
 
 def _issued(graph: ExecutionGraph) -> dict[int, list[int]]:

@@ -42,8 +42,10 @@ def test_rf_id_links_ops_with_the_same_id_and_name():
                    ("aten::relu", 40, 1, 1, 12)])
     info, rep = link_with_report(et, k)
     assert sorted(info) == [0, 1, 4]
+    # the ET's shapes, schema and the kernel hints model mode infers a CPU run's kernels from (its tensors'
+    # device)
     assert info[0] == {"et_id": 3, "rf_id": 10, "scope": 0, "op_schema": "aten::mm(Tensor, Tensor)",
-                       "input_shapes": [[6]], "input_types": ["Tensor"]}
+                       "input_shapes": [[6]], "input_types": ["Tensor"], "tensor_devices": ["cuda"]}
     assert info[1] == {"et_id": 4, "rf_id": 11} and info[4] == {"et_id": 5, "rf_id": 12}
     assert (rep.key, rep.et_ops, rep.kineto_ops, rep.matched_et, rep.matched_kineto) == ("rf_id", 4, 5, 3, 3)
     assert rep.detail == "3 of 3 Kineto host ops with an ET rf_id agree by name"

@@ -167,7 +167,7 @@ def comm_attrs(et: ExecutionTrace, rpc: int, fallback_name: str = "") -> dict[st
     return a
 
 
-def _kernel_hints(et: ExecutionTrace, i: int) -> dict[str, Any]:
+def kernel_hints(et: ExecutionTrace, i: int) -> dict[str, Any]:
     """What model mode needs to infer an op's GPU kernels from the ET alone (replay/et_kernels.py) that the
     shapes do not say: the device of its tensors, whether its outputs only alias its inputs (a view
     launches nothing), and its scalar arguments (is_causal, dims)."""
@@ -208,6 +208,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
 
     skip = [is_root_name(nm) or nm == PG_INIT for nm in names]
     node_of = [-1] * n           # ET index -> graph node index
+    has_children: set[int] = set()   # graph nodes that are some node's parent
     stack_of = [-1] * n          # ET index -> graph node its ET children take as call-stack parent
     is_op = [False] * n          # a real operator (not an annotation, not skipped)
     under_op = [False] * n       # has an operator ancestor
@@ -332,7 +333,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
         if et.seq_id[i] >= 0:
             attrs["seq_id"] = int(et.seq_id[i])
         attrs.update(op_attrs(et, i))
-        attrs.update(_kernel_hints(et, i))
+        attrs.update(kernel_hints(et, i))
         extra = et.extra.get(i)
         start = dur = 0.0
         if extra and "dur" in extra:
@@ -368,6 +369,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
                     synthetic = ca             # no child: a synthetic transfer node follows this one
         g = b.add_node(nm, NodeType.COMP_NODE, kind, res, start, dur, gp, ids[i], attrs)
         node_of[i] = stack_of[i] = g
+        has_children.add(gp)
         end_us = max(end_us, start + dur)
         if kind == OpKind.ANNOTATION and nm.startswith("ProfilerStep#"):
             steps.append((nm, g, start, dur))
@@ -389,8 +391,14 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
             add_transfer(i, i, synthetic, f"{synthetic['coll_name']} (transfer)", next_id, i)
             next_id += 1
 
+    # An ET started before the profiler and stopped after it records the profiler's closing ProfilerStep
+    # with nothing in it: no step ran there, so it is not one (a 0 ms step would pull the mean down).
+    empty = [s[0] for s in steps if s[1] not in has_children]
     for step in steps:
-        b.add_step(*step)
+        if step[1] in has_children:
+            b.add_step(*step)
+    if empty:
+        b.metadata["empty_steps_dropped"] = empty
     if not b.steps:
         b.add_step("step", -1, 0.0, end_us)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from chakra_schema.errors import TraceInputError
-from chakra_schema.pytorch.et_graph import collective_kind, comm_attrs
+from chakra_schema.pytorch.et_graph import collective_kind, comm_attrs, kernel_hints
 from chakra_schema.pytorch.execution_trace import PG_INIT, ExecutionTrace, is_root_name, op_attrs
 
 MIN_FRACTION = 0.9
@@ -275,6 +275,8 @@ def _et_attrs(et: ExecutionTrace, i: int, with_rf: bool = True,
             if key in extra:
                 a[key] = int(extra[key])
     a.update(op_attrs(et, i))
+    # what model mode needs to infer a CPU run's GPU kernels from the linked ops (replay/et_kernels.py)
+    a.update(kernel_hints(et, i))
     nm = et.names[i]
     if nm == "record_param_comms" or nm.startswith(("nccl:", "gloo:")):
         src = i
