@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lumos_sim.check import find_shared  # noqa: E402
-from lumos_sim.published_training import MOE_SCRIPT_SETTINGS, RowResult, read_rows, run_row, zoo_name  # noqa: E402
+from lumos_sim.published_training import RowResult, moe_script_settings, read_rows, run_row, zoo_name  # noqa: E402
 
 
 def csv_path(arg: str | None) -> Path:
@@ -63,14 +63,14 @@ def _moe_script(r: RowResult) -> str:
     """The MoE dispatcher and overlaps a row ran with that its table does not print (the release's scripts,
     lumos_sim.published_training.MOE_SCRIPT_SETTINGS), as a layout suffix; '' for other rows."""
     p = r.plan
-    if p is None or p.ep <= 1 or (r.row.release.split(" (")[0], r.model) not in MOE_SCRIPT_SETTINGS:
+    if p is None or p.ep <= 1 or moe_script_settings(r.row, r.model) is None:
         return ""
-    parts = {"deepep": ["DeepEP"], "hybridep": ["HybridEP"]}.get(p.moe_a2a, [])
+    parts = [{"deepep": "DeepEP", "hybridep": "HybridEP"}.get(p.moe_a2a, "all-to-all")]
     if p.moe_a2a_overlap:
         parts.append("a2a overlap")
     if p.tp > 1 and not p.tp_comm_overlap:
         parts.append("no TP overlap")
-    return f" ({', '.join(parts)})†" if parts else "†"
+    return f" ({', '.join(parts)})\u2020"
 
 
 def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:

@@ -10,7 +10,7 @@ model mode's kernel inference (replay/et_kernels.py) on a CPU run:
 - manual_et: an MLP whose Execution Trace is started before the profiler and stopped after it (the older way),
   which leaves an empty closing ProfilerStep in the ET.
 
-Each writes OUT_DIR/<model>/host.0.json.gz (+ device.0.json.gz, the Kineto trace). One thread, fixed seeds.
+Each writes OUT_DIR/<model>/host.0.json.gz and device.0.json.gz (the Kineto trace). One thread, fixed seeds.
 
     python examples/collect_cpu_models.py OUT_DIR [--models transformer,cnn,compiled,manual_et]
 
@@ -120,18 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--models", default="transformer,cnn,compiled,manual_et")
     args = ap.parse_args(argv)
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS and n != "manual_et"]
+    if unknown:
+        ap.error(f"unknown model {unknown[0]!r} (choose from {', '.join([*MODELS, 'manual_et'])})")
     torch.set_num_threads(1)
-    for name in args.models.split(","):
+    for name in names:
         torch.manual_seed(0)
         if name == "manual_et":
             collect_manual_et(args.out_dir / name)
-        elif name in MODELS:
-            loss_fn, opt = MODELS[name]()
-            res = profile_steps(train_step(loss_fn, opt), args.out_dir / name, rank=0, warmup=2, steps=3)
-            print(f"{name}: {res.link.profiler_steps} {[round(d) for d in res.link.step_durations_us]} us",
-                  file=sys.stderr)
-        else:
-            ap.error(f"unknown model {name!r} (choose from {', '.join([*MODELS, 'manual_et'])})")
+            print(f"{name}: written to {args.out_dir / name}", file=sys.stderr)
+            continue
+        loss_fn, opt = MODELS[name]()
+        res = profile_steps(train_step(loss_fn, opt), args.out_dir / name, rank=0, warmup=2, steps=3)
+        print(f"{name}: {res.link.profiler_steps} {[round(d) for d in res.link.step_durations_us]} us",
+              file=sys.stderr)
     return 0
 
 

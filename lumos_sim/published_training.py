@@ -232,6 +232,12 @@ def finetune_script_layout(row: PublishedRow, model: ModelConfig) -> dict[str, A
     return dict(FINETUNE_SCRIPT_LAYOUTS.get((ft, model.name), {}))
 
 
+def moe_script_settings(row: PublishedRow, model_name: str) -> tuple[str, bool, bool | None] | None:
+    """(dispatcher, EP all-to-all overlap, TP overlap or None) the row's release scripts set for this MoE
+    model (`MOE_SCRIPT_SETTINGS`), None when the table has no such entry."""
+    return MOE_SCRIPT_SETTINGS.get((row.release.split(" (")[0], model_name))
+
+
 def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     """The published layout as a plan (nothing changed)."""
     dp = row.gpus // (row.tp * row.pp * row.cp)
@@ -283,7 +289,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # off, which padding to capacity makes moot: every expert computes its capacity either way.
         kw["moe_force_balance"] = "force-balanced" in text or "force balanced" in text or \
             kw.get("moe_capacity_factor", 0) > 0 or megatron_bridge_release(row.release)
-        script = MOE_SCRIPT_SETTINGS.get((row.release.split(" (")[0], model.name))
+        script = moe_script_settings(row, model.name)
         if script is not None:
             kw["moe_a2a"], kw["moe_a2a_overlap"] = script[0], script[1]
             if script[2] is not None:

@@ -9,9 +9,14 @@ rules below say which kernels a CUDA run launches for an op; they were learned f
 against, the kernels Kineto attributes to each op in the H100 traces of tests/data/h100 (see
 tests/test_et_only_kernels.py), never from per-trace figures:
 
-- Only the innermost ops launch kernels (`aten::linear` -> `aten::mm`: the kernel belongs to `aten::mm`);
-  an op launches nothing when its outputs only alias its inputs (views: view, t, transpose, slice, ...),
-  when it only allocates (empty*, resize_), or when it has no tensors on the GPU.
+- The innermost ops launch kernels (`aten::linear` -> `aten::mm`: the kernel belongs to `aten::mm`), except
+  that a GEMM / convolution / attention / norm / softmax / embedding op with no such op below it keeps its
+  kernel: beside its children's in a CUDA trace (softmax backward's mul, embedding backward's sort passes
+  are kernels of their own), instead of them in a CPU trace (there the children are the CPU implementation's
+  helpers: addmm's bias copy, mkldnn restrides, zeroed accumulators), and a foreach / fused optimizer op
+  replaces its children (a CPU run loops it per tensor). An op launches nothing when its outputs only alias
+  its inputs (views: view, t, transpose, slice, ...; an out= variant, `Tensor(a!) out`, computes), when it
+  only allocates (empty*, resize_, as_strided_), or when it has no tensors on the GPU.
 - Convolutions (cudnn_convolution, convolution_backward, ...): implicit GEMMs (forward; dgrad and wgrad as
   the backward's outputs ask), timed by the GEMM model.
 - GEMMs (mm, addmm, bmm, baddbmm, linear, matmul, _scaled_mm, ...): one `gemm` kernel with m, n, k and the
@@ -65,7 +70,7 @@ from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _
 COMPUTE_STREAM = 7         # CUDA's default stream as Kineto numbers it
 COMM_STREAM_BASE = 1000    # same numbering as chakra_schema.pytorch.et_graph
 
-__all__ = ["HostModel", "HOST_MODEL", "InferenceReport", "KernelSpec", "infer_gpu_work", "op_kernels",
+__all__ = ["HostModel", "HOST_MODEL", "InferenceReport", "KernelSpec", "can_infer", "infer_gpu_work", "op_kernels",
            "needs_inference"]
 
 
@@ -116,6 +121,7 @@ class InferenceReport:
     collectives_moved: int = 0            # host (gloo) transfers moved to a GPU communication stream
     new_gemm_shapes: int = 0              # GEMMs whose shape is not in every step: a cuBLAS search each
     compiled_regions: int = 0             # torch.compile graphs run: their fused kernels are not in the ET
+    empty_steps_dropped: list = field(default_factory=list)   # the ET's trailing ProfilerSteps with no ops
 
     def lines(self) -> list[str]:
         out = [f"inferred {self.kernels:,} GPU kernels from {self.launching_ops:,} of {self.ops:,} ET ops ("
@@ -135,6 +141,8 @@ class InferenceReport:
                        + ", ".join(f"{name} x{c}" for name, c in self.uninferred.most_common(8)))
         elif not self.compiled_regions:
             out.append("every operator's kernels were inferred")
+        if self.empty_steps_dropped:
+            out.append(f"no step: {', '.join(self.empty_steps_dropped)} (the ET's closing ProfilerStep holds no op)")
         if self.new_gemm_shapes:
             out.append(f"{self.new_gemm_shapes:,} GEMMs of a shape not run in every step (data-dependent) pay the "
                        "host's cuBLAS algorithm search")
@@ -144,7 +152,8 @@ class InferenceReport:
         return {"ops": self.ops, "launching_ops": self.launching_ops, "kernels": self.kernels,
                 "kernels_by_class": dict(self.kernels_by_class), "uninferred": dict(self.uninferred),
                 "cpu_trace": self.cpu_trace, "collectives_moved": self.collectives_moved,
-                "new_gemm_shapes": self.new_gemm_shapes, "compiled_regions": self.compiled_regions}
+                "new_gemm_shapes": self.new_gemm_shapes, "compiled_regions": self.compiled_regions,
+                "empty_steps_dropped": list(self.empty_steps_dropped)}
 
 
 # ----------------------------------------------------------------------------------- op -> kernels
@@ -329,7 +338,7 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
     if dims is not None:
         m, n, k, batch = dims
         return [KernelSpec("gemm", {"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k, "batch": batch,
-                                    "layout": _operand_layout(a)})]
+                                    "layout": _operand_layout(low, a)})]
     if _GEMM.search(low):
         return None
     if not low.startswith("aten::"):
@@ -461,8 +470,18 @@ def _only_scalars(types: Sequence[Any]) -> bool:
 def needs_inference(graph: ExecutionGraph) -> bool:
     """A graph without GPU kernels that model mode must infer them for: an ET alone (durations unknown), or
     a trace of a CPU run (its recorded op times are CPU compute, not what a GPU would take)."""
+    meta = graph.metadata or {}
+    if meta.get("durations_known") is not False and meta.get("source") != "kineto":
+        return False   # a graph with durations that is not a PyTorch trace (a Chakra / ASTRA-sim .et)
     return not graph.is_gpu()[np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any() \
         and bool((graph.kind == int(OpKind.CPU_OP)).any())
+
+
+def can_infer(graph: ExecutionGraph) -> bool:
+    """Whether the graph's ops carry what inference reads: an ET's tensors (a Kineto trace alone records
+    shapes at most, not the tensors' devices, dtypes and aliasing)."""
+    return (graph.metadata or {}).get("source") == "execution_trace" or \
+        any("tensor_devices" in a for a in graph.attrs.values())
 
 
 def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple[ExecutionGraph, InferenceReport]:
@@ -479,6 +498,7 @@ def infer_gpu_work(graph: ExecutionGraph, host: HostModel = HOST_MODEL) -> tuple
         devices.update(a.get("tensor_devices") or ())
     gpu_devices = {"cuda", "hip", "xpu", "mtia"} & devices
     report.cpu_trace = not gpu_devices
+    report.empty_steps_dropped = list((graph.metadata or {}).get("empty_steps_dropped") or [])
     device = graph.rank
 
     b = GraphBuilder(rank=graph.rank, world_size=graph.world_size)
@@ -662,11 +682,16 @@ def _conv_kernels(low: str, tens: list[list[int]], out_shapes: list, dtype: str)
     return specs
 
 
-def _operand_layout(a: dict) -> str:
-    """The strides of a GEMM's tensor operands, as the ET records them: with the shapes they give each
-    operand's transposition and leading dimension, which cuBLAS's algorithm choice depends on."""
-    types, strides = _arg_list(a, "input_types"), _arg_list(a, "input_strides")
-    return ";".join(str(st) for t, st in zip(types, strides) if "Tensor(" in str(t) and isinstance(st, (list, tuple)))
+def _operand_layout(name: str, a: dict) -> str:
+    """The strides of a GEMM's two matrix operands (addmm / baddbmm: after the bias), as the ET records them:
+    with the shapes they give each operand's transposition and leading dimension, which cuBLAS's algorithm
+    choice depends on ('' when the ET records no strides)."""
+    shapes, types, strides = _arg_list(a, "input_shapes"), _arg_list(a, "input_types"), _arg_list(a, "input_strides")
+    mats = [st for sh, t, st in zip(shapes, types, strides)
+            if "Tensor(" in str(t) and "GenericList" not in str(t) and isinstance(sh, (list, tuple)) and sh
+            and isinstance(st, (list, tuple))]
+    first = 1 if name.split("::")[-1] in ("addmm", "_addmm_activation", "baddbmm") else 0
+    return ";".join(str(st) for st in mats[first:first + 2])
 
 
 def _gemm_key(spec: KernelSpec) -> tuple | None:
@@ -698,10 +723,9 @@ def _gpu_kind(spec: KernelSpec) -> int:
     return int(OpKind.MEMCPY if op == "memcpy" else OpKind.MEMSET if op == "memset" else OpKind.KERNEL)
 
 
-# Kernel classes an op owns whatever helper ops its implementation calls: a CPU kernel calls ATen ops of
-# its own (addmm copies the bias into the output, mkldnn convolutions restride, attention and layer-norm
-# backward zero their accumulators), which would otherwise take the op's place
-_PRIMARY = ("gemm", "attention", "norm", "softmax", "embedding")
+# Kernel classes an op keeps whatever other ops its implementation calls (see the module docstring); not
+# index_select, which CUDA runs as a gather (its child then holds the kernel)
+_OWN_KERNEL_CLASSES = ("gemm", "attention", "norm", "softmax", "embedding")
 _COMPILED = re.compile(r"^## Call CompiledFxGraph")   # Inductor's record_function around a compiled graph call
 
 
@@ -716,53 +740,54 @@ def _op_specs(graph: ExecutionGraph, i: int, gpu_devices: set[str]) -> list[Kern
     return op_kernels(graph.name[i], a)
 
 
-def _classes(specs: list[KernelSpec] | None, of: tuple[str, ...]) -> bool:
-    return bool(specs) and any(sp.attrs.get("op") in of for sp in specs)
+def _has_class(specs: list[KernelSpec] | None, classes: tuple[str, ...]) -> bool:
+    return bool(specs) and any(sp.attrs.get("op") in classes for sp in specs)
+
+
+def _keeps_own_kernels(name: str, specs: list[KernelSpec] | None) -> bool:
+    return _has_class(specs, _OWN_KERNEL_CLASSES) and not name.endswith("::index_select")
 
 
 def _kernel_owners(graph: ExecutionGraph, report: InferenceReport, gpu_devices: set[str]) -> list[list[KernelSpec]]:
-    """The kernels each node launches. An op launches its own kernels when none of its descendants launches
-    any (aten::linear -> aten::mm: the GEMM is mm's). Two exceptions, for the helper ops CPU kernels call:
-    a GEMM / attention / norm / softmax / embedding op with no such op below it launches its own kernels
-    beside its descendants' (addmm -> copy_ of the bias); a foreach / fused optimizer op replaces its
-    descendants (on the CPU it loops per tensor; a CUDA run launches multi_tensor_apply kernels instead).
-    Computed bottom-up (children follow their parents in ET order), then owned subtrees are cleared."""
+    """The kernels each node launches, by the ownership rules of the module docstring. Computed bottom-up
+    (children follow their parents in ET order), then the subtrees an op replaces are cleared."""
     n = len(graph)
     kinds, parent = graph.kind.tolist(), graph.parent.tolist()
-    own: list[list[KernelSpec] | None] = [None] * n
-    below = [False] * n          # a descendant launches kernels
-    primary_below = [False] * n  # ... of a primary class
+    own_specs: list[list[KernelSpec] | None] = [None] * n
+    below = [False] * n            # a descendant launches kernels
+    owner_below = [False] * n      # ... of a class its ancestors leave to it
     launches = [False] * n
     replaces = [False] * n
     for i in range(n - 1, -1, -1):
         if _COMPILED.search(graph.name[i]):
             report.compiled_regions += 1
-        if kinds[i] == OpKind.CPU_OP:
-            if not below[i] or not primary_below[i]:
-                own[i] = _op_specs(graph, i, gpu_devices)
-                if not below[i]:
-                    launches[i] = True
-                elif _classes(own[i], ("optimizer",)):
-                    launches[i] = replaces[i] = True
-                elif _classes(own[i], _PRIMARY):
-                    launches[i] = True
+        if kinds[i] == OpKind.CPU_OP and (not below[i] or not owner_below[i]):
+            own_specs[i] = specs = _op_specs(graph, i, gpu_devices)
+            if not below[i]:
+                launches[i] = True
+            elif _has_class(specs, ("optimizer",)):
+                launches[i] = replaces[i] = True
+            elif _keeps_own_kernels(graph.name[i], specs):
+                launches[i] = True
+                replaces[i] = report.cpu_trace
         p = parent[i]
         if p >= 0:
-            below[p] = below[p] or below[i] or (launches[i] and bool(own[i]))
-            primary_below[p] = primary_below[p] or primary_below[i] or (launches[i] and _classes(own[i], _PRIMARY))
+            below[p] = below[p] or below[i] or (launches[i] and bool(own_specs[i]))
+            owner_below[p] = owner_below[p] or owner_below[i] or \
+                (launches[i] and _keeps_own_kernels(graph.name[i], own_specs[i]))
     specs_of: list[list[KernelSpec]] = [[] for _ in range(n)]
-    cleared = [False] * n
+    under_replacer = [False] * n
     for i in range(n):
         p = parent[i]
-        cleared[i] = p >= 0 and (cleared[p] or replaces[p])
-        if not launches[i] or cleared[i]:
+        under_replacer[i] = p >= 0 and (under_replacer[p] or replaces[p])
+        if not launches[i] or under_replacer[i]:
             continue
-        if own[i] is None:
+        if own_specs[i] is None:
             report.uninferred[graph.name[i]] += 1
-        elif own[i]:
-            specs_of[i] = own[i]
+        elif own_specs[i]:
+            specs_of[i] = own_specs[i]
             report.launching_ops += 1
-            for sp in own[i]:
+            for sp in own_specs[i]:
                 report.kernels_by_class[str(sp.attrs.get("op"))] += 1
     return specs_of
 

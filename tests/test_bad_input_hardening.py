@@ -517,9 +517,10 @@ def test_oom_plans_explain_the_flag_and_labels_spell_out_the_plan():
 
 
 def test_oom_advice_names_only_options_the_plan_does_not_use():
-    # FSDP (ZeRO-3) with full recompute at micro-batch 1 still over 80 GiB: only a deeper split is left
+    # FSDP (ZeRO-3) with full recompute at micro-batch 1 still over 80 GiB: a deeper split or context
+    # parallelism is left
     p = run_shell("lumos-sim whatif parallelism --model llama3-70b --hardware h100-sxm --gpus 8 --zero 3 "
                   "--recompute full --seq-len 131072 --global-batch 8 | cat")
     text = unwrapped(p.stdout)
-    assert "OUT OF MEMORY:" in text and "Try a larger --pp or --tp." in text
+    assert "OUT OF MEMORY:" in text and "Try a larger --pp / --tp or --cp (long sequences)." in text
     assert "--zero 3" not in text.split("OUT OF MEMORY:")[1] and "--recompute full" not in text.split("OUT OF MEMORY:")[1]

@@ -86,3 +86,30 @@ def test_model_mode_on_a_cpu_kineto_trace_predicts_from_its_ops():
     assert both.inference and both.inference[0][1].kernels_by_class["gemm"] == STEPS * 8
     assert both.step_time_us == pytest.approx(alone.step_time_us, rel=1e-9)
     assert all(s.error is None for s in both.steps)
+
+
+@pytest.mark.parametrize("model", ["transformer", "cnn"])
+def test_cpu_helper_ops_under_a_gemm_conv_attention_or_norm_launch_nothing(model):
+    """On the CPU, addmm copies its bias into the output, mkldnn convolutions restride, attention and
+    layer-norm backward zero their accumulators: a CUDA run does that inside the op's own kernels (the
+    cuBLAS epilogue, the backward's own passes), so in a CPU trace no kernel-launching op sits under
+    another one."""
+    graph = load_graphs([], et_pattern=str(DATA / model / "host.0.json.gz"))[0]
+    inferred, _ = infer_gpu_work(graph)
+    row = {int(graph.node_id[i]): i for i in range(len(graph))}
+    launchers = {row[a["launched_by"]] for a in inferred.attrs.values() if a.get("inferred")}
+
+    def launching_ancestor(i: int) -> str:
+        p = int(graph.parent[i])
+        while p >= 0 and p not in launchers:
+            p = int(graph.parent[p])
+        return graph.name[p] if p >= 0 else ""
+
+    nested = [(graph.name[i], launching_ancestor(i)) for i in launchers if launching_ancestor(i)]
+    assert launchers and not nested
+
+
+def test_a_cpu_kineto_trace_without_its_et_is_refused_in_model_mode():
+    from chakra_schema.errors import TraceInputError
+    with pytest.raises(TraceInputError, match="add the ET"):
+        run_replay(load_graphs([str(DATA / "cnn" / "device.0.json.gz")]), "model", "h100-sxm")

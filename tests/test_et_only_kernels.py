@@ -149,7 +149,11 @@ def test_inferred_kernels_per_op_match_what_kineto_recorded(folder):
     et_steps = len(et.steps)
     for op in ("aten::_fused_rms_norm", "aten::_fused_rms_norm_backward", "aten::_cudnn_attention_forward",
                "aten::_cudnn_attention_backward", "aten::silu", "aten::silu_backward", "aten::_log_softmax",
-               "aten::_fused_adamw_", "aten::_foreach_mul_", "aten::_foreach_addcdiv_", "aten::_foreach_sqrt"):
+               "aten::_fused_adamw_", "aten::_foreach_mul_", "aten::_foreach_addcdiv_", "aten::_foreach_sqrt",
+               # ops whose CUDA implementation calls other ATen ops: index_select runs as its child gather;
+               # embedding backward's children (arange, zeros, ...) launch beside its own sort / segment
+               # kernels (19 in Kineto, timed here as one pass over the gradient: not counted)
+               "aten::index_select", "aten::gather", "aten::zeros", "aten::arange"):
         if kineto[op] or inferred[op]:
             assert inferred[op] / et_steps == pytest.approx(kineto[op] / steps, abs=0.5), op
     # one GEMM kernel per aten::mm (Kineto: the GEMM kernels of aten::mm, split-K reductions aside)

@@ -164,7 +164,7 @@ def test_moe_rows_run_with_their_release_scripts_dispatcher_and_overlaps(rows):
     heldout = read_rows(ROOT / "tests" / "published" / "heldout_h100.csv")
     seen = set()
     for r in rows + heldout:
-        key = (r.release.split(" (")[0], r.model_name)
+        key = (r.release.split(" (")[0], r.model_name)   # the table's own names, not the zoo's
         if key in BRIDGE_MOE_SCRIPTS:
             _, plan = row_scenario(r)
             assert (plan.moe_a2a, plan.moe_a2a_overlap, plan.tp_comm_overlap) == BRIDGE_MOE_SCRIPTS[key], key

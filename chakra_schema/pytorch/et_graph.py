@@ -393,10 +393,11 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
 
     # An ET started before the profiler and stopped after it records the profiler's closing ProfilerStep
     # with nothing in it: no step ran there, so it is not one (a 0 ms step would pull the mean down).
-    empty = [s[0] for s in steps if s[1] not in has_children]
+    empty: list[str] = []
+    while len(steps) > 1 and steps[-1][1] not in has_children:
+        empty.insert(0, steps.pop()[0])
     for step in steps:
-        if step[1] in has_children:
-            b.add_step(*step)
+        b.add_step(*step)
     if empty:
         b.metadata["empty_steps_dropped"] = empty
     if not b.steps:

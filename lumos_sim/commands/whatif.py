@@ -250,16 +250,22 @@ def _print_prediction(r) -> None:
 
 
 def _oom_remedies(plan) -> str:
-    """The memory-saving options the plan does not already use, as a sentence's list."""
+    """The memory-saving options the plan does not already use, as a sentence's list ("A, B, or C")."""
     tips = []
     if plan.recompute != "full":
         tips.append("--recompute full")
+    elif plan.recompute_layers:
+        tips.append("--recompute-layers 0 (every layer)")
     if plan.micro_batch > 1:
         tips.append("a smaller --micro-batch")
-    tips.append("a larger --pp or --tp")
-    if plan.zero < 3:
+    tips.append("a larger --pp / --tp")
+    if plan.cp == 1 and plan.seq_len >= 16384:
+        tips.append("--cp (long sequences)")
+    if plan.zero < 3 and plan.dp > 1:
         tips.append("--zero 3")
-    return ", ".join(tips[:-1]) + (", or " if len(tips) > 2 else " or ") + tips[-1] if len(tips) > 1 else tips[0]
+    if len(tips) == 1:
+        return tips[0]
+    return ", ".join(tips[:-1]) + ("," if len(tips) > 2 else "") + " or " + tips[-1]
 
 
 PLAN_MIN_WIDTH = 20  # search table: the plan column's floor at 80 columns
