@@ -524,3 +524,16 @@ def test_oom_advice_names_only_options_the_plan_does_not_use():
     text = unwrapped(p.stdout)
     assert "OUT OF MEMORY:" in text and "Try a larger --pp / --tp or --cp (long sequences)." in text
     assert "--zero 3" not in text.split("OUT OF MEMORY:")[1] and "--recompute full" not in text.split("OUT OF MEMORY:")[1]
+
+
+def test_swapped_rank_files_are_refused_naming_the_file(tmp_path, capsys):
+    """A Kineto trace records its rank (distributedInfo); one found under another rank's name is swapped or
+    misnamed, and replaying it as that rank would mislabel every per-rank result."""
+    import shutil
+    src = DATA / "ddp4" / "balanced"
+    for name_rank, real_rank in ((0, 1), (1, 0)):
+        for kind in ("host", "device"):
+            shutil.copy(src / f"{kind}.{real_rank}.json.gz", tmp_path / f"{kind}.{name_rank}.json.gz")
+    rc = main(["replay", str(tmp_path / "device.{rank}.json.gz"), "--et", str(tmp_path / "host.{rank}.json.gz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "device.0.json.gz" in err and "records rank 1" in err and "Traceback" not in err

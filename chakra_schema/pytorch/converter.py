@@ -183,13 +183,19 @@ def discover_inputs(et_pattern: str | None, kineto_pattern: str | None) -> dict[
 
 
 # ----------------------------------------------------------------------------------------- conversion
-def convert_rank(inputs: RankInputs, progress: ProgressFn | None = None, rank: int | None = None) -> ExecutionGraph:
-    """One rank's graph from its inputs; `graph.metadata["link"]` reports how ET and Kineto were linked."""
+def convert_rank(inputs: RankInputs, progress: ProgressFn | None = None, rank: int | None = None,
+                 rank_from_name: bool = False) -> ExecutionGraph:
+    """One rank's graph from its inputs; `graph.metadata["link"]` reports how ET and Kineto were linked.
+    `rank_from_name`: `rank` was read from the file name ({rank} pattern); a Kineto trace that records
+    another rank (distributedInfo) is then a misnamed or swapped file."""
     from chakra_schema.pytorch.kineto import load_kineto
     from chakra_schema.pytorch.kineto_graph import kineto_to_graph
 
     if inputs.kineto_path:
         kineto = load_kineto(inputs.kineto_path, progress)
+        if rank_from_name and kineto.rank is not None and rank is not None and kineto.rank != rank:
+            raise TraceInputError(inputs.kineto_path, f"is named rank {rank} but records rank {kineto.rank} "
+                                                      "(distributedInfo): rank files swapped or misnamed")
         host_info = None
         report = None
         if inputs.et_path:
@@ -230,8 +236,9 @@ def _validate(graph: ExecutionGraph, inputs: RankInputs) -> None:
 def iter_converted(et_pattern: str | None, kineto_pattern: str | None, progress: ProgressFn | None = None):
     """(rank, RankInputs, validated graph) for every rank the patterns name, in rank order: the one code
     path of `convert` and of the `replay` / `check` inputs, so both number ranks the same way."""
+    named = bool(kineto_pattern) and "{rank}" in str(kineto_pattern)
     for r, inp in sorted(discover_inputs(et_pattern, kineto_pattern).items()):
-        graph = convert_rank(inp, progress, rank=r)
+        graph = convert_rank(inp, progress, rank=r, rank_from_name=named)
         _validate(graph, inp)
         yield r, inp, graph
 
