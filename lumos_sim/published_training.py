@@ -140,16 +140,38 @@ class PublishedRow:
         return f"{self.release.split(' (')[0]} {self.model_name} {self.gpus}x{self.gpu} seq{self.seq}"
 
 
-def _int(v: str, default: int) -> int:
-    m = re.match(r"\s*(\d+)", v or "")
-    return int(m.group(1)) if m else default
+class _Cells:
+    """Typed reads of one CSV row's cells: a malformed cell is bad input naming the file, row and column."""
 
+    def __init__(self, path: Path, index: int, raw: dict[str, str]) -> None:
+        self.path, self.index, self.raw = path, index, raw
 
-def _float(v: str) -> float | None:
-    try:
-        return float(v) if v and v.strip() else None
-    except ValueError:
-        return None
+    def _bad(self, col: str, what: str) -> TraceInputError:
+        return TraceInputError(self.path, f"row {self.index}: {col} {self.raw.get(col)!r} is not {what}")
+
+    def int(self, col: str, default: int, minimum: int = 1) -> int:
+        """A whole number >= minimum, optionally followed by a note in parentheses ('1 (inferred)');
+        `default` when the cell is empty."""
+        v = (self.raw.get(col) or "").strip()
+        if not v:
+            return default
+        m = re.fullmatch(r"(\d+)\s*(\(.*\))?", v)
+        if not m or int(m.group(1)) < minimum:
+            raise self._bad(col, f"a whole number >= {minimum}")
+        return int(m.group(1))
+
+    def figure(self, col: str) -> float | None:
+        """A published figure: a finite number > 0, None when the cell is empty."""
+        v = (self.raw.get(col) or "").strip()
+        if not v:
+            return None
+        try:
+            x = float(v)
+        except ValueError:
+            raise self._bad(col, "a number") from None
+        if not math.isfinite(x) or x <= 0:
+            raise self._bad(col, "a finite number > 0")
+        return x
 
 
 def read_rows(path: str | Path) -> list[PublishedRow]:
@@ -164,14 +186,15 @@ def read_rows(path: str | Path) -> list[PublishedRow]:
     if not need <= set(reader.fieldnames or ()):
         raise TraceInputError(p, f"missing columns {sorted(need - set(reader.fieldnames or ()))}")
     for i, r in enumerate(reader):
+        c = _Cells(p, i, r)
         rows.append(PublishedRow(
-            index=i, source=r.get("source", ""), release=r.get("release", ""), model_name=r["model"],
-            gpu=r.get("gpu", "H100"), gpus=_int(r["gpus"], 1), precision=r["precision"].strip(),
-            tp=_int(r["tp"], 1), pp=_int(r["pp"], 1), cp=_int(r.get("cp", ""), 1), vp=_int(r.get("vp", ""), 1),
-            ep=_int(r.get("ep", ""), 1), etp=_int(r.get("etp", ""), 1), mbs=_int(r.get("mbs", ""), 1),
-            gbs=_int(r["gbs"], 1), seq=_int(r["seq"], 2048), recompute=(r.get("recompute") or "").strip(),
-            fsdp=_int(r.get("fsdp", ""), 0), tflops=_float(r.get("published_tflops", "")),
-            tokens_per_gpu=_float(r.get("published_tokens_per_gpu", "")), notes=r.get("notes", "") or "", raw=r))
+            index=i, source=r.get("source") or "", release=r.get("release") or "", model_name=r["model"] or "",
+            gpu=r.get("gpu") or "H100", gpus=c.int("gpus", 1), precision=(r["precision"] or "").strip(),
+            tp=c.int("tp", 1), pp=c.int("pp", 1), cp=c.int("cp", 1), vp=c.int("vp", 1),
+            ep=c.int("ep", 1), etp=c.int("etp", 1), mbs=c.int("mbs", 1),
+            gbs=c.int("gbs", 1), seq=c.int("seq", 2048), recompute=(r.get("recompute") or "").strip(),
+            fsdp=c.int("fsdp", 0, minimum=0), tflops=c.figure("published_tflops"),
+            tokens_per_gpu=c.figure("published_tokens_per_gpu"), notes=r.get("notes", "") or "", raw=r))
     return rows
 
 

@@ -63,6 +63,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
 from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _numel
@@ -71,7 +72,7 @@ COMPUTE_STREAM = 7         # CUDA's default stream as Kineto numbers it
 COMM_STREAM_BASE = 1000    # same numbering as chakra_schema.pytorch.et_graph
 
 __all__ = ["HostModel", "HOST_MODEL", "InferenceReport", "KernelSpec", "can_infer", "infer_gpu_work", "op_kernels",
-           "needs_inference"]
+           "needs_inference", "records_gpu_work"]
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,10 @@ class InferenceReport:
         elif not self.compiled_regions:
             out.append("every operator's kernels were inferred")
         if self.empty_steps_dropped:
-            out.append(f"no step: {', '.join(self.empty_steps_dropped)} (the ET's closing ProfilerStep holds no op)")
+            out.append(f"not a step: {', '.join(self.empty_steps_dropped)} (a ProfilerStep of the ET that holds no op)")
         if self.new_gemm_shapes:
-            out.append(f"{self.new_gemm_shapes:,} GEMMs of a shape not run in every step (data-dependent) pay the "
+            out.append(f"{self.new_gemm_shapes:,} GEMM{'s' if self.new_gemm_shapes != 1 else ''} of a shape not run "
+                       "in every step (data-dependent) pay the "
                        "host's cuBLAS algorithm search")
         return out
 
@@ -473,8 +475,12 @@ def needs_inference(graph: ExecutionGraph) -> bool:
     meta = graph.metadata or {}
     if meta.get("durations_known") is not False and meta.get("source") != "kineto":
         return False   # a graph with durations that is not a PyTorch trace (a Chakra / ASTRA-sim .et)
-    return not graph.is_gpu()[np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any() \
-        and bool((graph.kind == int(OpKind.CPU_OP)).any())
+    return not records_gpu_work(graph) and bool((graph.kind == int(OpKind.CPU_OP)).any())
+
+
+def records_gpu_work(graph: ExecutionGraph) -> bool:
+    """Whether the graph holds GPU kernels, copies or memsets."""
+    return bool(graph.is_gpu()[np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])].any())
 
 
 def can_infer(graph: ExecutionGraph) -> bool:
@@ -729,9 +735,31 @@ _OWN_KERNEL_CLASSES = ("gemm", "attention", "norm", "softmax", "embedding")
 _COMPILED = re.compile(r"^## Call CompiledFxGraph")   # Inductor's record_function around a compiled graph call
 
 
+# More elements than any GPU holds (2^40: a terabyte at one byte each): a corrupt shape, refused rather than
+# timed as a step of 1e70 us (and multi_tensor_apply's launch groups would take hours to count)
+_MAX_TENSOR_ELEMENTS = 1 << 40
+
+
+def _check_shapes(graph: ExecutionGraph, i: int, a: dict) -> None:
+    def numels(shapes):
+        for sh in shapes if isinstance(shapes, (list, tuple)) else ():
+            if isinstance(sh, (list, tuple)) and sh and all(isinstance(x, int) for x in sh):
+                yield sh, math.prod(sh)
+            elif isinstance(sh, (list, tuple)):
+                yield from numels(sh)     # a tensor list
+    for key in ("input_shapes", "output_shapes"):
+        for sh, n in numels(a.get(key)):
+            if n > _MAX_TENSOR_ELEMENTS:
+                raise TraceInputError((graph.metadata or {}).get("source_path"),
+                                      f"node {int(graph.node_id[i])} ({graph.name[i]}): tensor shape "
+                                      f"{sh[:8]}{'...' if len(sh) > 8 else ''} is not a tensor any GPU holds "
+                                      f"({float(n):.3g} elements)")
+
+
 def _op_specs(graph: ExecutionGraph, i: int, gpu_devices: set[str]) -> list[KernelSpec] | None:
     """op_kernels for node i, [] for host work in a CUDA run and ops without tensors."""
     a = graph.attrs.get(i) or {}
+    _check_shapes(graph, i, a)
     devs = set(a.get("tensor_devices") or ())
     if gpu_devices and devs and not (devs & gpu_devices):
         return []   # an op on host tensors in a CUDA run: CPU work

@@ -67,7 +67,7 @@ def test_compiled_graphs_keep_their_out_gemms_and_say_their_fused_kernels_are_un
     assert "torch.compile graph calls" in text and "every operator's kernels were inferred" not in text
 
 
-def test_an_empty_closing_profiler_step_is_not_a_step():
+def test_an_empty_profiler_step_is_not_a_step():
     graph = load_graphs([], et_pattern=str(DATA / "manual_et" / "host.0.json.gz"))[0]
     assert [s.name for s in graph.steps] == [f"ProfilerStep#{i}" for i in range(6)]
     assert graph.metadata["empty_steps_dropped"] == ["ProfilerStep#6"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 from chakra_schema.pytorch.execution_trace import (PG_INIT, RECORD_FUNCTION_SCOPE_USER, ExecutionTrace,
                                                    is_root_name, op_attrs, record_param_comms_args)
@@ -193,6 +194,24 @@ def kernel_hints(et: ExecutionTrace, i: int) -> dict[str, Any]:
     return a
 
 
+def _reject_parent_cycles(et: ExecutionTrace, parent_of: list[int]) -> None:
+    """ctrl_deps form a forest: a node that is its own ancestor through other nodes is a corrupt trace,
+    refused rather than replayed with steps cut short. A node naming itself as parent is a root (the
+    process root does; an op that does is taken as top-level)."""
+    state = [0] * len(parent_of)          # 0 unseen, 1 on the current walk, 2 known to reach a root
+    for start in range(len(parent_of)):
+        walk, i = [], start
+        while i >= 0 and state[i] == 0 and parent_of[i] != i:
+            state[i] = 1
+            walk.append(i)
+            i = parent_of[i]
+        if i >= 0 and state[i] == 1:
+            raise TraceInputError(et.path, f"node {int(et.ids[i])} ({et.names[i]}) is its own ancestor through "
+                                           "ctrl_deps: a corrupt parent link")
+        for j in walk:
+            state[j] = 2
+
+
 def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> ExecutionGraph:
     """Convert an Execution Trace into an ExecutionGraph (see the module docstring)."""
     r = rank if rank is not None else (et.rank if et.rank is not None else 0)
@@ -201,6 +220,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
     n = len(et)
     names = et.names
     parent_of = et.parent_index().tolist()
+    _reject_parent_cycles(et, parent_of)
     scope = et.scope.tolist()
     tids = et.tid.tolist()
     ids = et.ids.tolist()
@@ -391,13 +411,15 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
             add_transfer(i, i, synthetic, f"{synthetic['coll_name']} (transfer)", next_id, i)
             next_id += 1
 
-    # An ET started before the profiler and stopped after it records the profiler's closing ProfilerStep
-    # with nothing in it: no step ran there, so it is not one (a 0 ms step would pull the mean down).
-    empty: list[str] = []
-    while len(steps) > 1 and steps[-1][1] not in has_children:
-        empty.insert(0, steps.pop()[0])
+    # A ProfilerStep with nothing in it is no step (a 0 ms step would pull the mean down): an ET started
+    # before the profiler and stopped after it records the profiler's closing one so. When every step is
+    # empty (a step body that ran on another thread), the whole trace is one step.
+    if not any(is_op):
+        raise TraceInputError(et.path, "records no operator (only its root and annotations): nothing to replay")
+    empty = [st[0] for st in steps if st[1] not in has_children]
     for step in steps:
-        b.add_step(*step)
+        if step[1] in has_children:
+            b.add_step(*step)
     if empty:
         b.metadata["empty_steps_dropped"] = empty
     if not b.steps:

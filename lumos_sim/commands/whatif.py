@@ -246,10 +246,18 @@ def _print_prediction(r) -> None:
     if r.oom:
         console.print(f"OUT OF MEMORY: {r.memory.total_gib:.1f} GiB per GPU is more than the "
                       f"{r.memory.capacity_gib:.1f} GiB usable on {r.hardware}; the time assumes it fit. Try "
-                      f"{_oom_remedies(r.plan)}.")
+                      f"{_oom_remedies(r.plan, moe=_is_moe(r.model))}.")
 
 
-def _oom_remedies(plan) -> str:
+def _is_moe(model_name: str) -> bool:
+    from estimators.model_config import load_model
+    try:
+        return load_model(model_name).moe is not None
+    except Exception:   # a model given as a file that moved since: no MoE advice
+        return False
+
+
+def _oom_remedies(plan, moe: bool = False) -> str:
     """The memory-saving options the plan does not already use, as a sentence's list ("A, B, or C")."""
     tips = []
     if plan.recompute != "full":
@@ -258,7 +266,9 @@ def _oom_remedies(plan) -> str:
         tips.append("--recompute-layers 0 (every layer)")
     if plan.micro_batch > 1:
         tips.append("a smaller --micro-batch")
-    tips.append("a larger --pp / --tp")
+    tips.append("a larger --pp / --tp" if plan.dp > 1 else "more --gpus for a larger --pp / --tp")
+    if moe and plan.ep == 1 and plan.dp > 1:
+        tips.append("--ep (experts spread over GPUs)")
     if plan.cp == 1 and plan.seq_len >= 16384:
         tips.append("--cp (long sequences)")
     if plan.zero < 3 and plan.dp > 1:

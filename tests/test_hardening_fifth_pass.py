@@ -1,0 +1,102 @@
+"""Bad input found by a fuzzing pass over model mode from an ET, CPU Kineto traces and the published-training
+check suites: each is a one-line error naming the file (exit 2), never a hang, a traceback, a NaN that
+passes, or a step time of 1e76 us; corrupt-but-readable steps are not averaged in as 0 ms."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from chakra_schema.errors import TraceInputError
+from chakra_schema.inputs import load_graphs
+from lumos_sim.cli import main
+from lumos_sim.replay_run import run_replay
+
+ROOT = Path(__file__).resolve().parents[1]
+CNN = ROOT / "tests" / "data" / "cpu_models" / "cnn"
+
+
+def _cnn_et(tmp_path: Path, edit) -> str:
+    """The CNN fixture's ET with `edit(nodes)` applied, written as a new file."""
+    doc = json.loads(gzip.decompress((CNN / "host.0.json.gz").read_bytes()))
+    edit(doc["nodes"])
+    out = tmp_path / "host.0.json.gz"
+    out.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return str(out)
+
+
+def _first(nodes, name):
+    return next(n for n in nodes if n["name"] == name)
+
+
+def test_a_tensor_larger_than_any_gpu_is_refused_naming_the_node(tmp_path, capsys):
+    def huge(nodes):
+        _first(nodes, "aten::mm")["inputs"]["shapes"][0] = [10 ** 7, 10 ** 7]   # 1e14 elements
+    path = _cnn_et(tmp_path, huge)
+    rc = main(["replay", "--et", path, "--timing", "model", "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and path in err and "aten::mm" in err and "1e+14 elements" in err
+
+
+def test_a_ctrl_deps_cycle_is_refused():
+    def cycle(nodes):
+        a, b = nodes[10], nodes[11]
+        a["ctrl_deps"], b["ctrl_deps"] = b["id"], a["id"]
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = _cnn_et(Path(d), cycle)
+        with pytest.raises(TraceInputError, match="its own ancestor"):
+            load_graphs([], et_pattern=path)
+
+
+def test_an_empty_step_anywhere_is_not_a_step_and_an_et_without_operators_is_refused(tmp_path):
+    def empty_first_step(nodes):
+        step = _first(nodes, "ProfilerStep#2")
+        later = _first(nodes, "ProfilerStep#3")
+        for n in nodes:                       # the first step's ops move under the second one
+            if n.get("ctrl_deps") == step["id"]:
+                n["ctrl_deps"] = later["id"]
+    graph = load_graphs([], et_pattern=_cnn_et(tmp_path, empty_first_step))[0]
+    assert [s.name for s in graph.steps] == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert all(s.predicted_us > 0 for s in run_replay([graph], "model", "h100-sxm").steps)
+
+    def no_operators(nodes):
+        nodes[:] = [n for n in nodes if n["name"].startswith(("[pytorch", "ProfilerStep"))]
+    with pytest.raises(TraceInputError, match="records no operator"):
+        load_graphs([], et_pattern=_cnn_et(tmp_path, no_operators))
+
+
+def test_a_cpu_kineto_trace_whose_ops_do_not_link_to_the_et_is_refused_naming_the_et(tmp_path, capsys):
+    doc = json.loads(gzip.decompress((CNN / "device.0.json.gz").read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "cpu_op"]
+    kineto = tmp_path / "device.0.json.gz"
+    kineto.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    et = str(CNN / "host.0.json.gz")
+    rc = main(["replay", str(kineto), "--et", et, "--timing", "model", "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "could not be linked" in err and et in err
+
+
+HEADER = ("source,release,model,gpu,gpus,precision,tp,pp,cp,vp,ep,etp,mbs,gbs,seq,recompute,fsdp,"
+          "published_tflops,published_tokens_per_gpu,notes")
+GOOD = "s,NeMo 25.09,LLAMA3_8B,H100,8,FP8,1,1,1,1,1,,1,128,8192,,0,725,14079,"
+
+
+@pytest.mark.parametrize("column, value, problem", [
+    ("published_tokens_per_gpu", "nan", "is not a finite number > 0"),
+    ("published_tokens_per_gpu", "-5", "is not a finite number > 0"),
+    ("tp", "0", "is not a whole number >= 1"),
+    ("gpus", "eight", "is not a whole number >= 1"),
+    ("gpus", "8.5", "is not a whole number >= 1"),
+])
+def test_a_malformed_published_row_is_bad_input_naming_file_row_and_column(tmp_path, capsys, column, value, problem):
+    cells = GOOD.split(",")
+    cells[HEADER.split(",").index(column)] = value
+    (tmp_path / "rows.csv").write_text(HEADER + "\n" + ",".join(cells) + "\n")
+    (tmp_path / "suite.toml").write_text('[suite]\nname = "s"\n\n[[case]]\nname = "c"\nkind = "published_training"\n'
+                                         'csv = "rows.csv"\n')
+    rc = main(["check", str(tmp_path / "suite.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rows.csv" in err and f"row 0: {column} '{value}' {problem}" in err
