@@ -100,3 +100,12 @@ def test_a_malformed_published_row_is_bad_input_naming_file_row_and_column(tmp_p
     rc = main(["check", str(tmp_path / "suite.toml")])
     err = capsys.readouterr().err
     assert rc == 2 and "rows.csv" in err and f"row 0: {column} '{value}' {problem}" in err
+
+
+def test_whatif_json_names_every_plan_setting(capsys):
+    """A JSON consumer must tell a HybridEP plan from an all-to-all one (and see ETP, the FP8 recipe, ...)."""
+    rc = main(["whatif", "parallelism", "--json", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "16",
+               "--moe-a2a", "hybridep", "--seq-len", "4096", "--global-batch", "64"])
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert rc == 0 and plan["moe_a2a"] == "hybridep" and plan["etp"] == 1 and plan["ep"] == 16
+    assert plan["micro_batches"] == 4 and plan["sequence_parallel"] is False

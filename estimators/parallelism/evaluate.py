@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -59,11 +59,10 @@ class PlanPrediction:
         p = self.plan
         return {
             "model": self.model, "hardware": self.hardware, "gpus": p.gpus,
-            "plan": {"tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
-                     "seq_len": p.seq_len, "global_batch": p.global_batch, "micro_batch": p.micro_batch,
-                     "micro_batches": p.micro_batches, "precision": p.precision, "recompute": p.recompute,
-                     "zero": p.zero, "sequence_parallel": p.sequence_parallel and p.tp > 1,
-                     "attention": p.attention},
+            # every plan field (a JSON consumer tells HybridEP from all-to-all, ETP, FP8 recipe, ...), with
+            # sequence parallelism as it runs (only with TP) and the micro-batches per step
+            "plan": {**asdict(p), "micro_batches": p.micro_batches,
+                     "sequence_parallel": p.sequence_parallel and p.tp > 1},
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu, "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
             "mfu": self.mfu, "memory_gib_per_gpu": self.memory.total_gib, "oom": self.oom,
