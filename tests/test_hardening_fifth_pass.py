@@ -109,3 +109,15 @@ def test_whatif_json_names_every_plan_setting(capsys):
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert rc == 0 and plan["moe_a2a"] == "hybridep" and plan["etp"] == 1 and plan["ep"] == 16
     assert plan["micro_batches"] == 4 and plan["sequence_parallel"] is False
+
+
+def test_a_malformed_et_field_is_named_in_words_not_as_a_python_exception(tmp_path, capsys):
+    def schema_as_list(nodes):
+        for n in nodes:
+            for a in n.get("attrs", []):
+                if a.get("name") == "op_schema":
+                    a["value"] = ["not", "a", "string"]
+    path = _cnn_et(tmp_path, schema_as_list)
+    rc = main(["replay", "--et", path, "--timing", "model", "--hardware", "h100-sxm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and path in err and "a field of the wrong type" in err and "TypeError" not in err

@@ -403,7 +403,8 @@ def _build(nodes, root: dict, path, progress: ProgressFn | None) -> ExecutionTra
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         if isinstance(exc, TraceInputError):
             raise
-        raise TraceInputError(path, f"malformed Execution Trace node: {type(exc).__name__}: {exc}") from None
+        # the columnar parse reads fields after the nodes, so the node at fault is not known here
+        raise TraceInputError(path, f"malformed Execution Trace node: {_plain_cause(exc)}") from None
     if len(np.unique(et.ids)) != len(et.ids):
         raise TraceInputError(path, "Execution Trace has duplicate node ids")
     et.schema = str(root.get("schema", ""))
@@ -437,6 +438,17 @@ def _header_number(root: dict, key: str, path) -> float | None:
 def _prepend(first, it):
     yield first
     yield from it
+
+
+def _plain_cause(exc: Exception) -> str:
+    """What a parse error means for the trace, without Python's exception names."""
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}" if exc.args else "a missing field"
+    if isinstance(exc, OverflowError):
+        return "a number too large for the trace format"
+    if isinstance(exc, (TypeError, AttributeError)):
+        return "a field of the wrong type (a list, number or string where another is expected)"
+    return f"a value out of range ({exc})"
 
 
 def _check_node(n: Any, k: int, path) -> None:
