@@ -789,20 +789,21 @@ def _kernel_owners(graph: ExecutionGraph, report: InferenceReport, gpu_devices: 
     for i in range(n - 1, -1, -1):
         if _COMPILED.search(graph.name[i]):
             report.compiled_regions += 1
+        keeps = False                  # launches kernels of a class its ancestors leave to it
         if kinds[i] == OpKind.CPU_OP and (not below[i] or not owner_below[i]):
             own_specs[i] = specs = _op_specs(graph, i, gpu_devices)
+            keeps = _keeps_own_kernels(graph.name[i], specs)
             if not below[i]:
                 launches[i] = True
             elif _has_class(specs, ("optimizer",)):
                 launches[i] = replaces[i] = True
-            elif _keeps_own_kernels(graph.name[i], specs):
+            elif keeps:
                 launches[i] = True
                 replaces[i] = report.cpu_trace
         p = parent[i]
         if p >= 0:
             below[p] = below[p] or below[i] or (launches[i] and bool(own_specs[i]))
-            owner_below[p] = owner_below[p] or owner_below[i] or \
-                (launches[i] and _keeps_own_kernels(graph.name[i], own_specs[i]))
+            owner_below[p] = owner_below[p] or owner_below[i] or (launches[i] and keeps)
     specs_of: list[list[KernelSpec]] = [[] for _ in range(n)]
     under_replacer = [False] * n
     for i in range(n):

@@ -416,10 +416,12 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
     # empty (a step body that ran on another thread), the whole trace is one step.
     if not any(is_op):
         raise TraceInputError(et.path, "records no operator (only its root and annotations): nothing to replay")
-    empty = [st[0] for st in steps if st[1] not in has_children]
+    empty = []
     for step in steps:
         if step[1] in has_children:
             b.add_step(*step)
+        else:
+            empty.append(step[0])
     if empty:
         b.metadata["empty_steps_dropped"] = empty
     if not b.steps:

@@ -113,7 +113,7 @@ def main_parallelism(args) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        _print_prediction(result)
+        _print_prediction(result, moe=scenario.model is not None and scenario.model.moe is not None)
     return 0
 
 
@@ -215,7 +215,7 @@ def _plan_text(p) -> str:
     return plan_label(p)
 
 
-def _print_prediction(r) -> None:
+def _print_prediction(r, moe: bool = False) -> None:
     from estimators.parallelism.evaluate import legacy_breakdown_json
     from lumos_sim.tables import console as make_console
     from rich.table import Table
@@ -246,15 +246,7 @@ def _print_prediction(r) -> None:
     if r.oom:
         console.print(f"OUT OF MEMORY: {r.memory.total_gib:.1f} GiB per GPU is more than the "
                       f"{r.memory.capacity_gib:.1f} GiB usable on {r.hardware}; the time assumes it fit. Try "
-                      f"{_oom_remedies(r.plan, moe=_is_moe(r.model))}.")
-
-
-def _is_moe(model_name: str) -> bool:
-    from estimators.model_config import load_model
-    try:
-        return load_model(model_name).moe is not None
-    except Exception:   # a model given as a file that moved since: no MoE advice
-        return False
+                      f"{_oom_remedies(r.plan, moe)}.")
 
 
 def _oom_remedies(plan, moe: bool = False) -> str:
