@@ -18,7 +18,7 @@ Reading the columns (facts of the releases, not fitted):
 - TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`), except where a MoE
   script turns it off (`MOE_SCRIPT_SETTINGS`).
 - notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
-- notes "tokendrop"/"token-drop" = capacity factor 1 with padding, else dropless; "force-balanced" =
+- notes "tokendrop"/"token-drop" (not "token-dropless") = capacity factor 1 with padding, else dropless; "force-balanced" =
   balanced routing.
 
 Where the release's own scripts ran something else than its table prints, the row still runs as printed
@@ -56,6 +56,9 @@ from estimators.parallelism.plan import ParallelPlan
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
 # projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
 LORA_RANK = 16
+# "tokendrop", "token-drop", "token drop" -- but not "token-dropless", which the Megatron-Bridge tables'
+# footnotes print for the dropless runs
+_TOKEN_DROP = re.compile(r"token[- ]?drop(?!less)")
 SQUAD_EXAMPLE_TOKENS = 256        # mean packed SQuAD example, Llama-2 tokens (see row_plan)
 # What the H100 performance scripts of each Megatron-Bridge release set for its MoE rows in the columns the
 # tables do not print: the token dispatcher, the EP all-to-all overlap (Megatron-Core
@@ -302,7 +305,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     kw.update(finetune_script_layout(row, model))
     text = f"{row.model_name} {row.notes}".lower()
     if model.moe is not None:
-        if "tokendrop" in text or "token-drop" in text:
+        if _TOKEN_DROP.search(text):
             kw["moe_capacity_factor"] = 1.0
         if "deepep" in text:      # the run dispatched with DeepEP (the notes name it)
             kw["moe_a2a"] = "deepep"

@@ -183,3 +183,17 @@ def test_hybridep_dispatch_is_timed_as_a_fused_dispatch_not_as_nccl_all_to_all()
     nccl, hybrid, deepep = (predict(model, plan.with_(moe_a2a=a), "h100-sxm") for a in ("alltoall", "hybridep", "deepep"))
     assert hybrid.step_time_s < nccl.step_time_s
     assert hybrid.step_time_s == pytest.approx(deepep.step_time_s, rel=1e-9)
+
+
+def test_token_dropless_footnotes_run_dropless_and_token_drop_notes_pad_to_capacity(rows):
+    """Megatron-Bridge's tables footnote their dropless MoE runs "token-dropless"; that word names the
+    absence of token drop, so those rows run dropless (no capacity factor), while the 25.09 runs the table
+    names "(tokendrop)" pad every expert to capacity factor 1."""
+    heldout = read_rows(ROOT / "tests" / "published" / "heldout_h100.csv")
+    dropless = [r for r in heldout if "token-dropless" in r.notes]
+    dropping = [r for r in rows if "tokendrop" in r.model_name.lower()]
+    assert dropless and dropping
+    for r in dropless:
+        assert row_scenario(r)[1].moe_capacity_factor == 0, r.model_name
+    for r in dropping:
+        assert row_scenario(r)[1].moe_capacity_factor == 1.0, r.model_name
