@@ -130,13 +130,13 @@ def run_all(path: Path, only=None, progress: bool = True, cpu: dict[int, float] 
 
 def breakdown(path: Path, only=None) -> str:
     """Per row: predicted vs published step time and the predicted step's parts (the slowest pipeline
-    stage's compute, exposed communication by kind, pipeline bubble), to see which cost a row's error
-    sits in."""
+    stage's compute, exposed communication by kind, the GPU waiting for the host at MoE token-count syncs,
+    pipeline bubble), to see which cost a row's error sits in."""
     from estimators.parallelism.evaluate import predict
     from lumos_sim.published_training import row_scenario
 
     lines = ["| # | model | published step s | predicted step s | compute | exposed EP | exposed TP | "
-             "exposed PP | exposed DP | bubble |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "exposed PP | exposed DP | host wait | bubble |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in read_rows(path):
         if only is not None and row.index not in only:
             continue
@@ -148,7 +148,7 @@ def breakdown(path: Path, only=None) -> str:
         lines.append(f"| {row.index} | {row.model_name} | {fmt(pub, 2)} | {p.step_time_s:.2f} | "
                      f"{b.compute_us / 1e6:.2f} | " + " | ".join(f"{kinds.get(k, 0.0) / 1e6:.2f}"
                                                              for k in ("ep", "tp", "pp", "dp"))
-                     + f" | {b.idle_us / 1e6:.2f} |")
+                     + f" | {b.launch_bound_us / 1e6:.2f} | {b.idle_us / 1e6:.2f} |")
     return "\n".join(lines)
 
 

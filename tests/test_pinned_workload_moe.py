@@ -32,7 +32,7 @@ from estimators.parallelism.workload import MoELoads, _RankBuilder, dropless_imb
 
 from tests.test_pinned_workload_layer import E, G, exp, table
 
-C, TPS, EPS = 0, 1, 4        # stream slots: compute, TP, EP
+C, TPS, EPS, HOSTW = 0, 1, 4, 11        # stream slots: compute, TP, EP, GPU waiting for the host
 
 MOE = model_from_dict(dict(name="m", layers=2, hidden=256, heads=4, ffn=512, vocab=1000,
                            moe=dict(num_experts=8, top_k=2, expert_ffn=128, shared_experts=1,
@@ -59,7 +59,9 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
     assert _moe_rows(tpl) == exp(
         ("router", C, G(64, 8, 256), ["post_attn_norm"]),
         ("router_topk", C, E(64 * 8, 1, 1, 5), ["router"]),
-        ("moe_permute", C, E(64 * 2 * 256, 1, 1), ["router_topk"]),
+        # dropless: the host blocks on the token counts, the GPU waits for it (no GPU work)
+        ("moe_host_sync_wait", HOSTW, (0.0, 0.0), ["router_topk"]),
+        ("moe_permute", C, E(64 * 2 * 256, 1, 1), ["moe_host_sync_wait"]),
         ("moe_dispatch_alltoall", EPS, a2a, ["moe_permute"]),
         ("moe_sort_chunks", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall"]),
         ("expert_up_gate_proj", C, G(64, 256, 256, batch=2), ["moe_sort_chunks"]),

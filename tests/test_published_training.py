@@ -197,3 +197,25 @@ def test_token_dropless_footnotes_run_dropless_and_token_drop_notes_pad_to_capac
         assert row_scenario(r)[1].moe_capacity_factor == 0, r.model_name
     for r in dropping:
         assert row_scenario(r)[1].moe_capacity_factor == 1.0, r.model_name
+
+
+def test_qwen3_30b_hybridep_profile_gpu_busy_time_and_host_wait_match_the_published_profile():
+    """Megatron-Bridge PR #5094 (skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md) profiles Qwen3-30B-A3B on
+    16 x H100, BF16, TP1 PP1 EP16, micro-batch 1, global batch 1024, seq 4096, HybridEP dispatch, no EP
+    overlap: a 24.714 s step (244.0 model TFLOP/s/GPU) whose GPU was busy 22.821 s (the union of its kernel
+    intervals; communication about 8.3 s of it, almost none overlapped). The GPU-busy time is independent of
+    the host-wait constant; the step is not (MOE_SYNC_IDLE_US is derived from this profile's idle time)."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import predict
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.workload import MOE_SYNC_IDLE_US
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(tp=1, pp=1, dp=16, ep=16, seq_len=4096, micro_batch=1, global_batch=1024, precision="bf16",
+                        moe_a2a="hybridep", attention_kernel="cudnn")
+    p = predict(model, plan, "h100-sxm")
+    b = p.breakdown.mean
+    busy_s = (b.compute_us + b.exposed_comm_us) / 1e6
+    assert busy_s == pytest.approx(22.821, rel=0.05)
+    assert b.exposed_ep_comm_us / 1e6 == pytest.approx(8.3, rel=0.10)
+    assert b.launch_bound_us == pytest.approx(48 * 64 * MOE_SYNC_IDLE_US, rel=1e-6)
+    assert p.step_time_s == pytest.approx(24.714, rel=0.05)

@@ -9,7 +9,7 @@ import pytest
 from estimators.model_config import load_model
 from estimators.parallelism.memory import estimate_memory
 from estimators.parallelism.plan import ParallelPlan
-from estimators.parallelism.workload import _RankBuilder
+from estimators.parallelism.workload import MOE_SYNC_IDLE_US, _RankBuilder
 
 
 def _qwen30b_plan(**kw) -> ParallelPlan:
@@ -74,17 +74,34 @@ def test_fused_cross_entropy_reads_and_writes_the_logits_once():
 
 def test_overlapped_all_to_all_hides_its_measured_share_of_the_exposed_time():
     """EP communication overlap hides 29% of the all-to-all time (EP_OVERLAP_HIDDEN, fitted on measured H100
-    runs): the step shortens by about that share of the exposed all-to-all time, never below the compute."""
+    runs): the step shortens by about that share of the exposed all-to-all time, never below the compute.
+    Token drop padded to capacity, so that no dropless host sync (which the overlap also covers) mixes in."""
     from estimators.parallelism.evaluate import predict
     model = load_model("qwen3-30b-a3b")
-    plan = ParallelPlan(tp=1, pp=2, dp=8, ep=8, seq_len=4096, micro_batch=2, global_batch=64, precision="bf16")
+    plan = ParallelPlan(tp=1, pp=2, dp=8, ep=8, seq_len=4096, micro_batch=2, global_batch=64, precision="bf16",
+                        moe_capacity_factor=1.0)
     exposed = predict(model, plan, "h100-sxm")
     hidden = predict(model, plan.with_(moe_a2a_overlap=True), "h100-sxm")
     bd = exposed.breakdown.mean
     assert bd.exposed_ep_comm_us > 0.05 * bd.window_us          # the all-to-alls matter here
+    assert bd.launch_bound_us == 0
     saved = exposed.step_time_s - hidden.step_time_s
     assert 0.18 * bd.exposed_ep_comm_us / 1e6 < saved < 0.40 * bd.exposed_ep_comm_us / 1e6
     assert hidden.step_time_s >= bd.compute_us / 1e6 * 0.999
+
+
+def test_dropless_moe_waits_for_the_host_once_per_layer_forward_unless_overlapped():
+    """Dropless dispatch blocks the host on the token counts once per MoE layer forward; the GPU then waits
+    MOE_SYNC_IDLE_US for it: per stage and step, layers per stage x micro-batches of it. Token drop padded
+    to capacity has static sizes (no wait); the all-to-all overlap covers it with the other micro-batch's
+    work (no wait)."""
+    from estimators.parallelism.evaluate import predict
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=32, precision="bf16")
+    dropless = predict(model, plan, "h100-sxm").breakdown.mean
+    assert dropless.launch_bound_us == pytest.approx(model.layers * plan.micro_batches * MOE_SYNC_IDLE_US, rel=1e-6)
+    for other in (plan.with_(moe_capacity_factor=1.0), plan.with_(moe_a2a_overlap=True)):
+        assert predict(model, other, "h100-sxm").breakdown.mean.launch_bound_us == 0
 
 
 def test_an_overlapped_plan_splits_each_all_to_all_into_an_exposed_and_a_hidden_share():

@@ -62,7 +62,7 @@ _PP_RECV_SIDS = (_SID[PP_RECV_F], _SID[PP_RECV_B])
 _PP_SEND_SIDS = (_SID[PP_SEND_F], _SID[PP_SEND_B])
 NEG = -np.inf
 # breakdown fields a pass / the tail contributes (Breakdown field names)
-_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS)
+_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS) + ("launch_bound_us",)
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -221,10 +221,12 @@ def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np
     e = np.clip(end, lo, hi)
     xs = np.clip(xfer, lo, hi)
     comp = kind == "compute"
+    host = kind == "host"
     cs, ce = union_intervals(s[comp], e[comp])
     out = np.zeros(len(_FIELDS))
     out[0] = float(np.sum(ce - cs))
-    ms, me = union_intervals(xs[~comp], e[~comp])
+    comm = ~comp & ~host
+    ms, me = union_intervals(xs[comm], e[comm])
     out[1] = float(np.sum(me - ms))
     covered_s, covered_e, covered = cs, ce, out[0]
     for j, k in enumerate(COMM_KINDS):
@@ -235,6 +237,9 @@ def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np
         now = float(np.sum(ue - us))
         out[2 + j] = now - covered
         covered_s, covered_e, covered = us, ue, now
+    if host.any():   # the GPU waiting for the host, where nothing else runs
+        us, ue = union_intervals(np.concatenate([covered_s, s[host]]), np.concatenate([covered_e, e[host]]))
+        out[-1] = float(np.sum(ue - us)) - covered
     return out
 
 
@@ -690,5 +695,5 @@ def _stage_breakdown(fig: np.ndarray, res: ScheduleResult, s: int, body: np.ndar
     pp_exposed = float(np.sum(np.where(has[s], np.minimum(wait, send_us[s]), 0.0)))
     b.exposed_pp_comm_us += pp_exposed
     b.exposed_comm_us = sum(getattr(b, f"exposed_{k}_comm_us") for k in COMM_KINDS)
-    b.idle_us = max(end - b.compute_us - b.exposed_comm_us, 0.0)
+    b.idle_us = max(end - b.compute_us - b.exposed_comm_us - b.launch_bound_us, 0.0)
     return b

@@ -46,17 +46,18 @@ from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilde
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
 from estimators.parallelism.plan import FUSED_DISPATCH, ParallelPlan, mtp_layers, stage_layers, validate_plan
 
-# stream slots -> (stream id, name)
-COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B = range(11)
+# stream slots -> (stream id, name). HOST_WAIT is not a GPU stream's work: it holds the time the compute
+# stream sits empty while the host, blocked on a device-to-host sync, has not yet issued the next kernel
+COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B, HOST_WAIT = range(12)
 STREAMS = {
     COMPUTE: (7, "compute"), TP: (20, "tp_comm"), CP_SEND: (21, "cp_send"), CP_RECV: (22, "cp_recv"),
     EP: (23, "ep_comm"), DP_RS: (24, "dp_grad_comm"), DP_AG: (25, "dp_param_comm"),
     PP_SEND_F: (26, "pp_send_fwd"), PP_SEND_B: (27, "pp_send_bwd"), PP_RECV_F: (28, "pp_recv_fwd"),
-    PP_RECV_B: (29, "pp_recv_bwd"),
+    PP_RECV_B: (29, "pp_recv_bwd"), HOST_WAIT: (30, "host_sync_wait"),
 }
-# comm kind of each stream, for breakdowns
+# comm kind of each stream, for breakdowns ("host": GPU idle waiting for the host, Breakdown.launch_bound_us)
 STREAM_KIND = {TP: "tp", CP_SEND: "cp", CP_RECV: "cp", EP: "ep", DP_RS: "dp", DP_AG: "dp",
-               PP_SEND_F: "pp", PP_SEND_B: "pp", PP_RECV_F: "pp", PP_RECV_B: "pp"}
+               PP_SEND_F: "pp", PP_SEND_B: "pp", PP_RECV_F: "pp", PP_RECV_B: "pp", HOST_WAIT: "host"}
 
 ENTRY = -1          # template dep on the pass's entry nodes
 ACT_BYTES = 2       # bf16 activations
@@ -96,6 +97,18 @@ LAUNCH_US = 8.0
 # 0.38 of the fully hidden estimate's tokens/s gain over the exposed one. Mean 0.29; leave-one-model-out
 # 0.31 / 0.26, every run then within 5.8%.
 EP_OVERLAP_HIDDEN = 0.29
+# Dropless MoE: the host learns how many tokens go to each expert only from the GPU. Megatron-Core's
+# dispatchers copy the counts to the host and block on them once per MoE layer forward (all-to-all:
+# MoEAlltoAllTokenDispatcher's cuda_dtoh_point, `d2h_event.synchronize()`; DeepEP and HybridEP: the CPU waits
+# for the dispatch kernel's counts), because NCCL's split sizes and Transformer Engine's GroupedLinear
+# m_splits are host lists. The GPU's queue runs dry at that point and stays empty until the host has run
+# the dispatcher's Python and issued the next kernel. Token drop padded to capacity has static sizes and no
+# sync; with the EP all-to-all overlap the other micro-batch's queued work covers it. Per layer forward
+# the GPU sits idle this long. Derived from one published profile, independent of the rows the check suite
+# scores: Qwen3-30B-A3B, 16 x H100, BF16, EP16, HybridEP, no overlap (Megatron-Bridge PR #5094,
+# skills/nemo-mbridge-perf-moe-comm-overlap): a 24.714 s step whose GPU was busy 22.821 s (the union of
+# kernel intervals), 64 micro-batches x 48 MoE layers per step -> (24.714 - 22.821) s / 3072 = 616 us.
+MOE_SYNC_IDLE_US = 616.0
 # Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
 # streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
 UB_COMPUTE_STREAMS = 3
@@ -846,6 +859,9 @@ class _RankBuilder:
         tok, le, per, f_in, f = self._moe_dims()
         tpl.add("router", COMPUTE, gemm(tok, mo.num_experts, h, "bf16"))
         tpl.add("router_topk", COMPUTE, elementwise(tok * mo.num_experts, 1, 1, op="softmax", flops_per=5))
+        if self.p.moe_capacity_factor <= 0 and not self.p.moe_a2a_overlap:
+            # dropless: the host blocks on the token counts before dispatching (MOE_SYNC_IDLE_US)
+            tpl.add("moe_host_sync_wait", HOST_WAIT, {"op": "host_wait", "us": MOE_SYNC_IDLE_US, "flops": 0.0, "bytes": 0.0})
         tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)

@@ -238,6 +238,8 @@ def _print_prediction(r, moe: bool = False) -> None:
         v = bd.get(f"exposed_{k}_comm_s", 0.0)
         if v > 0:
             rows.append((f"exposed {k.upper()} communication", f"{v:.3f} s"))
+    if bd.get("host_wait_s", 0.0) > 0:
+        rows.append(("GPU waiting for the host (MoE token-count sync)", f"{bd['host_wait_s']:.3f} s"))
     rows.append(("pipeline bubble / idle", f"{bd['bubble_s']:.3f} s ({100 * bd['bubble_fraction']:.1f}%)"))
     rows.append(("simulated ranks / nodes / wall", f"{r.simulated_ranks} / {r.num_nodes:,} / {r.wall_s:.1f} s"))
     for k, v in rows:
