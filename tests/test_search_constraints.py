@@ -1,5 +1,6 @@
 """`whatif parallelism --search` honours the plan flags given with it (--zero, --tp, --pp, --cp, --dp, --ep,
---vp, --recompute, --micro-batch, --no-sequence-parallel) as constraints, and only those."""
+--vp, --recompute, --micro-batch, --no-sequence-parallel) as constraints, and only those; the options it does
+not search (--moe-a2a, --moe-capacity-factor, ...) hold for every plan it ranks."""
 from __future__ import annotations
 
 import json
@@ -78,3 +79,35 @@ def test_bad_constraint_values_are_one_line_errors():
     for kw in (dict(zero=4), dict(tp=0), dict(recompute="some"), dict(micro_batch=True)):
         with pytest.raises(TraceInputError):
             SearchSpace.constrained(**kw)
+
+
+def test_moe_options_given_with_search_hold_for_every_ranked_and_simulated_plan():
+    """--moe-capacity-factor, --moe-a2a (and --set plan.moe_a2a_overlap=...) are not searched: every plan the
+    search ranks and simulates takes them as given, instead of the dropless NCCL all-to-all default."""
+    p = subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "parallelism", "--model", "qwen3-30b-a3b",
+                        "--gpus", "16", "--seq-len", "4096", "--global-batch", "64", "--search", "--top-k", "2",
+                        "--json", "--moe-capacity-factor", "1", "--moe-a2a", "deepep",
+                        "--set", "plan.moe_a2a_overlap=true"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows
+    for r in rows:
+        assert (r["plan"]["moe_capacity_factor"], r["plan"]["moe_a2a"], r["plan"]["moe_a2a_overlap"]) == \
+            (1.0, "deepep", True)
+        assert r["breakdown"]["host_wait_s"] == 0          # token drop: no host sync
+
+
+def test_the_analytic_ranking_prices_the_carried_moe_options():
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.search import carried_options, rank_plans
+    from estimators.parallelism.workload import MOE_SYNC_IDLE_US
+    model = load_model("qwen3-30b-a3b")
+    space = SearchSpace(micro_batches=(1,), recompute=("none",), zero=(1,), hsdp=False, overlap_modes=False,
+                        tp=(1,), pp=(1,), cp=(1,), ep=(16,))
+    dropless = rank_plans(model, "h100-sxm", 16, 4096, 32, "bf16", space)
+    drop = rank_plans(model, "h100-sxm", 16, 4096, 32, "bf16",
+                      SearchSpace(**{**space.__dict__, "carry": carried_options(ParallelPlan(moe_capacity_factor=1.0))}))
+    i, j = int(dropless.order[0]), int(drop.order[0])
+    assert drop.plan(j).moe_capacity_factor == 1.0 and dropless.plan(i).moe_capacity_factor == 0
+    # the dropless plan waits for the host once per MoE layer forward: 48 layers x 2 micro-batches
+    assert dropless.step_s[i] - drop.step_s[j] == pytest.approx(48 * 2 * MOE_SYNC_IDLE_US / 1e6, rel=0.25)

@@ -54,6 +54,15 @@ MAX_SEARCH_SIZE = 1 << 31
 
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
             "sequence_parallel", "overlap_grad_reduce", "overlap_p2p", "async_tp_comm")
+# Plan options the search does not enumerate but prices: a user's `--moe-capacity-factor 1` or
+# `--moe-a2a deepep` holds for every candidate it ranks and simulates (SearchSpace.carry)
+CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
+                   "cuda_graphs", "attention_kernel")
+
+
+def carried_options(plan: ParallelPlan) -> tuple[tuple[str, Any], ...]:
+    """`plan`'s values of the options every searched candidate takes as given (SearchSpace.carry)."""
+    return tuple((k, getattr(plan, k)) for k in CARRIED_OPTIONS)
 
 
 # ============================================================================ 1. the candidate space
@@ -71,6 +80,9 @@ class SearchSpace:
     min_cp_tokens: int = 1024             # no CP chunk shorter than this many tokens
     max_pp: int = 0                       # 0: up to the layer count
     attention: str = "flash"
+    # plan options every candidate takes as given, not searched (`CARRIED_OPTIONS`: the MoE dispatcher,
+    # capacity factor and overlap, the FP8 recipe, CUDA graphs, the attention kernel), as (name, value) pairs
+    carry: tuple[tuple[str, Any], ...] = ()
     # layout constraints (e.g. `--tp 8` given with `--search`): only these degrees; empty: any
     tp: tuple[int, ...] = ()
     pp: tuple[int, ...] = ()
@@ -224,7 +236,7 @@ def enumerate_candidates(model: ModelConfig, gpus: int, seq_len: int, global_bat
 
 
 def plan_of_row(cols: dict[str, np.ndarray], i: int, seq_len: int, global_batch: int, precision: str,
-                gpus_per_node: int, attention: str = "flash") -> ParallelPlan:
+                gpus_per_node: int, attention: str = "flash", carry: tuple[tuple[str, Any], ...] = ()) -> ParallelPlan:
     c = {k: int(v[i]) for k, v in cols.items() if k in _COLUMNS}
     return ParallelPlan(
         tp=c["tp"], pp=c["pp"], cp=c["cp"], dp=c["dp"], ep=c["ep"], vp=c["vp"], seq_len=seq_len,
@@ -232,7 +244,7 @@ def plan_of_row(cols: dict[str, np.ndarray], i: int, seq_len: int, global_batch:
         recompute=RECOMPUTE[c["recompute"]], zero=c["zero"], dp_shard=c["dp_shard"],
         sequence_parallel=bool(c["sequence_parallel"]), attention=attention,
         overlap_grad_reduce=bool(c["overlap_grad_reduce"]), async_tp_comm=bool(c["async_tp_comm"]),
-        overlap_p2p=bool(c["overlap_p2p"]), gpus_per_node=gpus_per_node)
+        overlap_p2p=bool(c["overlap_p2p"]), gpus_per_node=gpus_per_node, **dict(carry))
 
 
 # ============================================================================ 2. unit costs
@@ -306,6 +318,8 @@ def _template_span_us(tpl, rank: int, timing) -> float:
 
 
 def _op_us(attrs: dict, rank: int, timing) -> float:
+    if "host_wait_us" in attrs:          # the GPU waiting for the host (workload.host_wait)
+        return float(attrs["host_wait_us"])
     if "comm_type" in attrs:
         return timing.network.collective_us(CommType(attrs["comm_type"]), float(attrs["comm_size"]),
                                             attrs["pg_ranks"])
@@ -464,10 +478,12 @@ class CostModel:
     """The hardware's compute and network models, memoized for the search: pass times per distinct
     shape, collective lines per distinct group."""
 
-    def __init__(self, model: ModelConfig, hardware, seq_len: int, precision: str, attention: str = "flash"):
+    def __init__(self, model: ModelConfig, hardware, seq_len: int, precision: str, attention: str = "flash",
+                 carry: tuple[tuple[str, Any], ...] = ()):
         from estimators.parallelism.timing import default_timing, resolve_hardware
         self.model, self.hw = model, resolve_hardware(hardware)
         self.seq_len, self.precision, self.attention = seq_len, precision, attention
+        self.carry = carry          # SearchSpace.carry: options every candidate takes as given
         self.gpn = self.hw.node.gpus_per_node
         self.timing = default_timing(self.hw)
         self._lines: dict[tuple, CollectiveLine] = {}
@@ -496,7 +512,7 @@ class CostModel:
             plan = ParallelPlan(tp=int(tp), cp=int(cp), dp=int(ep), ep=int(ep), seq_len=self.seq_len,
                                 global_batch=int(ep * mb), micro_batch=int(mb), precision=self.precision,
                                 sequence_parallel=bool(sp), async_tp_comm=bool(atp), attention=self.attention,
-                                gpus_per_node=self.gpn)
+                                gpus_per_node=self.gpn, **dict(self.carry))
             t = pass_times(self.model, plan, self.timing, self.gpn)
             vals[u] = (*t.F, *t.B, *t.S, t.emb, t.out, t.emb_b, t.out_b)
         names = ("F_d", "F_m", "B_d", "B_m", "S_d", "S_m", "emb", "out", "emb_b", "out_b")
@@ -748,6 +764,7 @@ class RankedPlans:
     order: np.ndarray               # indices of the candidates that fit, best first
     wall_s: float = 0.0
     timings_s: dict[str, float] = field(default_factory=dict)
+    carry: tuple[tuple[str, Any], ...] = ()    # SearchSpace.carry
 
     @property
     def candidates(self) -> int:
@@ -764,7 +781,7 @@ class RankedPlans:
     def plan(self, i: int) -> ParallelPlan:
         """The `ParallelPlan` of candidate row i."""
         return plan_of_row(self.columns, i, self.seq_len, self.global_batch, self.precision,
-                           self.hardware.node.gpus_per_node, self.attention)
+                           self.hardware.node.gpus_per_node, self.attention, self.carry)
 
     def plans(self, k: int | None = None) -> list[ParallelPlan]:
         """The best k fitting plans (all of them for None), best first."""
@@ -821,11 +838,11 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
     step = np.full(len(mem), np.inf)
     if len(fits):
         sub = {k: v[fits] for k, v in cols.items()}
-        cm = CostModel(model, hw, seq_len, precision, space.attention)
+        cm = CostModel(model, hw, seq_len, precision, space.attention, space.carry)
         step[fits] = estimate_step_s(cm, sub, global_batch, tables)
     t = lap("step_time", t)
     # ties (e.g. plans that differ only where the estimate is blind) keep enumeration order
     order = fits[np.argsort(step[fits], kind="stable")]
     lap("rank", t)
     return RankedPlans(model, hw, gpus, seq_len, global_batch, precision, space.attention, cols, step, mem, cap,
-                       order, time.perf_counter() - t0, timings)
+                       order, time.perf_counter() - t0, timings, space.carry)

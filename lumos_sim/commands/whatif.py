@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from chakra_schema.errors import TraceInputError
@@ -117,10 +118,24 @@ def main_parallelism(args) -> int:
     return 0
 
 
+def _carried_flags(args) -> dict:
+    """The carried plan options (search.CARRIED_OPTIONS) that the command line sets: flags left at their
+    default (the plan's) leave a `--set plan.<option>=` override standing."""
+    from estimators.parallelism.plan import ParallelPlan
+    default = {f.name: f.default for f in dataclasses.fields(ParallelPlan)}
+    flags = {k: getattr(args, k) for k in ("moe_capacity_factor", "moe_a2a", "fp8_recipe", "attention_kernel")
+             if getattr(args, k, None) is not None and getattr(args, k) != default[k]}
+    if getattr(args, "cuda_graphs", False):
+        flags["cuda_graphs"] = True
+    if getattr(args, "moe_unbalanced", False):
+        flags["moe_force_balance"] = False
+    return flags
+
+
 def _main_search(args) -> int:
     from estimators.model_config import load_model
     from estimators.scenario import Scenario
-    from estimators.parallelism.search import SearchSpace, rank_plans
+    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
     from estimators.parallelism.whatif import simulate_ranked
     from replay.hardware.config import get_hardware
 
@@ -133,7 +148,10 @@ def _main_search(args) -> int:
     fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False
-    space = SearchSpace.constrained(SearchSpace(attention=base.plan.attention), **fixed)
+    # options the search does not enumerate (--moe-a2a, --moe-capacity-factor, --set plan.moe_a2a_overlap=...)
+    # hold for every candidate
+    carry = dataclasses.replace(base.plan, **_carried_flags(args))
+    space = SearchSpace.constrained(SearchSpace(attention=base.plan.attention, carry=carried_options(carry)), **fixed)
     ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision, space)
     given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if v is not None and k != "sequence_parallel")
     given += " --no-sequence-parallel" if args.no_sequence_parallel else ""
