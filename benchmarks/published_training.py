@@ -148,7 +148,7 @@ def breakdown(path: Path, only=None) -> str:
         lines.append(f"| {row.index} | {row.model_name} | {fmt(pub, 2)} | {p.step_time_s:.2f} | "
                      f"{b.compute_us / 1e6:.2f} | " + " | ".join(f"{kinds.get(k, 0.0) / 1e6:.2f}"
                                                              for k in ("ep", "tp", "pp", "dp"))
-                     + f" | {b.launch_bound_us / 1e6:.2f} | {b.idle_us / 1e6:.2f} |")
+                     + f" | {b.host_wait_us / 1e6:.2f} | {b.idle_us / 1e6:.2f} |")
     return "\n".join(lines)
 
 

@@ -351,6 +351,8 @@ def _breakdown(best, layout: SweepLayout):
         parts = {name: _col(best, f"breakdown.{c}") for c, name in _STEP_PARTS}
         by_kind = sum(v for k, v in parts.items() if k.startswith("exposed"))
         parts["exposed comm (other)"] = (_col(best, "breakdown.exposed_comm_us") - by_kind).clip(lower=0)
+        if _has(best, "breakdown.host_wait_us"):
+            parts["GPU waiting for the host"] = _col(best, "breakdown.host_wait_us")
         parts["idle / pipeline bubble"] = _col(best, "breakdown.idle_us")
         parts["other"] = (window - sum(parts.values())).clip(lower=0)
         heading, unit, total = "Step-time breakdown per configuration (share of the step)", "% of the step", window

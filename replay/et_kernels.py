@@ -97,9 +97,12 @@ class HostModel:
     # not the median (347 / 290 us, 230 us extra): a step's host time is the sum of these costs, and a few
     # first-seen GEMMs (7 of 276) stall 4.6-38 ms on the host before their launch, with no runtime call
     # traced inside (cuBLAS selecting and loading a kernel the process has not run yet); the median leaves
-    # them out and under-predicts every step that has them. Held out by workload, either trace's own figure
-    # (370 / 700 us) predicts the other's steps within 6.3% / 4.7%. The Llama traces (static shapes) hold no
-    # such GEMM, so they do not inform it. tests/test_et_only_gemm_search.py re-measures it from the traces.
+    # them out and under-predicts every step that has them. Those stalls are first uses in the process, and
+    # these traces record steps 3-5 of young processes: deep into a long run, with most kernels loaded, they
+    # are rarer and this figure overstates a step's host time (at most by the 305 us over the median, per
+    # first-seen GEMM). Held out by token count, either trace's own figure (370 / 700 us) predicts the
+    # other's steps within 6.3% / 4.7%. The Llama traces (static shapes) hold no such GEMM, so they do not
+    # inform it. tests/test_et_only_gemm_search.py re-measures it from the traces.
     new_gemm_shape_us: float = 535.0
 
 

@@ -23,8 +23,10 @@ class Breakdown:
 
     On a GPU rank: compute = union of GPU kernel/copy time, comm = union of collective time,
     exposed_comm = comm not hidden under compute, idle = GPU doing nothing (in a generated training
-    step: the pipeline bubble and waits), launch_bound = GPU idle waiting for a launch the CPU had not
-    issued yet (CPU/launch-bound time). On a CPU-only rank the same over host ops. `exposed_<kind>_comm_us`
+    step: the pipeline bubble and waits), launch_bound = the part of idle where the GPU waits for a launch
+    the CPU had not issued yet (CPU/launch-bound time; replays). host_wait = in a generated training step,
+    the GPU waiting for a host blocked on a device-to-host sync (MoE token counts), apart from idle:
+    compute + exposed_comm + host_wait + idle = window. On a CPU-only rank the same over host ops. `exposed_<kind>_comm_us`
     splits exposed_comm by parallelism (tensor, context, expert, pipeline, data) where the workload says
     which collective serves which (generated workloads); a replayed trace leaves them 0."""
 
@@ -34,6 +36,7 @@ class Breakdown:
     exposed_comm_us: float = 0.0
     idle_us: float = 0.0
     launch_bound_us: float = 0.0
+    host_wait_us: float = 0.0
     exposed_tp_comm_us: float = 0.0
     exposed_cp_comm_us: float = 0.0
     exposed_ep_comm_us: float = 0.0
@@ -179,6 +182,16 @@ class ReplayResult:
                        "critical_nodes": s.critical_nodes} for s in self.steps],
             "ranks": {str(r): asdict(b) for r, b in self.ranks.items()},
         }
+
+
+def add_uncovered(cover_s: np.ndarray, cover_e: np.ndarray, starts: np.ndarray,
+                  ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Merge intervals into a cover (disjoint blocks, as `union_intervals` returns): the new cover and how
+    much time the intervals added where the cover had none (us). Breakdowns charge each part this way, in
+    order, so that time two parts share is counted once, for the first."""
+    before = float(np.sum(cover_e - cover_s))
+    us, ue = union_intervals(np.concatenate([cover_s, starts]), np.concatenate([cover_e, ends]))
+    return us, ue, float(np.sum(ue - us)) - before
 
 
 def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -61,8 +61,9 @@ def test_fast_estimate_agrees_with_the_full_replay_within_2_percent(model, plan)
     # the breakdown (with the GPU waiting for the host) adds up to the step on every stage, and computes as
     # much as the replay
     for b in fast.breakdown.per_stage:
-        assert b.compute_us + b.exposed_comm_us + b.launch_bound_us + b.idle_us == pytest.approx(b.window_us, rel=1e-9)
+        assert b.compute_us + b.exposed_comm_us + b.host_wait_us + b.idle_us == pytest.approx(b.window_us, rel=1e-9)
     assert fast.breakdown.mean.compute_us == pytest.approx(full.breakdown.mean.compute_us, rel=0.03)
+    assert fast.breakdown.mean.host_wait_us == pytest.approx(full.breakdown.mean.host_wait_us, rel=0.03)
 
 
 def test_many_micro_batches_are_extrapolated_like_the_full_replay():

@@ -80,10 +80,12 @@ def _measured_search_us() -> float:
     return sum(first) / len(first) - sum(repeat) / len(repeat)
 
 
-SEARCH_US = _measured_search_us()
+@pytest.fixture(scope="module")
+def SEARCH_US() -> float:
+    return _measured_search_us()
 
 
-def test_the_search_cost_is_the_mean_first_seen_gemm_cost_of_the_h100_traces():
+def test_the_search_cost_is_the_mean_first_seen_gemm_cost_of_the_h100_traces(SEARCH_US):
     # the mean, not the median: a step's host time sums these costs, heavy tail (multi-ms stalls) included
     assert SEARCH_US == pytest.approx(535.0, abs=5.0)
     assert HOST_MODEL.new_gemm_shape_us == pytest.approx(SEARCH_US, rel=0.01)
@@ -93,7 +95,7 @@ def _mm_host_spans(graph) -> list[float]:
     return [float(graph.duration_us[i]) for i in range(len(graph)) if graph.name[i] == "aten::mm"]
 
 
-def test_data_dependent_gemm_shapes_pay_the_algorithm_search_each_step(tmp_path):
+def test_data_dependent_gemm_shapes_pay_the_algorithm_search_each_step(tmp_path, SEARCH_US):
     g, report = infer_gpu_work(_et(tmp_path, [978, 1068, 1038]))
     assert report.new_gemm_shapes == 3       # one expert shape per step; the static GEMM is warm
     spans = _mm_host_spans(g)
@@ -111,7 +113,7 @@ def test_a_shape_seen_earlier_in_the_trace_is_not_searched_again(tmp_path):
     assert _mm_host_spans(g)[-1] == pytest.approx(plain)
 
 
-def test_a_known_shape_with_a_transposed_operand_is_searched_again(tmp_path):
+def test_a_known_shape_with_a_transposed_operand_is_searched_again(tmp_path, SEARCH_US):
     # the third step's expert has the first's token count but reads its weight transposed (a backward
     # GEMM's layout): cuBLAS picks algorithms per layout too, and the H100 MoE traces show such GEMMs as
     # slow on the host as unseen shapes (median 369 us against 92 us for a repeated layout)

@@ -28,11 +28,11 @@ import pytest
 
 from estimators.model_config import model_from_dict
 from estimators.parallelism.plan import ParallelPlan
-from estimators.parallelism.workload import MoELoads, _RankBuilder, dropless_imbalance
+from estimators.parallelism.workload import HOST_WAIT, MOE_SYNC_IDLE_US, MoELoads, _RankBuilder, dropless_imbalance
 
 from tests.test_pinned_workload_layer import E, G, exp, table
 
-C, TPS, EPS, HOSTW = 0, 1, 4, 11        # stream slots: compute, TP, EP, GPU waiting for the host
+C, TPS, EPS = 0, 1, 4        # stream slots: compute, TP, EP
 
 MOE = model_from_dict(dict(name="m", layers=2, hidden=256, heads=4, ffn=512, vocab=1000,
                            moe=dict(num_experts=8, top_k=2, expert_ffn=128, shared_experts=1,
@@ -60,7 +60,7 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
         ("router", C, G(64, 8, 256), ["post_attn_norm"]),
         ("router_topk", C, E(64 * 8, 1, 1, 5), ["router"]),
         # dropless: the host blocks on the token counts, the GPU waits for it (no GPU work)
-        ("moe_host_sync_wait", HOSTW, (0.0, 0.0), ["router_topk"]),
+        ("moe_host_sync_wait", HOST_WAIT, (0.0, 0.0), ["router_topk"]),
         ("moe_permute", C, E(64 * 2 * 256, 1, 1), ["moe_host_sync_wait"]),
         ("moe_dispatch_alltoall", EPS, a2a, ["moe_permute"]),
         ("moe_sort_chunks", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall"]),
@@ -75,6 +75,7 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
         ("shared_expert_down_proj", C, G(64, 256, 64), ["shared_expert_act"]),
     )
     ops = {o[0]: o[2] for o in tpl.ops}
+    assert ops["moe_host_sync_wait"]["host_wait_us"] == MOE_SYNC_IDLE_US
     assert ops["expert_up_gate_proj"]["launches"] == 2 and ops["expert_down_proj"]["launches"] == 2
     assert ops["moe_dispatch_alltoall"]["pg_ranks"] == [0, 1, 2, 3]
     assert ops["moe_dispatch_alltoall"]["pg_name"] == "ep:0"

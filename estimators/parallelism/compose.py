@@ -62,7 +62,7 @@ _PP_RECV_SIDS = (_SID[PP_RECV_F], _SID[PP_RECV_B])
 _PP_SEND_SIDS = (_SID[PP_SEND_F], _SID[PP_SEND_B])
 NEG = -np.inf
 # breakdown fields a pass / the tail contributes (Breakdown field names)
-_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS) + ("launch_bound_us",)
+_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS) + ("host_wait_us",)
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -215,7 +215,7 @@ class StageSample:
 def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np.ndarray,
                   lo: float, hi: float) -> np.ndarray:
     """Breakdown figures (`_FIELDS`) of the window [lo, hi] of a replayed rank (see evaluate.rank_breakdown)."""
-    from replay.results import union_intervals
+    from replay.results import add_uncovered, union_intervals
 
     s = np.clip(start, lo, hi)
     e = np.clip(end, lo, hi)
@@ -228,18 +228,13 @@ def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np
     comm = ~comp & ~host
     ms, me = union_intervals(xs[comm], e[comm])
     out[1] = float(np.sum(me - ms))
-    covered_s, covered_e, covered = cs, ce, out[0]
+    cover_s, cover_e = cs, ce
     for j, k in enumerate(COMM_KINDS):
         sel = kind == k
-        if not sel.any():
-            continue
-        us, ue = union_intervals(np.concatenate([covered_s, xs[sel]]), np.concatenate([covered_e, e[sel]]))
-        now = float(np.sum(ue - us))
-        out[2 + j] = now - covered
-        covered_s, covered_e, covered = us, ue, now
+        if sel.any():
+            cover_s, cover_e, out[2 + j] = add_uncovered(cover_s, cover_e, xs[sel], e[sel])
     if host.any():   # the GPU waiting for the host, where nothing else runs
-        us, ue = union_intervals(np.concatenate([covered_s, s[host]]), np.concatenate([covered_e, e[host]]))
-        out[-1] = float(np.sum(ue - us)) - covered
+        cover_s, cover_e, out[-1] = add_uncovered(cover_s, cover_e, s[host], e[host])
     return out
 
 
@@ -695,5 +690,5 @@ def _stage_breakdown(fig: np.ndarray, res: ScheduleResult, s: int, body: np.ndar
     pp_exposed = float(np.sum(np.where(has[s], np.minimum(wait, send_us[s]), 0.0)))
     b.exposed_pp_comm_us += pp_exposed
     b.exposed_comm_us = sum(getattr(b, f"exposed_{k}_comm_us") for k in COMM_KINDS)
-    b.idle_us = max(end - b.compute_us - b.exposed_comm_us - b.launch_bound_us, 0.0)
+    b.idle_us = max(end - b.compute_us - b.exposed_comm_us - b.host_wait_us, 0.0)
     return b

@@ -25,7 +25,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
-from replay.results import COMM_KINDS, Breakdown, union_intervals
+from replay.results import COMM_KINDS, Breakdown, add_uncovered, union_intervals
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
@@ -105,9 +105,9 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     """One rank's step window [lo, hi] (us): compute (union of compute-stream work), communication
     (union of transfers), exposed communication per kind (transfer time with no compute running;
     overlapping kinds are charged in the order tp, cp, ep, pp, dp; a posted receive waiting for its
-    sender is not transfer time), launch-bound: the GPU waiting for a host blocked on a device-to-host sync
-    (`workload.MOE_SYNC_IDLE_US`), and idle: the rest of the step, where the compute stream waits (the
-    pipeline bubble)."""
+    sender is not transfer time), host wait: the GPU waiting for a host blocked on a device-to-host sync
+    (`workload.MOE_SYNC_IDLE_US`) where nothing else runs, and idle: the rest of the step, where the
+    compute stream waits (the pipeline bubble)."""
     stream_ids = np.array([r.index for r in g.resources])
     kinds = np.array([_STREAM_KIND_BY_ID.get(int(s), "compute") for s in stream_ids])
     node_kind = kinds[g.resource] if len(g) else np.zeros(0, dtype=kinds.dtype)
@@ -117,24 +117,19 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     comp = node_kind == "compute"
     host = node_kind == "host"
     cs, ce = union_intervals(start[comp], end[comp])
-    compute = _length(cs, ce)
     comm = ~comp & ~host
     ms, me = union_intervals(xfer_start[comm], end[comm])
-    b = Breakdown(window_us=step, compute_us=compute, comm_us=_length(ms, me))
-    covered_s, covered_e, covered = cs, ce, compute
+    b = Breakdown(window_us=step, compute_us=_length(cs, ce), comm_us=_length(ms, me))
+    cover_s, cover_e = cs, ce
     for k in COMM_KINDS:
         sel = node_kind == k
-        if not sel.any():
-            continue
-        us, ue = union_intervals(np.concatenate([covered_s, xfer_start[sel]]), np.concatenate([covered_e, end[sel]]))
-        now = _length(us, ue)
-        setattr(b, f"exposed_{k}_comm_us", now - covered)
-        b.exposed_comm_us += now - covered
-        covered_s, covered_e, covered = us, ue, now
-    if host.any():   # the GPU waiting for the host (a device-to-host sync), where nothing else runs
-        us, ue = union_intervals(np.concatenate([covered_s, start[host]]), np.concatenate([covered_e, end[host]]))
-        b.launch_bound_us = _length(us, ue) - covered
-        covered = _length(us, ue)
+        if sel.any():
+            cover_s, cover_e, added = add_uncovered(cover_s, cover_e, xfer_start[sel], end[sel])
+            setattr(b, f"exposed_{k}_comm_us", added)
+            b.exposed_comm_us += added
+    if host.any():
+        cover_s, cover_e, b.host_wait_us = add_uncovered(cover_s, cover_e, start[host], end[host])
+    covered = _length(cover_s, cover_e)
     b.idle_us = max(step - covered, 0.0)
     return b
 
@@ -169,7 +164,7 @@ def legacy_breakdown_json(bd: StepBreakdown) -> dict[str, Any]:
     m = bd.mean
     kinds = {k: v / 1e6 for k, v in m.exposed_comm_by_kind_us().items()}
     out: dict[str, Any] = {"step_s": m.window_us / 1e6, "compute_s": m.compute_us / 1e6,
-                           "exposed_comm_s": m.exposed_comm_us / 1e6, "host_wait_s": m.launch_bound_us / 1e6}
+                           "exposed_comm_s": m.exposed_comm_us / 1e6, "host_wait_s": m.host_wait_us / 1e6}
     out.update({f"exposed_{k}_comm_s": v for k, v in kinds.items()})
     out.update({"bubble_s": m.idle_us / 1e6, "bubble_fraction": m.idle_fraction,
                 "exposed_comm_by_kind_s": kinds, "pipeline_bubble_s": m.idle_us / 1e6})

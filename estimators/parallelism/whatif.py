@@ -11,7 +11,7 @@ from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
 from estimators.parallelism.evaluate import PlanPrediction, predict
-from estimators.parallelism.workload import EP_OVERLAP_HIDDEN
+from estimators.parallelism.workload import EP_OVERLAP_HIDDEN, MOE_SYNC_IDLE_US
 from estimators.registry import register_whatif
 
 
@@ -19,6 +19,11 @@ from estimators.registry import register_whatif
 # and that the ideal (fully hidden) overlap reads above every published H100 run that overlapped.
 OVERLAP_CAVEAT = ("moe_a2a_overlap hides {hidden:.0%} of the EP all-to-all time, the share a profiled H100 run "
                   "hid (hiding all of it reads 19-28% above the published runs with the overlap)")
+
+# The dropless host wait is one profile's figure (workload.MOE_SYNC_IDLE_US): say so where it weighs.
+HOST_WAIT_CAVEAT = ("dropless MoE: the GPU waits {us:.0f} us for the host per MoE layer forward ({share:.0%} of "
+                    "this step), the idle time of one profiled H100 run (Qwen3-30B-A3B); token drop "
+                    "(--moe-capacity-factor) has none")
 
 
 def prediction_of_plan(r: PlanPrediction) -> Prediction:
@@ -31,6 +36,9 @@ def prediction_of_plan(r: PlanPrediction) -> Prediction:
     notes = []
     if r.plan.moe_a2a_overlap and r.plan.ep > 1:
         notes.append(OVERLAP_CAVEAT.format(hidden=EP_OVERLAP_HIDDEN))
+    wait = r.breakdown.mean.host_wait_us
+    if wait > 0.1 * r.breakdown.mean.window_us:
+        notes.append(HOST_WAIT_CAVEAT.format(us=MOE_SYNC_IDLE_US, share=wait / r.breakdown.mean.window_us))
     return Prediction(whatif="parallelism", scenario_key="", step_time_s=r.step_time_s,
                       breakdown=r.breakdown.mean, tokens_per_s=r.tokens_per_s, tflops_per_gpu=r.tflops_per_gpu,
                       hw_tflops_per_gpu=r.hw_tflops_per_gpu, mfu=r.mfu, memory_gib_per_gpu=mem.total_gib,
@@ -51,10 +59,10 @@ def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int,
     """Every valid plan of `gpus` for the base scenario's model, ranked by the analytic estimate
     (`estimators.parallelism.search`); the best `max_plans` that fit in memory are evaluated (through
     `evaluate`) and returned by simulated throughput."""
-    from estimators.parallelism.search import SearchSpace, rank_plans
+    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
 
     ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision,
-                        SearchSpace(attention=base.plan.attention))
+                        SearchSpace(attention=base.plan.attention, carry=carried_options(base.plan)))
     return simulate_ranked(base, ranked, max_plans, progress)
 
 

@@ -46,16 +46,17 @@ from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilde
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
 from estimators.parallelism.plan import FUSED_DISPATCH, ParallelPlan, mtp_layers, stage_layers, validate_plan
 
-# stream slots -> (stream id, name). HOST_WAIT is not a GPU stream's work: it holds the time the compute
-# stream sits empty while the host, blocked on a device-to-host sync, has not yet issued the next kernel
+# stream slots -> (stream id, name). HOST_WAIT stands in for no GPU work: its node, on a stream of its own
+# chained into the compute ops, holds the compute stream empty for as long as the host, blocked on a
+# device-to-host sync, has not issued the next kernel -- a wait, which the breakdowns count apart from compute
 COMPUTE, TP, CP_SEND, CP_RECV, EP, DP_RS, DP_AG, PP_SEND_F, PP_SEND_B, PP_RECV_F, PP_RECV_B, HOST_WAIT = range(12)
 STREAMS = {
     COMPUTE: (7, "compute"), TP: (20, "tp_comm"), CP_SEND: (21, "cp_send"), CP_RECV: (22, "cp_recv"),
     EP: (23, "ep_comm"), DP_RS: (24, "dp_grad_comm"), DP_AG: (25, "dp_param_comm"),
     PP_SEND_F: (26, "pp_send_fwd"), PP_SEND_B: (27, "pp_send_bwd"), PP_RECV_F: (28, "pp_recv_fwd"),
-    PP_RECV_B: (29, "pp_recv_bwd"), HOST_WAIT: (30, "host_sync_wait"),
+    PP_RECV_B: (29, "pp_recv_bwd"), HOST_WAIT: (30, "host_wait"),
 }
-# comm kind of each stream, for breakdowns ("host": GPU idle waiting for the host, Breakdown.launch_bound_us)
+# comm kind of each stream, for breakdowns ("host": the GPU waiting for the host, Breakdown.host_wait_us)
 STREAM_KIND = {TP: "tp", CP_SEND: "cp", CP_RECV: "cp", EP: "ep", DP_RS: "dp", DP_AG: "dp",
                PP_SEND_F: "pp", PP_SEND_B: "pp", PP_RECV_F: "pp", PP_RECV_B: "pp", HOST_WAIT: "host"}
 
@@ -106,10 +107,14 @@ EP_OVERLAP_HIDDEN = 0.3655
 # the dispatcher's Python and issued the next kernel. Token drop padded to capacity has static sizes and no
 # sync. The EP all-to-all overlap does not hide it: the counts come from the router, the last compute the
 # host queued, so the compute stream is empty when they arrive whichever micro-batch's work came before.
-# Per layer forward the GPU sits idle this long. Derived from one published profile, independent of the rows the check suite
+# Per layer forward (a full recompute's re-run of it included: the dispatcher runs again) the GPU sits idle
+# this long. Derived from one published profile, independent of the rows the check suite
 # scores: Qwen3-30B-A3B, 16 x H100, BF16, EP16, HybridEP, no overlap (Megatron-Bridge PR #5094,
 # skills/nemo-mbridge-perf-moe-comm-overlap): a 24.714 s step whose GPU was busy 22.821 s (the union of
-# kernel intervals), 64 micro-batches x 48 MoE layers per step -> (24.714 - 22.821) s / 3072 = 616 us.
+# kernel intervals), 64 micro-batches x 48 MoE layers per step without recompute (as Megatron-Bridge's
+# Qwen3 MoE performance recipes run it) -> (24.714 - 22.821) s / 3072 = 616 us. All of that run's idle time
+# is put on the syncs (the profile does not split out the optimizer step's or logging's). One H100 run of
+# one model: a faster or slower host, or much more or less host work per layer, would idle otherwise.
 MOE_SYNC_IDLE_US = 616.0
 # Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
 # streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
@@ -182,6 +187,12 @@ def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, he
     if window:
         out["window"] = int(window)
     return out
+
+
+def host_wait(us: float) -> dict:
+    """No GPU work: the GPU waits `us` for the host (see HOST_WAIT). The node is a sync, its time recorded,
+    so that no timing source reads it as a kernel."""
+    return {"host_wait_us": float(us), "flops": 0.0, "bytes": 0.0}
 
 
 def coll(comm_type: CommType, size: float, group: Sequence[int], pg_name: str) -> dict:
@@ -364,10 +375,12 @@ class _RankBuilder:
                 nt, kind = NodeType.COMM_SEND_NODE, OpKind.SEND
             else:
                 nt, kind = NodeType.COMM_RECV_NODE, OpKind.RECV
+        elif "host_wait_us" in attrs:
+            nt, kind = NodeType.COMP_NODE, OpKind.SYNC
         else:
             nt, kind = NodeType.COMP_NODE, OpKind.KERNEL
         g = self.g
-        i = g.add_node(name, nt, kind, self._resource(slot), attrs=attrs)
+        i = g.add_node(name, nt, kind, self._resource(slot), duration_us=attrs.get("host_wait_us", 0.0), attrs=attrs)
         prev = self.last.get(slot)
         if prev is not None:
             g.add_dep(prev, i, EdgeKind.STREAM_ORDER)
@@ -862,8 +875,9 @@ class _RankBuilder:
         tpl.add("router", COMPUTE, gemm(tok, mo.num_experts, h, "bf16"))
         tpl.add("router_topk", COMPUTE, elementwise(tok * mo.num_experts, 1, 1, op="softmax", flops_per=5))
         if self.p.moe_capacity_factor <= 0:
-            # dropless: the host blocks on the token counts before dispatching (MOE_SYNC_IDLE_US)
-            tpl.add("moe_host_sync_wait", HOST_WAIT, {"op": "host_wait", "us": MOE_SYNC_IDLE_US, "flops": 0.0, "bytes": 0.0})
+            # dropless: the host blocks on the token counts before dispatching (MOE_SYNC_IDLE_US), in a
+            # full recompute's re-run of the forward too
+            tpl.add("moe_host_sync_wait", HOST_WAIT, host_wait(MOE_SYNC_IDLE_US))
         tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)

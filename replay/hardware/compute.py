@@ -306,9 +306,6 @@ class ComputeModel:
                                   bool(attrs.get("causal", False)), bool(attrs.get("backward", False)), dtype,
                                   attrs.get("kv_heads"), int(attrs.get("window", 0) or 0),
                                   str(attrs.get("kernel", "")), attrs.get("v_head_dim"))
-        if op == "host_wait":   # no GPU work: the stream waits for the host (generated workloads)
-            us = float(attrs.get("us", 0.0))
-            return OpEstimate(us, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "waiting for the host")
         nbytes = float(attrs.get("bytes", 0.0))
         flops = float(attrs.get("flops", 0.0))
         if op == "memcpy":
