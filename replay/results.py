@@ -26,8 +26,8 @@ class Breakdown:
     step: the pipeline bubble and waits), launch_bound = the part of idle where the GPU waits for a launch
     the CPU had not issued yet (CPU/launch-bound time; replays). host_wait = in a generated training step,
     the GPU waiting for a host blocked on a device-to-host sync (MoE token counts), apart from idle:
-    compute + exposed_comm + host_wait + idle = window. On a CPU-only rank the same over host ops. `exposed_<kind>_comm_us`
-    splits exposed_comm by parallelism (tensor, context, expert, pipeline, data) where the workload says
+    compute + exposed_comm + host_wait + idle = window. On a CPU-only rank the same over host ops.
+    `exposed_<kind>_comm_us` splits exposed_comm by parallelism (tensor, context, expert, pipeline, data) where the workload says
     which collective serves which (generated workloads); a replayed trace leaves them 0."""
 
     window_us: float = 0.0

@@ -58,11 +58,18 @@ from replay.results import COMM_KINDS, Breakdown
 
 _SID = {slot: sid for slot, (sid, _) in STREAMS.items()}
 _KIND_BY_SID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
+
+
+def node_kinds(g: ExecutionGraph) -> np.ndarray:
+    """Per node of a generated graph, what its stream does for the breakdowns: "compute", a communication
+    kind (workload.STREAM_KIND) or "host" (the GPU waiting for the host)."""
+    sids = np.array([r.index for r in g.resources])
+    return np.array([_KIND_BY_SID.get(int(x), "compute") for x in sids])[g.resource]
 _PP_RECV_SIDS = (_SID[PP_RECV_F], _SID[PP_RECV_B])
 _PP_SEND_SIDS = (_SID[PP_SEND_F], _SID[PP_SEND_B])
 NEG = -np.inf
 # breakdown fields a pass / the tail contributes (Breakdown field names)
-_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS) + ("host_wait_us",)
+BREAKDOWN_FIELDS = ("compute_us", "comm_us") + tuple(f"exposed_{k}_comm_us" for k in COMM_KINDS) + ("host_wait_us",)
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -207,14 +214,15 @@ class StageSample:
     reductions: list            # [vp] per chunk: [(ready offset after the last backward's body start, us)]
     deferred_us: float          # reductions issued after the last pass (no overlap_grad_reduce)
     tail_us: float              # optimizer start -> the stage's last node
-    parts: np.ndarray           # [3vp, len(_FIELDS)] breakdown of each pass type's window
-    tail_parts: np.ndarray      # [len(_FIELDS)] breakdown of the tail window
+    parts: np.ndarray           # [3vp, len(BREAKDOWN_FIELDS)] breakdown of each pass type's window
+    tail_parts: np.ndarray      # [len(BREAKDOWN_FIELDS)] breakdown of the tail window
     nodes: int = 0
 
 
-def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np.ndarray,
+def window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np.ndarray,
                   lo: float, hi: float) -> np.ndarray:
-    """Breakdown figures (`_FIELDS`) of the window [lo, hi] of a replayed rank (see evaluate.rank_breakdown)."""
+    """Breakdown figures (`BREAKDOWN_FIELDS`) of the window [lo, hi] of a replayed rank (what each part
+    counts: evaluate.rank_breakdown)."""
     from replay.results import add_uncovered, union_intervals
 
     s = np.clip(start, lo, hi)
@@ -223,7 +231,7 @@ def _window_parts(kind: np.ndarray, start: np.ndarray, end: np.ndarray, xfer: np
     comp = kind == "compute"
     host = kind == "host"
     cs, ce = union_intervals(s[comp], e[comp])
-    out = np.zeros(len(_FIELDS))
+    out = np.zeros(len(BREAKDOWN_FIELDS))
     out[0] = float(np.sum(ce - cs))
     comm = ~comp & ~host
     ms, me = union_intervals(xs[comm], e[comm])
@@ -279,7 +287,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     n = len(g)
     sids = np.array([r.index for r in g.resources])
     node_sid = sids[g.resource]
-    kind = np.array([_KIND_BY_SID.get(int(x), "compute") for x in sids])[g.resource]
+    kind = node_kinds(g)
     xfer = np.maximum(start, end - dur)
     is_comp = node_sid == _SID[COMPUTE]
     passes = g.metadata["passes"]
@@ -295,7 +303,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     send_stretch = np.ones(K)
     send_bytes = np.zeros(K)
     gather = np.zeros(K)
-    parts = np.zeros((K, len(_FIELDS)))
+    parts = np.zeros((K, len(BREAKDOWN_FIELDS)))
     red_by_pass: list[list[tuple[float, float]]] = [[] for _ in range(K)]
     dp_end = NEG
     for k in range(K):
@@ -316,7 +324,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
             ready = max((float(end[s]) for s in srcs), default=NEG) - first
             red_by_pass[k].append((ready, float(end[i] - start[i])))
             dp_end = max(dp_end, float(end[i]))
-        parts[k] = _window_parts(kind, start, end, xfer, float(prev[k]), float(ends[k]))
+        parts[k] = window_parts(kind, start, end, xfer, float(prev[k]), float(ends[k]))
     gap = np.maximum(ends - prev - body, 0.0)
     tail_idx = np.arange(tail_first, n)
     tail_comp = tail_idx[is_comp[tail_first:]]
@@ -324,7 +332,7 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     last_end = float(ends[-1])
     t_opt = float(start[tail_comp].min()) if len(tail_comp) else makespan
     deferred = max(0.0, t_opt - max(last_end, dp_end))
-    tail_parts = _window_parts(kind, start, end, xfer, last_end, makespan)
+    tail_parts = window_parts(kind, start, end, xfer, last_end, makespan)
 
     # pass types in the sample: warm forward = mb 1's, backward = mb 0's, last backward = mb 1's
     pos = [sample_position(chunks, True, rep[c], False) for c in range(vp)] + \
@@ -683,7 +691,7 @@ def _stage_breakdown(fig: np.ndarray, res: ScheduleResult, s: int, body: np.ndar
     """A stage's breakdown: its passes' and tail's figures from the samples, plus the pipeline transfer a
     pass waited for (the last `send` of the wait is transfer time, the rest idle, as in the replay)."""
     b = Breakdown(window_us=end)
-    for name, v in zip(_FIELDS, fig.tolist()):
+    for name, v in zip(BREAKDOWN_FIELDS, fig.tolist()):
         setattr(b, name, v)
     prev = np.concatenate([[0.0], res.end[s, :-1]])
     wait = np.maximum(res.start[s] - (prev + gap[s]), 0.0)

@@ -25,13 +25,11 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
-from replay.results import COMM_KINDS, Breakdown, add_uncovered, union_intervals
+from replay.results import COMM_KINDS, Breakdown
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
-from estimators.parallelism.workload import STREAM_KIND, STREAMS, generate
-
-_STREAM_KIND_BY_ID = {sid: STREAM_KIND.get(slot, "compute") for slot, (sid, _) in STREAMS.items()}
+from estimators.parallelism.workload import generate
 
 
 @dataclass
@@ -96,10 +94,6 @@ def narayanan_hw_flops(batch: int, seq: int, layers: int, hidden: int, vocab: in
 
 
 # ------------------------------------------------------------------------------------ breakdown
-def _length(s: np.ndarray, e: np.ndarray) -> float:
-    return float(np.sum(e - s)) if len(s) else 0.0
-
-
 def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: np.ndarray,
                    lo: float, hi: float) -> Breakdown:
     """One rank's step window [lo, hi] (us): compute (union of compute-stream work), communication
@@ -108,29 +102,13 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     sender is not transfer time), host wait: the GPU waiting for a host blocked on a device-to-host sync
     (`workload.MOE_SYNC_IDLE_US`) where nothing else runs, and idle: the rest of the step, where the
     compute stream waits (the pipeline bubble)."""
-    stream_ids = np.array([r.index for r in g.resources])
-    kinds = np.array([_STREAM_KIND_BY_ID.get(int(s), "compute") for s in stream_ids])
-    node_kind = kinds[g.resource] if len(g) else np.zeros(0, dtype=kinds.dtype)
-    step = hi - lo
+    from estimators.parallelism.compose import BREAKDOWN_FIELDS, node_kinds, window_parts
     # communication occupies only its transfer at the end of the node, not the wait for peers
     xfer_start = np.maximum(start, end - dur)
-    comp = node_kind == "compute"
-    host = node_kind == "host"
-    cs, ce = union_intervals(start[comp], end[comp])
-    comm = ~comp & ~host
-    ms, me = union_intervals(xfer_start[comm], end[comm])
-    b = Breakdown(window_us=step, compute_us=_length(cs, ce), comm_us=_length(ms, me))
-    cover_s, cover_e = cs, ce
-    for k in COMM_KINDS:
-        sel = node_kind == k
-        if sel.any():
-            cover_s, cover_e, added = add_uncovered(cover_s, cover_e, xfer_start[sel], end[sel])
-            setattr(b, f"exposed_{k}_comm_us", added)
-            b.exposed_comm_us += added
-    if host.any():
-        cover_s, cover_e, b.host_wait_us = add_uncovered(cover_s, cover_e, start[host], end[host])
-    covered = _length(cover_s, cover_e)
-    b.idle_us = max(step - covered, 0.0)
+    fig = window_parts(node_kinds(g), start, end, xfer_start, lo, hi)
+    b = Breakdown(window_us=hi - lo, **dict(zip(BREAKDOWN_FIELDS, fig.tolist())))
+    b.exposed_comm_us = sum(getattr(b, f"exposed_{k}_comm_us") for k in COMM_KINDS)
+    b.idle_us = max(b.window_us - b.compute_us - b.exposed_comm_us - b.host_wait_us, 0.0)
     return b
 
 

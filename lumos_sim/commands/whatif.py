@@ -16,7 +16,8 @@ import sys
 
 from chakra_schema.errors import TraceInputError
 from lumos_sim.commands.whatif_args import (PLAN_DEFAULTS, add_plan_arguments, add_set_argument,  # noqa: F401
-                                            evaluate_with_progress, plan_from_args, print_json)
+                                            evaluate_with_progress, plan_from_args, plan_option_flags,
+                                            print_json)
 from lumos_sim.progress import progress_bar
 
 
@@ -122,14 +123,10 @@ def _carried_flags(args) -> dict:
     """The carried plan options (search.CARRIED_OPTIONS) that the command line sets: flags left at their
     default (the plan's) leave a `--set plan.<option>=` override standing."""
     from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.search import CARRIED_OPTIONS
     default = {f.name: f.default for f in dataclasses.fields(ParallelPlan)}
-    flags = {k: getattr(args, k) for k in ("moe_capacity_factor", "moe_a2a", "fp8_recipe", "attention_kernel")
-             if getattr(args, k, None) is not None and getattr(args, k) != default[k]}
-    if getattr(args, "cuda_graphs", False):
-        flags["cuda_graphs"] = True
-    if getattr(args, "moe_unbalanced", False):
-        flags["moe_force_balance"] = False
-    return flags
+    return {k: v for k, v in plan_option_flags(args).items()
+            if k in CARRIED_OPTIONS and v is not None and v != default[k]}
 
 
 def _main_search(args) -> int:

@@ -98,6 +98,20 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def plan_option_flags(args) -> dict:
+    """The plan fields of the layout-detail and option flags (--etp ... --attention-kernel, --moe-unbalanced),
+    by ParallelPlan field name."""
+    extra = {}
+    for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
+                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
+                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
+        if hasattr(args, key):
+            extra[key] = getattr(args, key)
+    if getattr(args, "moe_unbalanced", False):
+        extra["moe_force_balance"] = False
+    return extra
+
+
 def plan_from_args(args, model, validate: bool = True):
     from estimators.parallelism.plan import ParallelPlan, validate_plan
 
@@ -112,14 +126,7 @@ def plan_from_args(args, model, validate: bool = True):
         if denom < 1 or args.gpus % denom:
             raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
         dp = args.gpus // denom
-    extra = {}
-    for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
-                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
-                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
-        if hasattr(args, key):
-            extra[key] = getattr(args, key)
-    if getattr(args, "moe_unbalanced", False):
-        extra["moe_force_balance"] = False
+    extra = plan_option_flags(args)
     plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
                         global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
                         recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,
