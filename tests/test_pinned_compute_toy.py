@@ -249,15 +249,29 @@ def test_causal_masks_count_the_pairs_they_keep(cm):
 
 
 def test_cudnn_attention_uses_its_measured_h100_rates():
-    """kernel='cudnn' on an H100: 0.60 forward, 0.50 backward (CUDNN_ATTENTION_EFFICIENCY):
-    8,388,608 / 600,000 = 13.981013 us; 20,971,520 / 500,000 = 41.94304 us. Another GPU keeps 0.5 / 0.25."""
+    """kernel='cudnn' on an H100: 0.68 forward, 0.59 backward at the reference shape (CUDNN_ATTENTION_EFFICIENCY),
+    x 0.67 / 0.79 at head dim 64 (CUDNN_HEAD_DIM_RATE), x the tile factor (FLASH_QUERY_BLOCK_OVERHEAD 1.9 / 4.75
+    KV-block iterations per 64-row query block). s=128 not causal: 2 query blocks x 2 KV blocks, 16,384 pairs =
+    4 blocks of 64 x 64 -> forward (4 + 2 x 1.9) / 4 = 1.95, backward (4 + 2 x 4.75) / 4 = 3.375 per pair, against
+    the causal 16K reference: 256 query blocks, 32,896 KV blocks, 134,225,920 pairs = 32,769 blocks ->
+    forward (32,896 + 486.4) / 32,769 = 1.018688, backward (32,896 + 1,216) / 32,769 = 1.040952.
+    Forward 8,388,608 / (0.68 x 0.67 x 1e6) x 1.95 / 1.018688 = 35.24518 us; backward 20,971,520 /
+    (0.59 x 0.79 x 1e6) x 3.375 / 1.040952 = 145.8794 us. Another GPU keeps the preset's 0.5 and the tiles."""
     h = ComputeModel(toy_hw())
-    assert h.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(8_388_608 / 600_000, rel=1e-12)
-    assert h.attention(1, 2, 128, 128, 64, backward=True, kernel="cudnn").time_us == pytest.approx(41.94304, rel=1e-12)
+    ref_f, ref_b = (32_896 + 256 * 1.9) / (134_225_920 / 4096), (32_896 + 256 * 4.75) / (134_225_920 / 4096)
+    assert ref_f == pytest.approx(1.018688, rel=1e-6) and ref_b == pytest.approx(1.040952, rel=1e-6)
+    fwd = 8_388_608 / (0.68 * 0.67 * 1e6) * 1.95 / ref_f
+    bwd = 20_971_520 / (0.59 * 0.79 * 1e6) * 3.375 / ref_b
+    assert fwd == pytest.approx(35.24518, rel=1e-6) and bwd == pytest.approx(145.8794, rel=1e-6)
+    assert h.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(fwd, rel=1e-9)
+    assert h.attention(1, 2, 128, 128, 64, backward=True, kernel="cudnn").time_us == pytest.approx(bwd, rel=1e-9)
     other = ComputeModel(toy_hw(devices=("A100",)))
-    assert other.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(16.777216, rel=1e-12)
+    assert other.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(16.777216 * 1.95 / ref_f,
+                                                                                         rel=1e-9)
     assert ComputeModel(toy_hw(devices=("H100 PCIe",))).attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == \
-        pytest.approx(16.777216, rel=1e-12)   # the measured rates are the SXM part's: the name must match
+        pytest.approx(16.777216 * 1.95 / ref_f, rel=1e-9)   # the measured rates are the SXM part's: the name must match
+    # a traced kernel (no kernel named) keeps the plain roofline: 0.5 forward, no tiles
+    assert h.attention(1, 2, 128, 128, 64).time_us == pytest.approx(16.777216, rel=1e-12)
 
 
 def test_sustained_fraction_caps_attention():
@@ -561,10 +575,11 @@ def test_gpu_identity_from_device_names_or_the_model_name():
     but is not exactly 'H100', the name cuDNN's rates were measured under."""
     m = ComputeModel(toy_hw(devices=()))
     assert m.sustained_clock_fraction == 0.80
-    assert m.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(16.777216, rel=1e-12)
+    tiles = 1.95 / ((32_896 + 256 * 1.9) / (134_225_920 / 4096))   # s=128 vs the 16K reference, 64-row blocks
+    assert m.attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == pytest.approx(16.777216 * tiles, rel=1e-9)
     assert ComputeModel(toy_hw(devices=("a100", "h100"))).sustained_clock_fraction == 0.80
     assert ComputeModel(toy_hw(devices=("a100", "h100"))).attention(1, 2, 128, 128, 64, kernel="cudnn").time_us == \
-        pytest.approx(8_388_608 / 600_000, rel=1e-12)
+        pytest.approx(8_388_608 / (0.68 * 0.67 * 1e6) * tiles, rel=1e-9)
 
 
 def test_a_tie_between_compute_and_memory_is_called_compute_bound(cm):

@@ -107,7 +107,7 @@ def test_llama_layer_forward_with_tp2_sequence_parallel():
     assert all(not a.get("sustained") for a in compute if a["op"] != "gemm")
     assert [(a["m"], a["n"], a["k"]) for a in gemms] == [(T, 256, h), (T, h, 128), (T, 512, h), (T, h, 256)]
     assert [a["dtype"] for a in gemms] == ["bf16"] * 4
-    assert "kernel" not in tpl.ops[4][2]
+    assert tpl.ops[4][2]["kernel"] == "fa2"     # the plan's flash kernel, named so its tiles are priced
     assert tpl.ops[4][2]["backward"] is False and tpl.ops[4][2]["causal"] is True
 
 

@@ -163,14 +163,21 @@ def test_cli_search_reports_candidates_and_speed():
 
 
 def test_top_k_skips_plans_whose_estimate_and_memory_repeat_a_better_one():
+    import dataclasses
     r = rank_plans(load_model("llama3-8b"), "h100-sxm-roofline", 64, 8192, 512)
+    # make the 2nd and 4th ranked plans repeat the 1st one's estimate and memory exactly
+    step, mem = r.step_s.copy(), r.memory_gib.copy()
+    for j in (1, 3):
+        step[r.order[j]], mem[r.order[j]] = step[r.order[0]], mem[r.order[0]]
+    r = dataclasses.replace(r, step_s=step, memory_gib=mem)
     top = r.top(10)
     assert top[0] == r.order[0] and len(top) == 10
+    assert r.order[1] not in top and r.order[3] not in top and r.order[2] in top
     keys = {(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in top}
     assert len(keys) == 10
-    assert len({(round(float(r.step_s[i]), 9), round(float(r.memory_gib[i]), 6)) for i in r.order[:10]}) < 10
     positions = [int(np.flatnonzero(r.order == i)[0]) for i in top]
     assert positions == sorted(positions)
+    assert list(r.top(10, distinct=False)) == list(r.order[:10])
 
 
 def test_search_table_shows_every_plan_at_80_columns(capsys):

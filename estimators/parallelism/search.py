@@ -790,8 +790,8 @@ class RankedPlans:
 
     def top(self, k: int, distinct: bool = True) -> np.ndarray:
         """Rows of the best k fitting plans. `distinct`: skip a plan whose estimated step time and memory
-        both equal those of a better-ranked one (e.g. CP4 x micro-batch 1 against CP8 x micro-batch 2 with
-        no TP: the same shapes per GPU), so the k simulations are spent on k different outcomes."""
+        both equal those of a better-ranked one (plans whose differences the estimate does not see), so the k
+        simulations are spent on k different outcomes."""
         if not distinct:
             return self.order[:k]
         rows: list[int] = []

@@ -265,8 +265,8 @@ class _Template:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
             attrs = {**attrs, "launch_us": self.launch_us}
-        if attrs.get("op") == "attention" and self.attention_kernel != "fa2":
-            attrs = {**attrs, "kernel": self.attention_kernel}
+        if attrs.get("op") == "attention":
+            attrs = {**attrs, "kernel": self.attention_kernel}   # a named flash kernel: its tiles are modelled
         if attrs.get("op") in ("gemm", "grouped_gemm"):
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
             if ub and self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":

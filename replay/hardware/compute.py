@@ -14,7 +14,9 @@ Physics, in three parts (all efficiency parameters are preset data, see presets/
   reaches its power limit under sustained tensor work clocks down: no kernel's rate exceeds
   `sustained_tensor_fraction` x peak (1.0 where the limit does not bind).
 - Attention (flash / SDPA): FLOPs of the two (forward) or five (backward) matmuls at the flash kernel's
-  efficiency, with wave quantization over batch*heads*query blocks, against the bytes of Q, K, V, O.
+  efficiency, with wave quantization over batch*heads*query blocks, against the bytes of Q, K, V, O; a named
+  flash kernel also pays for its tiles: whole KV blocks per query block plus fixed work per query block
+  (`flash_tile_factor`), which makes short, packed and windowed sequences slower per score.
 - Everything else (elementwise, norm, softmax, reduction, embedding, optimizer, memcpy, memset):
   bytes over achievable HBM bandwidth (PCIe for host<->device copies).
 Every kernel takes at least `min_kernel_us`.
@@ -59,10 +61,74 @@ SUSTAINED_CLOCK_FRACTION = {"H100": 0.80}
 
 
 # cuDNN fused flash attention (Transformer Engine's FusedAttention backend), fraction of the BF16 dense
-# peak, (forward, backward incl. its dot(dO, O) and dQ-conversion kernels): measured on an H100 SXM in
-# tests/data/h100/kernels_sdpa (cudnn sm90 flash fprop/bprop, causal, head dim 128, seq 4096-16384:
-# forward 588-653 TFLOP/s, backward 474-567 TFLOP/s; 0.60 / 0.50 at 4-8K tokens)
-CUDNN_ATTENTION_EFFICIENCY = {"H100": (0.60, 0.50)}
+# peak, (forward, backward incl. its dot(dO, O) and dQ-conversion kernels), at the reference shape below (causal,
+# 16K tokens, head dim 128): measured on an H100 SXM in tests/data/h100/kernels_sdpa (cudnn sm90 flash
+# fprop/bprop; 653 and 567 TFLOP/s at 16K, whose 4,096 CTAs fill 97% of their last wave: the rate here is before
+# wave quantization). Other lengths and widths follow FLASH_QUERY_BLOCK_OVERHEAD and
+# CUDNN_HEAD_DIM_RATE.
+CUDNN_ATTENTION_EFFICIENCY = {"H100": (0.68, 0.59)}
+# Rate of cuDNN's flash kernels by query/key head width, relative to width 128, (forward, backward): narrower
+# heads do half the matmul work per score but as much softmax and masking, wider ones run smaller tiles. Same
+# H100 sweep, with the tile overhead below taken out: width 64 at 512-1024 tokens (three shapes) 0.62-0.70 /
+# 0.74-0.82, width 256 at 4K 0.87 / 0.72. Other widths interpolate in log2(width).
+CUDNN_HEAD_DIM_RATE = {"H100": {64: (0.67, 0.79), 128: (1.0, 1.0), 256: (0.87, 0.72)}}
+# Flash attention runs in tiles: a CTA takes a block of `attention_block` query rows and loops over the
+# key/value blocks its mask leaves it, a whole block at a time (the causal diagonal block is computed and
+# masked), plus fixed work per query block worth this many KV-block iterations, (forward, backward): loading Q,
+# the softmax epilogue, writing O and its log-sum-exp; in the backward also the dot(dO, O) and dQ-conversion
+# passes over the block's rows. Short sequences, packed documents and sliding windows leave few KV blocks per
+# query block, so they run well below the long-sequence rate (a 256-token document: forward 3.3x, backward 5.8x
+# the time per score of a 16K sequence). Fitted on the same H100 cuDNN sweep (the eight head-dim-128 shapes, 1K-16K
+# tokens, causal and not, MHA and GQA, then all within 8% of one rate); tests/test_attention_tiles.py re-fits it
+# from the traces. Applied to the flash kernels a generated workload names (`kernel` "cudnn" or "fa2", whose
+# preset efficiencies are long-sequence figures too); traced kernels keep the plain roofline their calibrated
+# class models were fitted against.
+FLASH_QUERY_BLOCK_OVERHEAD = (1.9, 4.75)
+ATTENTION_REFERENCE_SEQ = 16384
+FLASH_KERNELS = ("cudnn", "fa2")
+
+
+def flash_kv_blocks(sq: int, skv: int, causal: bool, window: int, block: int) -> tuple[int, int]:
+    """(KV blocks the query blocks of one (sequence, head) visit in all, query blocks). Causal queries are the
+    last `sq` positions of the `skv` keys; `window` > 0 lets each query see at most that many keys."""
+    nq, nk = math.ceil(sq / block), math.ceil(skv / block)
+    if not causal:
+        return nq * nk, nq
+    t = np.arange(nq, dtype=np.int64)
+    offset = skv - sq
+    last = np.minimum(nk - 1, (offset + (t + 1) * block - 1) // block)
+    first = np.maximum(0, (offset + t * block - window + 1) // block) if window > 0 else np.zeros_like(t)
+    return int(np.maximum(last - first + 1, 0).sum()), nq
+
+
+def flash_tile_factor(sq: int, skv: int, causal: bool, window: int, block: int, backward: bool,
+                      pairs: float) -> float:
+    """Time per score pair of a flash kernel on this shape relative to the reference shape
+    (FLASH_QUERY_BLOCK_OVERHEAD): (KV-block iterations + fixed work per query block) / exact score pairs."""
+    c = FLASH_QUERY_BLOCK_OVERHEAD[1 if backward else 0]
+
+    def per_pair(q: int, k: int, causal_: bool, w: int, p: float) -> float:
+        kv, nq = flash_kv_blocks(q, k, causal_, w, block)
+        return (kv + c * nq) * block * block / p
+
+    ref = ATTENTION_REFERENCE_SEQ
+    return per_pair(sq, skv, causal, window, pairs) / per_pair(ref, ref, True, 0, ref * (ref + 1) / 2.0)
+
+
+def cudnn_head_dim_rate(table: dict, head_dim: int, backward: bool) -> float:
+    """CUDNN_HEAD_DIM_RATE at `head_dim`, log2-interpolated between measured widths, clamped outside them."""
+    dims = sorted(table)
+    j = 1 if backward else 0
+    if head_dim <= dims[0]:
+        return table[dims[0]][j]
+    if head_dim >= dims[-1]:
+        return table[dims[-1]][j]
+    hi = next(d for d in dims if d >= head_dim)
+    lo = max(d for d in dims if d <= head_dim)
+    if hi == lo:
+        return table[lo][j]
+    f = (math.log2(head_dim) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return table[lo][j] + f * (table[hi][j] - table[lo][j])
 
 
 @dataclass(frozen=True)
@@ -231,8 +297,10 @@ class ComputeModel:
                   v_head_dim: int | None = None) -> OpEstimate:
         """Flash attention; `head_dim` is the query/key width, `v_head_dim` the value (and output) width when
         it differs (MLA: 192 vs 128); `window` > 0: sliding-window (causal) attention over at most that many
-        keys; `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates
-        (CUDNN_ATTENTION_EFFICIENCY) where this GPU has them, else the preset's (FlashAttention-2) efficiencies."""
+        keys; `kernel` = "cudnn": cuDNN's fused flash attention at its measured rates (CUDNN_ATTENTION_EFFICIENCY,
+        CUDNN_HEAD_DIM_RATE) where this GPU has them, else the preset's (FlashAttention-2) efficiencies; a named
+        flash kernel ("cudnn", "fa2") also pays its tiles (FLASH_QUERY_BLOCK_OVERHEAD), an unnamed (traced) one
+        does not."""
         return self._attention(int(batch), int(heads), int(seq_q), int(seq_kv), int(head_dim), bool(causal),
                                bool(backward), dtype, int(kv_heads or heads), int(window), kernel,
                                int(v_head_dim or head_dim))
@@ -254,12 +322,16 @@ class ComputeModel:
         eff = c.attention_bwd_efficiency if backward else c.attention_fwd_efficiency
         measured = CUDNN_ATTENTION_EFFICIENCY.get(self._gpu_key) if kernel == "cudnn" else None
         if measured:
-            eff = measured[1] if backward else measured[0]
+            eff = (measured[1] if backward else measured[0]) * cudnn_head_dim_rate(
+                CUDNN_HEAD_DIM_RATE[self._gpu_key], d, backward)
         blocks = b * h * math.ceil(sq / c.attention_block)
         waves = math.ceil(blocks / self._sms)
         waves_eff = blocks / (waves * self._sms)
         rate = self.hw.peak_flops(dtype) / 1e6 * min(eff * waves_eff, c.sustained_tensor_fraction)
         compute_us = flops / rate
+        if kernel in FLASH_KERNELS and pairs > 0:
+            compute_us *= flash_tile_factor(sq, skv, causal, window if causal else 0, c.attention_block,
+                                            backward, pairs)
         q_o = 1.0 * b * h * sq * (d + dv) * e                   # Q (d) and O (dv)
         k_v = 1.0 * b * kvh * skv * (d + dv) * e                 # K (d) and V (dv)
         nbytes = (q_o + k_v) * (2.5 if backward else 1.0)        # backward also reads dO, writes dQ dK dV
