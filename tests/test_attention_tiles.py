@@ -137,3 +137,52 @@ def test_packed_documents_cost_more_per_score_than_one_long_sequence():
     # traced kernels (no kernel named) keep the plain roofline their calibrated class models were fitted on
     plain = cm.attention(16, 32, 256, 256, 128, True)
     assert plain.time_us < cm.attention(16, 32, 256, 256, 128, True, kernel="fa2").time_us
+
+
+def _kv_blocks_by_mask(sq: int, skv: int, causal: bool, window: int, block: int) -> int:
+    """KV blocks holding at least one visible key, summed over query blocks, from the mask itself: query
+    i (of sq, the last sq positions of skv when causal) sees key j when j <= i + skv - sq and, with a window,
+    j > i + skv - sq - window."""
+    total = 0
+    for q0 in range(0, sq, block):
+        for k0 in range(0, skv, block):
+            seen = False
+            for i in range(q0, min(q0 + block, sq)):
+                pos = i + skv - sq
+                lo = max(k0, pos - window + 1) if (causal and window > 0) else k0
+                hi = min(k0 + block - 1, pos) if causal else k0 + block - 1
+                if lo <= hi:
+                    seen = True
+                    break
+            total += seen
+    return total
+
+
+@pytest.mark.parametrize("sq,skv,causal,window", [(300, 300, True, 0), (300, 300, True, 100), (64, 513, True, 0),
+                                                   (513, 200, True, 0), (256, 256, True, 1000), (200, 300, False, 0),
+                                                   (384, 384, True, 129)])
+def test_kv_blocks_match_the_mask(sq, skv, causal, window):
+    assert flash_kv_blocks(sq, skv, causal, window, 64)[0] == _kv_blocks_by_mask(sq, skv, causal, window, 64)
+
+
+def test_the_reference_shape_keeps_the_long_sequence_rate_and_decode_has_no_tiles():
+    from replay.hardware.compute import ATTENTION_REFERENCE_SEQ, flash_tile_factor
+    s = ATTENTION_REFERENCE_SEQ
+    for backward in (False, True):
+        assert flash_tile_factor(s, s, True, 0, 128, backward, s * (s + 1) / 2) == pytest.approx(1.0, rel=1e-12)
+    cm = ComputeModel("h100-sxm")
+    # one query against 8K keys (a decode step): outside the sweep, timed without tiles -- with them the single
+    # query would be billed a whole 128-row tile, about 127x its work
+    named = cm.attention(8, 32, 1, 8192, 128, kernel="cudnn").compute_us
+    plain = cm.attention(8, 32, 1, 8192, 128).compute_us
+    assert named < 2 * plain
+
+
+def test_unmeasured_head_widths_interpolate_between_measured_ones():
+    """MLA's 192-wide query/key heads (DeepSeek-V3) sit between the measured 128 and 256: halfway in log2
+    width from 1.0 towards 0.87 forward and 0.72 backward."""
+    from replay.hardware.compute import cudnn_head_dim_rate
+    f = (math.log2(192) - 7.0)
+    assert cudnn_head_dim_rate(CUDNN_HEAD_DIM_RATE["H100"], 192, False) == pytest.approx(1.0 + f * (0.87 - 1.0))
+    assert cudnn_head_dim_rate(CUDNN_HEAD_DIM_RATE["H100"], 192, True) == pytest.approx(1.0 + f * (0.72 - 1.0))
+    assert cudnn_head_dim_rate(CUDNN_HEAD_DIM_RATE["H100"], 32, False) == 0.67      # clamped below 64

@@ -79,7 +79,7 @@ CUDNN_HEAD_DIM_RATE = {"H100": {64: (0.67, 0.79), 128: (1.0, 1.0), 256: (0.87, 0
 # passes over the block's rows. Short sequences, packed documents and sliding windows leave few KV blocks per
 # query block, so they run well below the long-sequence rate (a 256-token document: forward 3.3x, backward 5.8x
 # the time per score of a 16K sequence). Fitted on the same H100 cuDNN sweep (the eight head-dim-128 shapes, 1K-16K
-# tokens, causal and not, MHA and GQA, then all within 8% of one rate); tests/test_attention_tiles.py re-fits it
+# tokens, causal and not, MHA and GQA, then all within about 8% of one rate); tests/test_attention_tiles.py re-fits it
 # from the traces. Applied to the flash kernels a generated workload names (`kernel` "cudnn" or "fa2", whose
 # preset efficiencies are long-sequence figures too); traced kernels keep the plain roofline their calibrated
 # class models were fitted against.
@@ -323,13 +323,14 @@ class ComputeModel:
         measured = CUDNN_ATTENTION_EFFICIENCY.get(self._gpu_key) if kernel == "cudnn" else None
         if measured:
             eff = (measured[1] if backward else measured[0]) * cudnn_head_dim_rate(
-                CUDNN_HEAD_DIM_RATE[self._gpu_key], d, backward)
+                CUDNN_HEAD_DIM_RATE.get(self._gpu_key, {128: (1.0, 1.0)}), d, backward)
         blocks = b * h * math.ceil(sq / c.attention_block)
         waves = math.ceil(blocks / self._sms)
         waves_eff = blocks / (waves * self._sms)
         rate = self.hw.peak_flops(dtype) / 1e6 * min(eff * waves_eff, c.sustained_tensor_fraction)
         compute_us = flops / rate
-        if kernel in FLASH_KERNELS and pairs > 0:
+        if kernel in FLASH_KERNELS and pairs > 0 and sq >= c.attention_block:
+            # (fewer queries than one query block -- decode -- is outside the measured sweep: no tiles)
             compute_us *= flash_tile_factor(sq, skv, causal, window if causal else 0, c.attention_block,
                                             backward, pairs)
         q_o = 1.0 * b * h * sq * (d + dv) * e                   # Q (d) and O (dv)
