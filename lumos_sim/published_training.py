@@ -296,8 +296,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     # packed SFT / LoRA sequences: NeMo 24.07's fine-tuning recipes pack SQuAD examples into the sequence
     # with their boundaries (cu_seqlens), so attention runs per example, not over the pack. SQuAD v1.1
     # (Rajpurkar et al. 2016) contexts average about 120-140 words; with the question, the answer and
-    # NeMo's prompt template an example is about 200-300 Llama-2 tokens. The estimate moves < 0.5% between
-    # 192 and 384. NeMo's published TFLOP/s for these rows count no attention at all (test_model_configs).
+    # NeMo's prompt template an example is about 200-300 Llama-2 tokens. With flash attention priced in
+    # 128-row tiles the estimate moves 1.6-2.8% between 192 and 384 and is fastest at 256, which fills its
+    # tiles exactly: examples of varied length fill their last tile half on average, so one mean length
+    # leans optimistic. NeMo's published TFLOP/s for these rows count no attention at all (test_model_configs).
     if ft != "none":
         kw["packed_doc_len"] = SQUAD_EXAMPLE_TOKENS
     if ft == "lora":
