@@ -64,6 +64,12 @@ class Breakdown:
     def exposed_comm_by_kind_us(self) -> dict[str, float]:
         return {k: getattr(self, f"exposed_{k}_comm_us") for k in COMM_KINDS}
 
+    def settle_by_kind(self) -> None:
+        """For a breakdown filled in by parallelism kind (generated workloads): exposed_comm is the sum of
+        the kinds, idle the rest of the window (compute + exposed_comm + host_wait + idle = window)."""
+        self.exposed_comm_us = sum(self.exposed_comm_by_kind_us().values())
+        self.idle_us = max(self.window_us - self.compute_us - self.exposed_comm_us - self.host_wait_us, 0.0)
+
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 

@@ -697,6 +697,5 @@ def _stage_breakdown(fig: np.ndarray, res: ScheduleResult, s: int, body: np.ndar
     wait = np.maximum(res.start[s] - (prev + gap[s]), 0.0)
     pp_exposed = float(np.sum(np.where(has[s], np.minimum(wait, send_us[s]), 0.0)))
     b.exposed_pp_comm_us += pp_exposed
-    b.exposed_comm_us = sum(getattr(b, f"exposed_{k}_comm_us") for k in COMM_KINDS)
-    b.idle_us = max(end - b.compute_us - b.exposed_comm_us - b.host_wait_us, 0.0)
+    b.settle_by_kind()
     return b

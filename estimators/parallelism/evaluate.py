@@ -25,7 +25,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
-from replay.results import COMM_KINDS, Breakdown
+from replay.results import Breakdown
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
@@ -107,8 +107,7 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     xfer_start = np.maximum(start, end - dur)
     fig = window_parts(node_kinds(g), start, end, xfer_start, lo, hi)
     b = Breakdown(window_us=hi - lo, **dict(zip(BREAKDOWN_FIELDS, fig.tolist())))
-    b.exposed_comm_us = sum(getattr(b, f"exposed_{k}_comm_us") for k in COMM_KINDS)
-    b.idle_us = max(b.window_us - b.compute_us - b.exposed_comm_us - b.host_wait_us, 0.0)
+    b.settle_by_kind()
     return b
 
 
