@@ -164,3 +164,29 @@ def test_a_step_that_waits_for_the_host_says_where_the_wait_comes_from():
     assert any("waits 616 us for the host per MoE layer forward" in n for n in dropless.notes)
     drop = prediction_of_plan(predict(model, plan.with_(moe_capacity_factor=1.0), "h100-sxm"))
     assert not any("for the host" in n for n in drop.notes)
+
+
+def test_each_local_expert_gemm_costs_the_host_one_transformer_engine_call():
+    """GroupedLinear calls one TE GEMM per local expert; each call costs the host what Megatron-MoE-ModelZoo
+    issue #7 measured (645,099 nvte_cublas_gemm NVTX ranges, 13.07 s). Qwen3-30B-A3B at EP8, mb 1: 16
+    experts of 4096 x 8 x 8 / 128 = 2,048 tokens; the down projection (2048 x 768 -> 2048 per expert) runs
+    faster on the GPU than the host issues it, so it takes 16 calls; the wider up/gate projection does not."""
+    from replay.hardware.compute import ComputeModel
+    from estimators.parallelism.timing import resolve_hardware
+    from estimators.parallelism.workload import LAUNCH_US
+    host_per_call = 13.07e6 / 645_099                                   # us
+    model = load_model("qwen3-30b-a3b")
+    ops = _ops(model, _qwen30b_plan(micro_batch=1))
+    cm = ComputeModel(resolve_hardware("h100-sxm"))
+    down, up = ops["expert_down_proj"], ops["expert_up_gate_proj"]
+    assert (down["m"], down["n"], down["k"], down["batch"]) == (2048, 2048, 768, 16)
+    assert down["launches"] == 16 and down["launch_us"] == pytest.approx(host_per_call, abs=0.05)
+    assert cm.op_time_us(down) == pytest.approx(16 * host_per_call, rel=2e-3)
+    gpu_only = {k: v for k, v in up.items() if k not in ("launch_us", "launches")}
+    assert cm.op_time_us(gpu_only) > 16 * host_per_call
+    assert cm.op_time_us(up) == pytest.approx(cm.op_time_us(gpu_only))
+    bwd = _ops(model, _qwen30b_plan(micro_batch=1), "B")
+    assert bwd["expert_down_proj_wgrad"]["launch_us"] == pytest.approx(host_per_call, abs=0.05)
+    assert ops["router"]["launch_us"] == LAUNCH_US                     # a single-kernel op: one launch
+    graphed = _ops(model, _qwen30b_plan(micro_batch=1, cuda_graphs=True))
+    assert "launch_us" not in graphed["expert_down_proj"]             # CUDA graphs replay without the host

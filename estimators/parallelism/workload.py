@@ -87,6 +87,15 @@ FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
 # without it. hardware.md: the launch call alone takes 3-6 us of CPU; Megatron-Core's Python around each
 # op adds about as much again (see LAUNCH_US in the README's constants table).
 LAUNCH_US = 8.0
+# CPU time of one Transformer Engine GEMM call (nvte_cublas_gemm: cuBLASLt descriptors, algorithm lookup and
+# the launch), which GroupedLinear pays once per local expert and per GEMM (forward, data grad, weight grad).
+# Measured, not fitted: Megatron-MoE-ModelZoo issue #7 profiles Qwen3-30B-A3B training (Megatron-Core, EP8,
+# 16 local experts, grouped GEMM on) with NVTX host ranges: 645,099 nvte_cublas_gemm calls took 13.07 s, 20.3 us
+# each on average (median 13.7 us) -- on a DGX B200's Xeon host, the same CPU generation as a DGX H100's; the
+# GPU does not enter a host range. TE's Python around each expert GEMM (output allocations, splits) comes on
+# top, so this bounds the host cost from below. Expert GEMMs shorter than it (many small local experts) run
+# at the rate the host issues them.
+TE_GEMM_HOST_US = 20.3
 # EP all-to-all overlap (Megatron-Core overlap_moe_expert_parallel_comm): the share of the all-to-all time
 # that the other micro-batch's compute actually hides. Ideally all of it; measured runs hide far less
 # (communication kernels take SMs from the GEMMs they run beside -- DeepEP's 20 SMs cost about 20% of GEMM
@@ -264,7 +273,7 @@ class _Template:
         else:
             d = tuple(deps)
         if self.launch_us and slot == COMPUTE:
-            attrs = {**attrs, "launch_us": self.launch_us}
+            attrs = {"launch_us": self.launch_us, **attrs}   # an op that names its own host cost keeps it
         if attrs.get("op") == "attention":
             attrs = {**attrs, "kernel": self.attention_kernel}   # a named flash kernel: its tiles are modelled
         if attrs.get("op") in ("gemm", "grouped_gemm"):
@@ -836,9 +845,12 @@ class _RankBuilder:
         tokens = self._expert_tokens()
         if tokens is None:
             # Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert (on a few streams,
-            # so the GPU runs them together like one batched GEMM) but the host launches each of them
+            # so the GPU runs them together like one batched GEMM) but the host calls each of them, at
+            # TE_GEMM_HOST_US a call (eager; CUDA graphs replay them without the host)
             attrs = gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le)
             attrs["launches"] = le
+            if tpl.launch_us:
+                attrs["launch_us"] = TE_GEMM_HOST_US
             return tpl.add(name, COMPUTE, attrs, **kw)
         return tpl.add(name, COMPUTE, grouped_gemm(tokens, n, k, dt, wgrad), **kw)
 
