@@ -239,13 +239,13 @@ def test_link_sharing_reused_across_passes_and_samples_gives_the_same_step(model
     import replay.hardware.network as network
 
     solved = []
-    of = network.FlowIncidence.of
+    loads = network.transfer_link_loads
 
-    def counting(paths, capacity):
-        solved.append(len(paths))
-        return of(paths, capacity)
+    def counting(path_lists, capacity):
+        solved.append(len(path_lists))
+        return loads(path_lists, capacity)
 
-    monkeypatch.setattr(network.FlowIncidence, "of", staticmethod(counting))
+    monkeypatch.setattr(network, "transfer_link_loads", counting)
     kept = predict(model, plan, "h100-sxm")
     reused = len(solved)
     solved.clear()

@@ -3,8 +3,9 @@ solve by hand (every figure below is worked out in its docstring or comment).
 
 Max-min fairness by progressive filling (Bertsekas & Gallager, "Data Networks", 2nd ed., Sec. 6.5.2): the
 link with the smallest capacity per (weighted) flow fixes the rate of its flows, its capacity is taken off
-the other links they cross, repeat. A transfer made of several flows runs at the pace of its slowest flow
-relative to that flow's rate alone; speeds are re-shared whenever a transfer starts or ends.
+the other links they cross, repeat. A transfer made of several flows moves them all at one rate (a ring at
+the pace of its slowest link), so links are shared among transfers at those coupled rates; a transfer's speed
+is that rate over its rate alone, re-shared whenever a transfer starts or ends.
 """
 from __future__ import annotations
 
@@ -173,3 +174,30 @@ def test_a_transfer_slowed_by_less_than_half_keeps_its_share():
     cap = {"a": 3.0, "b": 1.0}
     ends = shared_completion_times([0.0, 0.0], [2.0, 2.0], [[("a",)], [("a", "b")]], cap)
     assert ends.tolist() == pytest.approx([8 / 3, 2.0], rel=1e-12)
+
+
+def test_a_flow_cannot_take_bandwidth_its_transfer_cannot_use():
+    """Transfer 0 is a ring over links a (10) and b (1), one flow each: alone it runs at 1 per flow, paced by
+    b. Transfer 1 crosses a only (alone 10). Together: raising both rates, b fills at 1 (transfer 0 keeps its
+    full speed), a then has 10 - 1 = 9 for transfer 1: speed 0.9. 9 us alone each: transfer 0 ends at 9,
+    when transfer 1 has 9 - 0.9 x 9 = 0.9 us left, then alone: 9.9. (Sharing flow by flow would give each 5
+    on a: both at half speed, for bandwidth transfer 0's flow on a cannot use.)"""
+    cap = {"a": 10.0, "b": 1.0}
+    ends = shared_completion_times([0.0, 0.0], [9.0, 9.0], [[("a",), ("b",)], [("a",)]], cap)
+    assert ends.tolist() == pytest.approx([9.0, 9.9], rel=1e-12)
+
+
+def test_a_dp_ring_paced_by_its_nic_leaves_nvlink_to_the_tp_group():
+    """On H100 nodes, a TP pair {0, 1} and a 16-node DP ring through GPU 0 (its NVLink hop to GPU 4, then
+    NICs): the ring's per-flow rate alone is the NIC's (50 GB/s x efficiency), far below NVLink's, so
+    sharing GPU 0's NVLink leaves the TP pair all but that rate: TP speed = 1 - nic / nvlink, the ring at
+    full speed."""
+    from replay.hardware.network import NetworkModel, _speeds
+    net = NetworkModel("h100-sxm")
+    hw = net.hw
+    nvlink = hw.node.nvlink_bw_gbs * hw.node.nvlink_efficiency
+    nic = hw.network.nic_gbps / 8 * hw.network.nic_efficiency
+    tp, dp = net.transfer_paths([0, 1]), net.transfer_paths([4 * k for k in range(32)])
+    cap = net.topology.capacity
+    speeds = _speeds([0, 1], [tp, dp], cap, {})
+    assert speeds == pytest.approx([1 - nic / nvlink, 1.0], rel=1e-6)

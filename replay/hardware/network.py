@@ -155,9 +155,9 @@ def shared_transfer_times(starts: Sequence[float], alone_us: Sequence[float], pa
                           cache: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(begin, end) of transfers that start at `starts` and would take `alone_us` on an idle network, when
     those in flight at the same time share links. Each transfer is a set of flows (`paths[i]`, one path
-    per flow); while it runs, its speed is the lowest ratio over its flows of the max-min fair rate
-    among all flows in flight to the rate its flows get alone (a ring runs at the pace of its slowest
-    link). Speeds are re-shared whenever a transfer starts or ends (a fluid model). A transfer with no
+    per flow, all moving at one rate: a ring runs at the pace of its slowest link); while it runs, its
+    speed is its max-min fair rate among the transfers in flight over its rate alone (`_cluster_speeds`).
+    Speeds are re-shared whenever a transfer starts or ends (a fluid model). A transfer with no
     path, or alone in flight, runs at full speed. `after[i]` >= 0: transfer i cannot begin before that
     transfer ends (the previous transfer of its GPU stream: stream order holds however long sharing
     makes the first), so it begins at max(its start, that end). `cache`: a dict to keep the speeds of
@@ -292,35 +292,68 @@ def _link_clusters(transfers: list[int], paths: Sequence[Sequence[Path]], cache:
     return [[j for pid in part for j in by_pid[pid]] for part in parts]
 
 
+def transfer_link_loads(path_lists: Sequence[Sequence[Path]], capacity) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For transfers given as path lists (one path per flow): flows of each transfer on each link they use
+    ([transfers, links]), the links' capacities, and each transfer's per-flow rate alone (its most loaded
+    link's capacity per flow; inf without links)."""
+    index: dict[Link, int] = {}
+    rows: list[dict[int, int]] = []
+    for flows in path_lists:
+        row: dict[int, int] = {}
+        for p in flows:
+            for link in p:
+                li = index.setdefault(link, len(index))
+                row[li] = row.get(li, 0) + 1
+        rows.append(row)
+    per_link = np.zeros((len(path_lists), len(index)))
+    for c, row in enumerate(rows):
+        per_link[c, list(row)] = list(row.values())
+    cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
+    cap = np.array([float(cap_of(link)) for link in index])
+    with np.errstate(divide="ignore"):
+        alone = np.where(per_link > 0, cap / np.maximum(per_link, 1), np.inf).min(axis=1, initial=np.inf)
+    return per_link, cap, alone
+
+
 def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> dict[int, float]:
-    # Transfers on the same path list are identical flows: list each path list once, weighted by how many
-    # transfers use it (exact for max-min fairness, and a ZeRO-3 or DP ring has thousands of flows).
+    """Speed of each path list's transfers in a cluster sharing links. A transfer's flows move together
+    (a ring step, an all-to-all round waits for all its flows), so every flow of one transfer carries the
+    same rate and the transfer's rate alone is its most loaded link's capacity per flow. Links are shared
+    max-min fairly among the transfers' flows at those coupled rates (progressive filling over transfers:
+    raise every unfrozen transfer's per-flow rate together until a link fills, freeze the transfers on it):
+    a flow cannot take bandwidth its transfer's own bottleneck elsewhere leaves unused (a DP ring paced by
+    its NIC takes only that pace of an NVLink it shares with a TP collective). Transfers on the same path
+    list are copies of one transfer (weights)."""
     copies: dict[int, int] = {}
     first: dict[int, int] = {}
     for j in cluster:
         pid = id(paths[j])
         copies[pid] = copies.get(pid, 0) + 1
         first.setdefault(pid, j)
-    # the flows and links of a set of path lists recur with other copy counts: build their incidence once
     order = sorted(first)
-    inc_key = ("incidence", tuple(order))
+    # the links of a set of path lists recur with other copy counts: count their flows once
+    inc_key = ("coupled", tuple(order))
     hit = cache.get(inc_key)
     if hit is None:
-        flat, owner = [], []
-        for pos, pid in enumerate(order):
-            flat.extend(paths[first[pid]])
-            owner.extend([pos] * len(paths[first[pid]]))
-        hit = cache[inc_key] = (FlowIncidence.of(flat, capacity), np.asarray(owner, np.int64))
-    inc, owner_pos = hit
-    shared = fair_share_on(inc, np.asarray([copies[pid] for pid in order], float)[owner_pos])
-    by_path: dict[int, float] = {}
-    for pos, pid in enumerate(order):
-        alone = cache.get(("alone", pid))
-        if alone is None:
-            alone = cache[("alone", pid)] = max_min_fair_share(paths[first[pid]], capacity)
-        slow = float(np.max(alone / shared[owner_pos == pos]))
-        by_path[pid] = 1.0 / max(slow, 1.0)
-    return by_path
+        hit = cache[inc_key] = transfer_link_loads([paths[first[pid]] for pid in order], capacity)
+    per_link, cap, alone = hit
+    load_per_rate = per_link * np.asarray([copies[pid] for pid in order], float)[:, None]
+    rate = np.zeros(len(order))
+    active = per_link.sum(axis=1) > 0
+    remaining = cap.copy()
+    while active.any():
+        load = load_per_rate[active].sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.where(load > 0, remaining / load, np.inf)
+        step = room.min()
+        if not np.isfinite(step):
+            break
+        rate[active] += step
+        remaining = np.maximum(remaining - step * load, 0.0)
+        tight = room <= step * (1 + 1e-12)
+        active &= ~(load_per_rate[:, tight].sum(axis=1) > 0)
+    return {pid: (1.0 if not np.isfinite(alone[c]) else float(min(1.0, rate[c] / alone[c])))
+            for c, pid in enumerate(order)}
 
 
 # --------------------------------------------------------------------------------------- topology
