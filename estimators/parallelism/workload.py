@@ -91,10 +91,11 @@ LAUNCH_US = 8.0
 # the launch), which GroupedLinear pays once per local expert and per GEMM (forward, data grad, weight grad).
 # Measured, not fitted: Megatron-MoE-ModelZoo issue #7 profiles Qwen3-30B-A3B training (Megatron-Core, EP8,
 # 16 local experts, grouped GEMM on) with NVTX host ranges: 645,099 nvte_cublas_gemm calls took 13.07 s, 20.3 us
-# each on average (median 13.7 us) -- on a DGX B200's Xeon host, the same CPU generation as a DGX H100's; the
-# GPU does not enter a host range. TE's Python around each expert GEMM (output allocations, splits) comes on
-# top, so this bounds the host cost from below. Expert GEMMs shorter than it (many small local experts) run
-# at the rate the host issues them.
+# each on average (median 13.7 us; the mean, because the host's total per call is what paces it). That run
+# was host-bound (about 7% MFU, the dispatcher ops most of its time), so a full launch queue, which would
+# stretch these host ranges, is unlikely to have inflated them; it ran on a DGX B200's Xeon host, the same
+# CPU generation as a DGX H100's. TE's Python around each expert GEMM (output allocations, splits) is not in
+# the range. Expert GEMMs shorter than it (many small local experts) run at the rate the host calls them.
 TE_GEMM_HOST_US = 20.3
 # EP all-to-all overlap (Megatron-Core overlap_moe_expert_parallel_comm): the share of the all-to-all time
 # that the other micro-batch's compute actually hides. Ideally all of it; measured runs hide far less
@@ -280,9 +281,11 @@ class _Template:
             attrs = {**attrs, "sustained": True}   # GEMMs of a long training run (power-limited clock)
             if ub and self.ub_chunks > 1 and chain and self.join_after_gemm and attrs["op"] == "gemm":
                 attrs = self.ub_split(attrs)     # consumes the overlapped all-gather shard by shard
-        if attrs.get("op") == "gemm" and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
+        op = attrs.get("op")
+        if op in ("gemm", "grouped_gemm") and attrs.get("dtype") == "fp8" and not name.endswith("_wgrad"):
             # the scaled GEMM reads an fp8 copy of its input: cast it first (weight grads reuse the transposes)
-            elems = float(attrs["m"]) * attrs["k"] * attrs.get("batch", 1)
+            rows = sum(attrs["ms"]) if op == "grouped_gemm" else attrs["m"] * attrs.get("batch", 1)
+            elems = float(rows) * attrs["k"]
             cast = elementwise(elems, 1, 1, op="fp8_cast")
             cast["bytes"] = float(elems * (self.fp8_cast_reads + 2.0))   # read bf16 (+ amax pass), write fp8 + fp8^T
             if self.launch_us:
@@ -843,16 +846,17 @@ class _RankBuilder:
         expert slot with its measured token count."""
         dt = self.sh.dtype
         tokens = self._expert_tokens()
+        # Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert (on a few streams, so
+        # the GPU runs them together like one batched GEMM) but the host calls each of them, at
+        # TE_GEMM_HOST_US a call (eager; CUDA graphs replay them without the host)
         if tokens is None:
-            # Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert (on a few streams,
-            # so the GPU runs them together like one batched GEMM) but the host calls each of them, at
-            # TE_GEMM_HOST_US a call (eager; CUDA graphs replay them without the host)
             attrs = gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le)
-            attrs["launches"] = le
-            if tpl.launch_us:
-                attrs["launch_us"] = TE_GEMM_HOST_US
-            return tpl.add(name, COMPUTE, attrs, **kw)
-        return tpl.add(name, COMPUTE, grouped_gemm(tokens, n, k, dt, wgrad), **kw)
+        else:
+            attrs = grouped_gemm(tokens, n, k, dt, wgrad)
+        attrs["launches"] = len(tokens) if tokens is not None else le
+        if tpl.launch_us:
+            attrs["launch_us"] = TE_GEMM_HOST_US
+        return tpl.add(name, COMPUTE, attrs, **kw)
 
     def _routed(self, balanced_tokens: int) -> int:
         """Tokens the local experts process: measured when routing is given, else balanced."""
