@@ -91,7 +91,7 @@ def register(subparsers) -> None:
     s.set_defaults(func=_presets)
 
 
-MAX_CONCURRENT = 1024              # collectives in flight together: each is simulated flow by flow
+MAX_CONCURRENT = 1024              # collectives in flight together: each is simulated with all its flows
 MAX_CONCURRENT_RANKS = 1 << 20     # concurrent x GPUs: the flows one sharing simulation holds
 
 

@@ -9,8 +9,10 @@ and leaves through spines whose capacity is the leaf's downlink capacity / `over
 Cross-rail traffic either hops over NVLink to the GPU on the destination's rail first (NCCL PXN) or
 crosses the spine.
 
-A transfer is a flow over a path of links. Concurrent flows share links max-min fairly
-(`max_min_fair_share`; `flow_completion_times` re-shares as flows finish). A collective algorithm
+A flow is a path of links; concurrent flows share links max-min fairly (`max_min_fair_share`;
+`flow_completion_times` re-shares as flows finish). A transfer (a collective, a send) is a set of flows
+that move at one rate, so transfers in flight together share links at those coupled rates
+(`shared_transfer_times`). A collective algorithm
 (a class in `ALGORITHMS`) turns (operation, size, ranks) into rounds of flows plus the hop latencies on
 its critical chain; its time under an NCCL protocol (LL / LL128 / Simple: bandwidth fraction and
 latencies) is base latency + hop latencies + the bandwidth time of its rounds. `NetworkModel` picks the
@@ -352,7 +354,9 @@ def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacit
         remaining = np.maximum(remaining - step * load, 0.0)
         tight = room <= step * (1 + 1e-12)
         active &= ~(load_per_rate[:, tight].sum(axis=1) > 0)
-    return {pid: (1.0 if not np.isfinite(alone[c]) else float(min(1.0, rate[c] / alone[c])))
+    # a transfer without links (alone: inf) is never slowed; capacities are positive (preset checks), so
+    # every other one has a positive rate alone
+    return {pid: (float(min(1.0, rate[c] / alone[c])) if 0.0 < alone[c] < np.inf else 1.0)
             for c, pid in enumerate(order)}
 
 
