@@ -79,11 +79,19 @@ class SimulatedRun:
     rendezvous: list[list[int]]    # global node indices of each completed multi-rank collective
     timing_name: str = ""
     durations: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 [total] timing durations
+    # float64 [total] how long each transfer moved data, links shared (its end minus this is when it began,
+    # after any wait for peers); the timing duration for every other node. Empty: the timing durations.
+    transfer_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     alignment: Alignment = field(default_factory=lambda: Alignment("start", "start"))
     contention: dict = field(default_factory=dict)  # what the fabric did (replay.fabric.contention_summary)
 
     def rank_slice(self, r: int) -> slice:
         return slice(int(self.offsets[r]), int(self.offsets[r + 1]))
+
+    @property
+    def moved_us(self) -> np.ndarray:
+        """Per node, the time its transfer moved data (`transfer_us`; the timing duration when not recorded)."""
+        return self.transfer_us if len(self.transfer_us) == len(self.durations) else self.durations
 
 
 @dataclass
@@ -427,6 +435,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
         # -1 = nothing (the beginning of the run). The critical path walks these codes backwards.
         bound: list[int] = [-1] * total
         bound_end: list[int] = [-1] * total
+        moved = list(dur)   # transfer time as the fabric stretched it (see SimulatedRun.transfer_us)
         waiters: dict[int, simpy.Event] = {}
         done_count = [0]
 
@@ -461,12 +470,14 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                     group = sorted({int(g.rank), int(g.attr(local, "comm_dst", g.rank))})
                     alone = float(timing.collective_us(g, local, group, [dur[i]]))
                     done = transfer_end(rv_key[id(rv)], arrival, alone, g, local, group)
+                    moved[i] = done - arrival
                     rv.nodes.append(i)
                     rv.arrival, rv.last, rv.send_done = arrival, i, done
                     rv.event.succeed(done)
                     return done
                 rv.nodes.append(i)
                 sent = rv.send_done if rv.send_done is not None else (yield rv.event)
+                moved[i] = sent - rv.arrival         # the data's transfer, from the send's start
                 if sent > arrival:
                     rv.last = rv.sender
                     return sent
@@ -483,6 +494,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                 group = sorted(ranks[int(np.searchsorted(offsets, j, side="right") - 1)] for j in rv.nodes)
                 alone = float(timing.collective_us(g0, local, group, member_durs))
                 done = transfer_end(rv_key[id(rv)], rv.arrival, alone, g0, local, group)
+                for j in rv.nodes:
+                    moved[j] = done - rv.arrival
                 rv.event.succeed(done)
                 return done
             done = yield rv.event
@@ -513,6 +526,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                     key, group = solo[i]
                     g, local = locate(i)
                     en = transfer_end(key, st, dur[i], g, local, group)
+                    moved[i] = en - st
                     bound_end[i] = 2 * i
                 else:
                     en = st + dur[i]
@@ -603,13 +617,13 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 
         if done_count[0] != total:
             raise ReplayError(_stuck_message(graphs, offsets, processes, finish, plan))
-        return sstart, finish, bound, bound_end
+        return sstart, finish, bound, bound_end, moved
 
     fabric.begin_pass()
-    sstart, finish, bound, bound_end = run_pass()
+    sstart, finish, bound, bound_end, moved = run_pass()
     while not fabric.settled():
         fabric.begin_pass()
-        sstart, finish, bound, bound_end = run_pass()
+        sstart, finish, bound, bound_end, moved = run_pass()
     if progress is not None:
         progress(total, total)
     rendezvous_groups = []
@@ -622,7 +636,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
                         bound_by=np.asarray(bound, np.int64),
                         bound_end=np.asarray(bound_end, np.int64), origin_us=origins, rendezvous=rendezvous_groups,
                         timing_name=getattr(timing, "name", type(timing).__name__), durations=np.asarray(dur),
-                        alignment=alignment, contention=contention_summary(fabric))
+                        transfer_us=np.asarray(moved, dtype=float), alignment=alignment, contention=contention_summary(fabric))
 
 
 def _stuck_message(graphs, offsets, processes, finish, plan) -> str:

@@ -137,3 +137,31 @@ def test_link_sharing_never_stretches_a_stream_of_sends_past_its_share():
     c = shared.run.contention
     assert c["max_stretch"] <= 4.0, c
     assert alone.step_time_us < shared.step_time_us < 1.5 * alone.step_time_us
+
+
+def test_a_transfer_slowed_by_sharing_counts_as_communication_not_idle(tmp_path):
+    """The TP all-gather (a alone) and DP all-reduce (b alone) of one rank share its only NIC: the TP one
+    moves data from 0 to 2a, the DP one from 0 to a + b (SimulatedRun.transfer_us). The breakdown charges
+    [0, 2a] to TP (first in the charging order), the rest of the DP transfer, b - a, to DP, and nothing to
+    idle: the stretch is transfer time, not a wait for peers."""
+    from estimators.parallelism.evaluate import rank_breakdown
+    from estimators.parallelism.workload import DP_RS, STREAMS, TP
+    hw = _one_gpu_nodes(tmp_path)
+    b_ = GraphBuilder(0, 4)
+    for slot, pg, ctype, size, group in ((TP, "tp:0", CommType.ALL_GATHER, GiB // 4, [0, 1]),
+                                         (DP_RS, "dp:0", CommType.ALL_REDUCE, GiB, [0, 2])):
+        s = b_.resource(ResourceKind.GPU_STREAM, 0, STREAMS[slot][0])   # the generator's TP / DP streams
+        b_.add_node(f"nccl:{ctype.name.lower()}", NodeType.COMM_COLL_NODE, OpKind.COLLECTIVE, s, 0.0, 1.0,
+                    attrs={"comm_type": int(ctype), "comm_size": size, "pg_name": pg, "pg_ranks": group})
+    g = b_.build()
+    net = NetworkModel(hw)
+    a = net.collective_us(CommType.ALL_GATHER, GiB // 4, [0, 1])
+    b = net.collective_us(CommType.ALL_REDUCE, GiB, [0, 2])
+    (tp_end, dp_end), res = _ends([g], ModelTiming(hw))
+    run = res.run
+    assert run.moved_us[:2].tolist() == pytest.approx([2 * a, a + b], rel=1e-3)
+    assert run.durations[:2].tolist() == pytest.approx([a, b], rel=1e-3)   # the time alone stays recorded
+    bd = rank_breakdown(g, run.start[:2], run.end[:2], run.moved_us[:2], 0.0, dp_end)
+    assert bd.exposed_tp_comm_us == pytest.approx(2 * a, rel=1e-3)
+    assert bd.exposed_dp_comm_us == pytest.approx(b - a, rel=1e-3)
+    assert bd.idle_us == pytest.approx(0.0, abs=1e-6 * b)
