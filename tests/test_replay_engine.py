@@ -135,3 +135,28 @@ def test_timeline_is_valid_chrome_trace(tmp_path):
     assert {e["pid"] for e in ev if e["ph"] == "X"} == {0, 1}
     flows = [e for e in ev if e["ph"] in ("s", "f") and e["cat"] == "collective"]
     assert len(flows) == 2 and flows[0]["id"] == flows[1]["id"]
+
+
+def test_transfer_time_excludes_the_wait_for_peers():
+    """Recorded timing, two ranks on one stream each. Rank 0: a 100 us kernel, an eager send (50 us) to rank
+    1, an all-reduce (30 us). Rank 1: the all-reduce first (arrives at 0, the peer at 150), then the receive.
+    The all-reduce moves data for 30 us after its last member arrives, on both ranks, though rank 1's node
+    spans 0-180; the receive is charged the send's 50 us (its data arrived at 150, before it was posted at
+    180), not its own recorded 150."""
+    from chakra_schema.graph import CommType
+    ar = {"comm_type": int(CommType.ALL_REDUCE), "comm_size": 1 << 20, "pg_ranks": [0, 1], "pg_name": "0"}
+    b0 = GraphBuilder(0, 2)
+    s0 = b0.resource(ResourceKind.GPU_STREAM, 0, 7)
+    b0.add_node("gemm", NodeType.COMP_NODE, OpKind.KERNEL, s0, 0.0, 100.0)
+    b0.add_node("ncclKernel_SendRecv", NodeType.COMM_SEND_NODE, OpKind.SEND, s0, 100.0, 50.0,
+                attrs={"comm_size": 1 << 20, "comm_dst": 1})
+    b0.add_node("ncclKernel_AllReduce", NodeType.COMM_COLL_NODE, OpKind.COLLECTIVE, s0, 150.0, 30.0, attrs=ar)
+    b1 = GraphBuilder(1, 2)
+    s1 = b1.resource(ResourceKind.GPU_STREAM, 0, 7)
+    b1.add_node("ncclKernel_AllReduce", NodeType.COMM_COLL_NODE, OpKind.COLLECTIVE, s1, 0.0, 180.0, attrs=ar)
+    b1.add_node("ncclKernel_SendRecv", NodeType.COMM_RECV_NODE, OpKind.RECV, s1, 180.0, 1.0,
+                attrs={"comm_size": 1 << 20, "comm_src": 0})
+    run = replay([b0.build(), b1.build()], critical_path=False, align="start").run
+    assert run.start.tolist() == pytest.approx([0, 100, 150, 0, 180])
+    assert run.end.tolist() == pytest.approx([100, 150, 180, 180, 180])
+    assert run.moved_us.tolist() == pytest.approx([100, 50, 30, 30, 50])
