@@ -80,18 +80,13 @@ class SimulatedRun:
     timing_name: str = ""
     durations: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 [total] timing durations
     # float64 [total] how long each transfer moved data, links shared (its end minus this is when it began,
-    # after any wait for peers); the timing duration for every other node. Empty: the timing durations.
+    # after any wait for peers); the timing duration for every other node
     transfer_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     alignment: Alignment = field(default_factory=lambda: Alignment("start", "start"))
     contention: dict = field(default_factory=dict)  # what the fabric did (replay.fabric.contention_summary)
 
     def rank_slice(self, r: int) -> slice:
         return slice(int(self.offsets[r]), int(self.offsets[r + 1]))
-
-    @property
-    def moved_us(self) -> np.ndarray:
-        """Per node, the time its transfer moved data (`transfer_us`; the timing duration when not recorded)."""
-        return self.transfer_us if len(self.transfer_us) == len(self.durations) else self.durations
 
 
 @dataclass
@@ -435,7 +430,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
         # -1 = nothing (the beginning of the run). The critical path walks these codes backwards.
         bound: list[int] = [-1] * total
         bound_end: list[int] = [-1] * total
-        moved = list(dur)   # transfer time as the fabric stretched it (see SimulatedRun.transfer_us)
+        moved = list(dur)   # SimulatedRun.transfer_us of this pass
         waiters: dict[int, simpy.Event] = {}
         done_count = [0]
 

@@ -239,13 +239,13 @@ def test_link_sharing_reused_across_passes_and_samples_gives_the_same_step(model
     import replay.hardware.network as network
 
     solved = []
-    loads = network.transfer_link_loads
+    of = network.FlowIncidence.of_transfers
 
-    def counting(path_lists, capacity):
-        solved.append(len(path_lists))
-        return loads(path_lists, capacity)
+    def counting(transfers, capacity):
+        solved.append(len(transfers))
+        return of(transfers, capacity)
 
-    monkeypatch.setattr(network, "transfer_link_loads", counting)
+    monkeypatch.setattr(network.FlowIncidence, "of_transfers", staticmethod(counting))
     kept = predict(model, plan, "h100-sxm")
     reused = len(solved)
     solved.clear()

@@ -159,9 +159,9 @@ def test_a_transfer_slowed_by_sharing_counts_as_communication_not_idle(tmp_path)
     b = net.collective_us(CommType.ALL_REDUCE, GiB, [0, 2])
     (tp_end, dp_end), res = _ends([g], ModelTiming(hw))
     run = res.run
-    assert run.moved_us[:2].tolist() == pytest.approx([2 * a, a + b], rel=1e-3)
+    assert run.transfer_us[:2].tolist() == pytest.approx([2 * a, a + b], rel=1e-3)
     assert run.durations[:2].tolist() == pytest.approx([a, b], rel=1e-3)   # the time alone stays recorded
-    bd = rank_breakdown(g, run.start[:2], run.end[:2], run.moved_us[:2], 0.0, dp_end)
+    bd = rank_breakdown(g, run.start[:2], run.end[:2], run.transfer_us[:2], 0.0, dp_end)
     assert bd.exposed_tp_comm_us == pytest.approx(2 * a, rel=1e-3)
     assert bd.exposed_dp_comm_us == pytest.approx(b - a, rel=1e-3)
     assert bd.idle_us == pytest.approx(0.0, abs=1e-6 * b)

@@ -201,3 +201,16 @@ def test_a_dp_ring_paced_by_its_nic_leaves_nvlink_to_the_tp_group():
     cap = net.topology.capacity
     speeds = _speeds([0, 1], [tp, dp], cap, {})
     assert speeds == pytest.approx([1 - nic / nvlink, 1.0], rel=1e-6)
+
+
+def test_a_transfer_with_two_flows_on_one_link_crosses_it_twice():
+    """Transfer 0 has two flows over link a (4) and one over b (10); transfer 1 one flow over b. As transfers:
+    0 crosses a twice (its rate per flow is at most 4 / 2 = 2) and b once; filling raises both rates: a fills
+    at 2 (transfer 0 frozen at 2), b then has 10 - 2 = 8 for transfer 1."""
+    from replay.hardware.network import FlowIncidence
+    inc = FlowIncidence.of_transfers([[("a",), ("a",), ("b",)], [("b",)]], {"a": 4.0, "b": 10.0})
+    assert sorted(zip(inc.flow_of.tolist(), inc.link_of.tolist(), inc.crossings.tolist())) == \
+        [(0, 0, 2.0), (0, 1, 1.0), (1, 1, 1.0)]
+    assert fair_share_on(inc).tolist() == pytest.approx([2.0, 8.0], rel=1e-12)
+    # two copies of transfer 1: b has 10 - 2 = 8 for two flows -> 4 each
+    assert fair_share_on(inc, [1, 2]).tolist() == pytest.approx([2.0, 4.0], rel=1e-12)

@@ -159,4 +159,4 @@ def test_transfer_time_excludes_the_wait_for_peers():
     run = replay([b0.build(), b1.build()], critical_path=False, align="start").run
     assert run.start.tolist() == pytest.approx([0, 100, 150, 0, 180])
     assert run.end.tolist() == pytest.approx([100, 150, 180, 180, 180])
-    assert run.moved_us.tolist() == pytest.approx([100, 50, 30, 30, 50])
+    assert run.transfer_us.tolist() == pytest.approx([100, 50, 30, 30, 50])

@@ -288,9 +288,9 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
     sids = np.array([r.index for r in g.resources])
     node_sid = sids[g.resource]
     kind = node_kinds(g)
-    # a transfer's data moves at the end of its node, for as long as shared links made it (not the wait
-    # for peers, which is idle); `dur` stays the time alone, which the send stretch below divides by
-    xfer = np.maximum(start, end - run.moved_us)
+    # as evaluate.rank_breakdown: a transfer's data moves at the end of its node for its transfer_us; `dur`
+    # stays the time alone, which the send stretch below divides by
+    xfer = np.maximum(start, end - run.transfer_us)
     is_comp = node_sid == _SID[COMPUTE]
     passes = g.metadata["passes"]
     tail_first = int(g.metadata["tail"])

@@ -94,7 +94,7 @@ def narayanan_hw_flops(batch: int, seq: int, layers: int, hidden: int, vocab: in
 
 
 # ------------------------------------------------------------------------------------ breakdown
-def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: np.ndarray,
+def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, moved: np.ndarray,
                    lo: float, hi: float) -> Breakdown:
     """One rank's step window [lo, hi] (us): compute (union of compute-stream work), communication
     (union of transfers), exposed communication per kind (transfer time with no compute running;
@@ -103,9 +103,9 @@ def rank_breakdown(g: ExecutionGraph, start: np.ndarray, end: np.ndarray, dur: n
     (`workload.MOE_SYNC_IDLE_US`) where nothing else runs, and idle: the rest of the step, where the
     compute stream waits (the pipeline bubble)."""
     from estimators.parallelism.compose import BREAKDOWN_FIELDS, node_kinds, window_parts
-    # communication occupies only its transfer at the end of the node (`dur`: as long as shared links made
-    # it, SimulatedRun.moved_us), not the wait for peers
-    xfer_start = np.maximum(start, end - dur)
+    # communication occupies only its transfer at the end of the node (`moved`: SimulatedRun.transfer_us,
+    # as long as shared links made it), not the wait for peers
+    xfer_start = np.maximum(start, end - moved)
     fig = window_parts(node_kinds(g), start, end, xfer_start, lo, hi)
     b = Breakdown(window_us=hi - lo, **dict(zip(BREAKDOWN_FIELDS, fig.tolist())))
     b.settle_by_kind()
@@ -133,7 +133,7 @@ def _breakdown(graphs: Sequence[ExecutionGraph], run) -> StepBreakdown:
     hi = float(run.end.max()) if len(run.end) else 0.0
     for r, g in enumerate(graphs):
         sl = run.rank_slice(r)
-        per.append(rank_breakdown(g, run.start[sl], run.end[sl], run.moved_us[sl], lo, hi))
+        per.append(rank_breakdown(g, run.start[sl], run.end[sl], run.transfer_us[sl], lo, hi))
     return StepBreakdown(Breakdown.mean(per), per)
 
 

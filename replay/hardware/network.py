@@ -70,6 +70,7 @@ class FlowIncidence:
     flow_of: np.ndarray      # int [entries]
     link_of: np.ndarray      # int [entries]
     capacity: np.ndarray     # float [links]
+    crossings: np.ndarray | None = None   # float [entries] times the flow crosses the link (None: once)
 
     @staticmethod
     def of(paths: Sequence[Sequence[Link]], capacity: dict[Link, float] | callable) -> "FlowIncidence":
@@ -86,6 +87,25 @@ class FlowIncidence:
         return FlowIncidence(len(paths), np.asarray(fl, np.int64), np.asarray(lk, np.int64),
                              np.array([float(cap_of(link)) for link in index]))
 
+    @staticmethod
+    def of_transfers(transfers: Sequence[Sequence[Path]], capacity: dict[Link, float] | callable) -> "FlowIncidence":
+        """Transfers whose flows move at one rate, each as one flow over its flows' links: one entry per
+        (transfer, link) crossing that link as many times as the transfer has flows on it."""
+        cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
+        index: dict[Link, int] = {}
+        fl, lk, times = [], [], []
+        for t, flows in enumerate(transfers):
+            on: dict[int, int] = {}
+            for p in flows:
+                for link in p:
+                    li = index.setdefault(link, len(index))
+                    on[li] = on.get(li, 0) + 1
+            fl.extend([t] * len(on))
+            lk.extend(on)
+            times.extend(on.values())
+        return FlowIncidence(len(transfers), np.asarray(fl, np.int64), np.asarray(lk, np.int64),
+                             np.array([float(cap_of(link)) for link in index]), np.asarray(times, float))
+
 
 def fair_share_on(inc: FlowIncidence, weights: Sequence[float] | None = None) -> np.ndarray:
     """`max_min_fair_share` on a prebuilt incidence (progressive filling)."""
@@ -95,13 +115,14 @@ def fair_share_on(inc: FlowIncidence, weights: Sequence[float] | None = None) ->
         return rates
     fl_a, lk_a = inc.flow_of, inc.link_of
     w = np.ones(nflows) if weights is None else np.asarray(weights, float)
+    load = w[fl_a] if inc.crossings is None else w[fl_a] * inc.crossings   # per entry, per unit of rate
     remaining = inc.capacity.copy()
     active = np.zeros(nflows, bool)
     active[fl_a] = True          # a flow without links keeps its infinite rate
     nlinks = len(remaining)
     while active.any():
         sel = active[fl_a]
-        counts = np.bincount(lk_a[sel], weights=w[fl_a[sel]], minlength=nlinks)
+        counts = np.bincount(lk_a[sel], weights=load[sel], minlength=nlinks)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / np.maximum(counts, 1), np.inf)
         best = share.min()
@@ -113,7 +134,7 @@ def fair_share_on(inc: FlowIncidence, weights: Sequence[float] | None = None) ->
         rates[fixed] = best
         active &= ~fixed
         used = fixed[fl_a]
-        remaining = np.maximum(remaining - np.bincount(lk_a[used], weights=best * w[fl_a[used]], minlength=nlinks),
+        remaining = np.maximum(remaining - np.bincount(lk_a[used], weights=best * load[used], minlength=nlinks),
                                0.0)
     return rates
 
@@ -294,70 +315,34 @@ def _link_clusters(transfers: list[int], paths: Sequence[Sequence[Path]], cache:
     return [[j for pid in part for j in by_pid[pid]] for part in parts]
 
 
-def transfer_link_loads(path_lists: Sequence[Sequence[Path]], capacity) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For transfers given as path lists (one path per flow): flows of each transfer on each link they use
-    ([transfers, links]), the links' capacities, and each transfer's per-flow rate alone (its most loaded
-    link's capacity per flow; inf without links)."""
-    index: dict[Link, int] = {}
-    rows: list[dict[int, int]] = []
-    for flows in path_lists:
-        row: dict[int, int] = {}
-        for p in flows:
-            for link in p:
-                li = index.setdefault(link, len(index))
-                row[li] = row.get(li, 0) + 1
-        rows.append(row)
-    per_link = np.zeros((len(path_lists), len(index)))
-    for c, row in enumerate(rows):
-        per_link[c, list(row)] = list(row.values())
-    cap_of = capacity.__getitem__ if isinstance(capacity, dict) else capacity
-    cap = np.array([float(cap_of(link)) for link in index])
-    with np.errstate(divide="ignore"):
-        alone = np.where(per_link > 0, cap / np.maximum(per_link, 1), np.inf).min(axis=1, initial=np.inf)
-    return per_link, cap, alone
-
-
 def _cluster_speeds(cluster: list[int], paths: Sequence[Sequence[Path]], capacity, cache: dict) -> dict[int, float]:
-    """Speed of each path list's transfers in a cluster sharing links. A transfer's flows move together
-    (a ring step, an all-to-all round waits for all its flows), so every flow of one transfer carries the
-    same rate and the transfer's rate alone is its most loaded link's capacity per flow. Links are shared
-    max-min fairly among the transfers' flows at those coupled rates (progressive filling over transfers:
-    raise every unfrozen transfer's per-flow rate together until a link fills, freeze the transfers on it):
-    a flow cannot take bandwidth its transfer's own bottleneck elsewhere leaves unused (a DP ring paced by
-    its NIC takes only that pace of an NVLink it shares with a TP collective). Transfers on the same path
-    list are copies of one transfer (weights)."""
+    """Speed of each path list's transfers in a cluster sharing links. A transfer's flows move at one rate
+    (module docstring), so each transfer enters the max-min fair sharing as one flow over all its flows'
+    links (`FlowIncidence.of_transfers`); transfers on the same path list are copies of it (weights). Its
+    speed is that shared rate over its rate alone."""
     copies: dict[int, int] = {}
     first: dict[int, int] = {}
     for j in cluster:
         pid = id(paths[j])
         copies[pid] = copies.get(pid, 0) + 1
         first.setdefault(pid, j)
+    # the same set of path lists recurs with other copy counts: build its incidence once
     order = sorted(first)
-    # the links of a set of path lists recur with other copy counts: count their flows once
-    inc_key = ("coupled", tuple(order))
-    hit = cache.get(inc_key)
-    if hit is None:
-        hit = cache[inc_key] = transfer_link_loads([paths[first[pid]] for pid in order], capacity)
-    per_link, cap, alone = hit
-    load_per_rate = per_link * np.asarray([copies[pid] for pid in order], float)[:, None]
-    rate = np.zeros(len(order))
-    active = per_link.sum(axis=1) > 0
-    remaining = cap.copy()
-    while active.any():
-        load = load_per_rate[active].sum(axis=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.where(load > 0, remaining / load, np.inf)
-        step = room.min()
-        if not np.isfinite(step):
-            break
-        rate[active] += step
-        remaining = np.maximum(remaining - step * load, 0.0)
-        tight = room <= step * (1 + 1e-12)
-        active &= ~(load_per_rate[:, tight].sum(axis=1) > 0)
-    # a transfer without links (alone: inf) is never slowed; capacities are positive (preset checks), so
-    # every other one has a positive rate alone
-    return {pid: (float(min(1.0, rate[c] / alone[c])) if 0.0 < alone[c] < np.inf else 1.0)
-            for c, pid in enumerate(order)}
+    inc_key = ("transfers", tuple(order))
+    inc = cache.get(inc_key)
+    if inc is None:
+        inc = cache[inc_key] = FlowIncidence.of_transfers([paths[first[pid]] for pid in order], capacity)
+    shared = fair_share_on(inc, [copies[pid] for pid in order])
+    by_path: dict[int, float] = {}
+    for c, pid in enumerate(order):
+        alone = cache.get(("alone", pid))
+        if alone is None:
+            one = FlowIncidence.of_transfers([paths[first[pid]]], capacity)
+            alone = cache[("alone", pid)] = float(fair_share_on(one)[0])
+        # a transfer without links is never slowed (its rates are inf); one over a zero-capacity link, which
+        # the presets rule out, is left at full speed rather than divided by zero
+        by_path[pid] = min(1.0, shared[c] / alone) if np.isfinite(alone) and alone > 0 else 1.0
+    return by_path
 
 
 # --------------------------------------------------------------------------------------- topology
