@@ -851,9 +851,10 @@ class _RankBuilder:
         # TE_GEMM_HOST_US a call (eager; CUDA graphs replay them without the host)
         if tokens is None:
             attrs = gemm(n, k, per, dt, le) if wgrad else gemm(per, n, k, dt, le)
+            attrs["launches"] = le
         else:
             attrs = grouped_gemm(tokens, n, k, dt, wgrad)
-        attrs["launches"] = len(tokens) if tokens is not None else le
+            attrs["launches"] = len(tokens)
         if tpl.launch_us:
             attrs["launch_us"] = TE_GEMM_HOST_US
         return tpl.add(name, COMPUTE, attrs, **kw)

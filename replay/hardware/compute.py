@@ -118,17 +118,7 @@ def flash_tile_factor(sq: int, skv: int, causal: bool, window: int, block: int, 
 def cudnn_head_dim_rate(table: dict, head_dim: int, backward: bool) -> float:
     """CUDNN_HEAD_DIM_RATE at `head_dim`, log2-interpolated between measured widths, clamped outside them."""
     dims = sorted(table)
-    j = 1 if backward else 0
-    if head_dim <= dims[0]:
-        return table[dims[0]][j]
-    if head_dim >= dims[-1]:
-        return table[dims[-1]][j]
-    hi = next(d for d in dims if d >= head_dim)
-    lo = max(d for d in dims if d <= head_dim)
-    if hi == lo:
-        return table[lo][j]
-    f = (math.log2(head_dim) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-    return table[lo][j] + f * (table[hi][j] - table[lo][j])
+    return float(np.interp(math.log2(head_dim), np.log2(dims), [table[d][1 if backward else 0] for d in dims]))
 
 
 @dataclass(frozen=True)
