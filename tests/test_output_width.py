@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +31,12 @@ def _suite(tmp):
     return path
 
 
-def _commands(tmp) -> list[list[str]]:
-    """Every sub-command on the bundled data (outputs under `tmp`)."""
-    job = str(tmp / "job")
+def _commands() -> list[list[str]]:
+    """Every sub-command on the bundled data, run from a scratch directory with outputs named relative to
+    it, as a user names them: an absolute temporary path (`/tmp/pytest-of-root/pytest-100/...`) grows
+    with the run count, and a path longer than the terminal is printed whole on its own line by design."""
+    tmp = Path(".")
+    job = "job"
     return [
         ["convert", "--kineto", str(CPU / "device.{rank}.json.gz"), "--et", str(CPU / "host.{rank}.json.gz"), "-o", job],
         ["inspect", job],
@@ -99,8 +103,9 @@ def test_split_word_detector_finds_a_folded_cell():
 
 def test_every_command_fits_80_columns_without_split_words(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LUMOS_SIM_PROGRESS_SECONDS", "1000")   # progress lines are tested below
+    monkeypatch.chdir(tmp_path)
     problems = []
-    for args in _commands(tmp_path):
+    for args in _commands():
         code, out, err = _run(args, 80, monkeypatch, capsys)
         assert code in (0, 2), (args, code, err[-2000:])
         if code == 2:   # only collect without torch: a one-line error
