@@ -3,13 +3,57 @@ with a reason when it is absent, unless LUMOS_SIM_REQUIRE_SHARED=1 (CI), where t
 from __future__ import annotations
 
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
+
+
+# Variables of the user's shell that change what the commands print: rich writes ANSI colour codes into
+# captured output under any of the *_FORCE / TTY_* ones, and lumos_sim.tables.output_width takes its width
+# from COLUMNS. Tests run as piped output at 80 columns, as CI does.
+_OUTPUT_ENV_UNSET = ("FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+@pytest.fixture(autouse=True)
+def _pinned_output_env(monkeypatch):
+    """Every test (and every subprocess it starts, which inherits os.environ) sees COLUMNS=80 and none of
+    the variables that force colour or a terminal. A test that sets COLUMNS itself (monkeypatch.setenv)
+    overrides this; the original values come back after the test."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for name in _OUTPUT_ENV_UNSET:
+        monkeypatch.delenv(name, raising=False)
+
+
+_USER_HOME: list[tuple[str | None, str]] = []   # (the variable as it was, the folder made for the session)
+
+
+def pytest_configure(config):
+    """No test sees the user's own hardware presets (`lumos-sim calibrate --install NAME` puts them in
+    $LUMOS_SIM_HOME/hardware, else ~/.config/lumos-sim/hardware, and `--hardware NAME` / `list hardware`
+    find them): for the whole session LUMOS_SIM_HOME is an empty folder of its own, for every test and
+    every subprocess. Set here rather than in a session fixture so that collection (module-level
+    `get_hardware(...)`, parametrize lists) is isolated too. A test that installs presets sets its own
+    LUMOS_SIM_HOME (monkeypatch.setenv) on top of this."""
+    home = tempfile.mkdtemp(prefix="lumos-sim-home-")
+    _USER_HOME.append((os.environ.get("LUMOS_SIM_HOME"), home))
+    os.environ["LUMOS_SIM_HOME"] = home
+
+
+def pytest_unconfigure(config):
+    if not _USER_HOME:
+        return
+    saved, home = _USER_HOME.pop()
+    if saved is None:
+        os.environ.pop("LUMOS_SIM_HOME", None)
+    else:
+        os.environ["LUMOS_SIM_HOME"] = saved
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _shared_dir() -> Path:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+import timeit
 import tracemalloc
 
 import pytest
@@ -78,10 +79,12 @@ def test_collective_over_131072_ranks_takes_bounded_memory_and_time(algorithm):
     from replay.hardware import NetworkModel, get_hardware
     net = NetworkModel(get_hardware("h100-sxm"))
     tracemalloc.start()
-    t0 = time.perf_counter()
-    est = net.estimate(CommType.ALL_REDUCE, 1 << 30, 131072, algorithm)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    try:
+        t0 = time.perf_counter()
+        est = net.estimate(CommType.ALL_REDUCE, 1 << 30, 131072, algorithm)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:   # never left running for the tests after this one (it slows every allocation)
+        tracemalloc.stop()
     assert est.time_us > 0 and time.perf_counter() - t0 < 30
     assert peak < 300 << 20, f"{peak / 2**20:.0f} MiB"
 
@@ -135,9 +138,11 @@ def test_gzip_of_zeros_is_refused_after_one_block(tmp_path, capsys):
     for argv in (["convert", "--kineto", bomb, "-o", tmp_path / "o"], ["convert", "--et", bomb, "-o", tmp_path / "o"],
                  ["replay", bomb]):
         tracemalloc.start()
-        code = cli(*argv)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        try:
+            code = cli(*argv)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
         one_line_error(capsys, code, "bomb.json.gz")
         assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB"
 
@@ -347,10 +352,11 @@ def test_model_and_plan_values_set_in_code_are_checked():
 
 def test_plan_field_checks_stay_cheap():
     from estimators.parallelism.plan import ParallelPlan
-    t0 = time.perf_counter()
-    for _ in range(20000):
-        ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)
-    assert (time.perf_counter() - t0) / 20000 < 50e-6   # ~6 us on the dev machine
+    # the best of 5 runs of 20,000 (with the garbage collector on, as in real use): a run slowed by the
+    # machine's other work does not count
+    runs = timeit.repeat(lambda: ParallelPlan(tp=8, pp=4, dp=16, global_batch=512), setup="gc.enable()",
+                         number=20000, repeat=5)
+    assert min(runs) / 20000 < 50e-6   # ~6 us on the dev machine
 
 
 # ----------------------------------------------------------------------------------- 8. check suites

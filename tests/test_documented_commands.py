@@ -7,9 +7,14 @@ Where commands are found:
 A trailing backslash continues a line, `  # ...` ends it, `&&` separates steps; `VAR=...` lines of a
 block are run before each command of that block (`SEED=...` then `lumos-sim ... $SEED`).
 
-How they run: each step through a shell in a scratch folder that sees the checkout's tests/,
+How they run: each step through a shell in a scratch folder of its own that sees the checkout's tests/,
 examples/, benchmarks/ and docs/ (outputs do not land in the checkout), with `lumos-sim` and `python`
 being this interpreter on this checkout. A step passes with exit status 0 and no traceback.
+- A step that reads what an earlier step of the same document writes (`lumos-sim inspect out/job` after
+  `... convert ... -o out/job`) first runs that step (and what it needs in turn) in its folder, as a reader
+  following the document does: every case stands alone, in any order and on any pytest-xdist worker. What a
+  step writes is the value of its output options (OUTPUT_OPTIONS); what it reads, any other word of it that
+  names such a path or a file under it (`out/job.0.et` under `out/job`).
 - Steps that need PyTorch (`lumos-sim collect`, the collect_*.py examples, train_moe.py) run too: with
   torch installed they must succeed, without it they must end in a one-line "needs PyTorch" error
   (exit 2), never a traceback.
@@ -33,10 +38,6 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-
-# The steps of one documented block share this module's scratch folder and run in order (a step reads what
-# the step before it wrote): under pytest-xdist the module must stay on one worker (`--dist loadfile`, as the
-# README runs it)
 
 # step prefix -> why it is not run by this test
 SKIPPED = {
@@ -76,6 +77,9 @@ CAPS = {
 # step prefix -> the defect that makes it fail today; run as a strict xfail, so the test fails (and this
 # entry must go) once it is fixed
 KNOWN_BROKEN: dict[str, str] = {}
+
+# options whose value is a path the step writes (in its working folder)
+OUTPUT_OPTIONS = ("-o", "--output", "--report", "--csv", "--timeline")
 
 NEEDS_TORCH = ("lumos-sim collect", "python examples/collect_", "python $C", "python examples/train_moe.py")
 _MARK = re.compile(r"#\s*doc-test:\s*skip\s*\((.*)\)")
@@ -190,11 +194,50 @@ STEPS = documented_steps()
 RUN = [s for s in STEPS if _skip_reason(s) is None]
 
 
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory):
-    """A folder that sees the checkout's tests/, examples/, benchmarks/ and docs/, with `lumos-sim` and
-    `python` on PATH running this interpreter on this checkout."""
-    d = tmp_path_factory.mktemp("documented")
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:   # an unbalanced quote: a step split at `&&` inside a subshell
+        return command.split()
+
+
+def _path(word: str) -> str:
+    return word.removeprefix("./").rstrip("/")
+
+
+def _writes(step: Step) -> set[str]:
+    """Paths the step writes: the values of its output options."""
+    words = _words(step.command)
+    return {_path(value) for option, value in zip(words, words[1:])
+            if option in OUTPUT_OPTIONS and not value.startswith("-") and _path(value)}
+
+
+def _reads(step: Step, written: str) -> bool:
+    """Whether a word of the step (not one of its own outputs) is `written` or a path under / beside it."""
+    own = _writes(step)
+    return any(w not in own and (w == written or w.startswith((written + "/", written + ".")))
+               for w in map(_path, _words(step.command)))
+
+
+def _dependencies(step: Step, steps: list[Step]) -> list[Step]:
+    """The run steps of the same document before `step` whose outputs it reads (for each output, the last
+    step before it that writes it), with their own dependencies first, in document order."""
+    doc = step.source.rpartition(":")[0]
+    earlier = [s for s in steps[:steps.index(step)] if s.source.rpartition(":")[0] == doc and _skip_reason(s) is None]
+    needed: list[Step] = []
+    for written in sorted({w for s in earlier for w in _writes(s)}):
+        if _reads(step, written):
+            producer = [s for s in earlier if written in _writes(s)][-1]
+            needed += [s for s in [*_dependencies(producer, steps), producer] if s not in needed]
+    return sorted(needed, key=steps.index)
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A folder of this case's own that sees the checkout's tests/, examples/, benchmarks/ and docs/, with
+    `lumos-sim` and `python` on PATH running this interpreter on this checkout."""
+    d = tmp_path / "documented"
+    d.mkdir()
     for name in ("tests", "examples", "benchmarks", "docs"):
         if (ROOT / name).exists():
             (d / name).symlink_to(ROOT / name)
@@ -231,17 +274,64 @@ def _param(step: Step):
     return pytest.param(step, id=step.id, marks=marks)
 
 
-@pytest.mark.parametrize("step", [_param(s) for s in RUN])
-def test_documented_command_runs_verbatim(scratch, step):
+def test_a_step_that_reads_an_earlier_steps_output_runs_that_step_first():
+    body = "\n".join([
+        "lumos-sim convert --kineto 'k.{rank}.json' -o out/job",
+        "lumos-sim inspect out/job            # counts",
+        "lumos-sim jsonize out/job.0.et -o job0.json",
+        "lumos-sim sweep examples/s.toml -o r.parquet && lumos-sim report r.parquet -o r.html",
+        "lumos-sim sweep examples/t.toml -o r.parquet --report ./t.html",
+        "lumos-sim report r.parquet -o r2.html",
+        "python check.py job0.json r2.html",
+        "lumos-sim list models",
+        "lumos-sim inspect out/jobs",
+    ])
+    steps = [*_steps_of_block("doc.md", 1, body), *_steps_of_block("other.md", 1, "lumos-sim inspect out/job")]
+    convert, inspect, jsonize, sweep_s, report_s, sweep_t, report_t, check, listing, jobs, other = steps
+    assert _writes(convert) == {"out/job"} and _writes(sweep_t) == {"r.parquet", "t.html"}
+
+    def deps(step):
+        return _dependencies(step, steps)
+
+    assert deps(convert) == [] and deps(listing) == [] and deps(jobs) == []
+    assert deps(inspect) == [convert] and deps(jsonize) == [convert]
+    assert deps(report_s) == [sweep_s]
+    assert deps(sweep_t) == []                         # it writes r.parquet: not a read
+    assert deps(report_t) == [sweep_t]                 # the last step before it that wrote r.parquet
+    assert deps(check) == [convert, jsonize, sweep_t, report_t]
+    assert _dependencies(other, steps) == []           # another document's out/job is not this one's
+
+
+def _script(step: Step) -> str:
     cap = next((extra for prefix, extra in CAPS.items() if step.command.startswith(prefix)), "")
     command = f"{step.command} {cap}".strip()
-    script = f"{step.prelude}; {command}" if step.prelude else command
+    return f"{step.prelude}; {command}" if step.prelude else command
+
+
+def _run_step(step: Step, scratch: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{scratch / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHONPATH=str(ROOT), COLUMNS="80")
-    p = subprocess.run(script, shell=True, cwd=scratch, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(_script(step), shell=True, cwd=scratch, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _needs_torch(step: Step) -> bool:
+    return step.command.startswith(NEEDS_TORCH) or "train_moe.py" in step.command
+
+
+@pytest.mark.parametrize("step", [_param(s) for s in RUN])
+def test_documented_command_runs_verbatim(scratch, step):
+    have_torch = importlib.util.find_spec("torch") is not None
+    for before in _dependencies(step, STEPS):   # what the step reads, written as the document does
+        p = _run_step(before, scratch)
+        if _needs_torch(before) and not have_torch:
+            pytest.skip(f"reads what {before.source} writes ({before.command}), which needs PyTorch")
+        assert p.returncode == 0 and "Traceback" not in p.stderr, \
+            f"{before.source}: {_script(before)} (run first: {step.source} reads what it writes)\n{p.stderr[-3000:]}"
+    command = _script(step)
+    p = _run_step(step, scratch)
     assert "Traceback" not in p.stderr, f"{step.source}: {command}\n{p.stderr[-3000:]}"
-    needs_torch = step.command.startswith(NEEDS_TORCH) or "train_moe.py" in step.command
-    if needs_torch and importlib.util.find_spec("torch") is None:
+    if _needs_torch(step) and not have_torch:
         err = p.stderr.strip()
         assert p.returncode == 2 and err.count("\n") == 0 and "torch" in err.lower(), \
             f"{step.source}: {command}: without torch expected a one-line error, got {p.returncode}: {err[-2000:]}"

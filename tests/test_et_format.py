@@ -306,11 +306,13 @@ def test_reader_streams_without_loading_the_file(tmp_path):
     size = path.stat().st_size
     assert size > 12_000_000
     tracemalloc.start()
-    count = 0
-    for msg in iter_et(path):
-        count += 1
-    _cur, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    try:
+        count = 0
+        for msg in iter_et(path):
+            count += 1
+        _cur, peak = tracemalloc.get_traced_memory()
+    finally:   # never left running for the tests after this one (it slows every allocation)
+        tracemalloc.stop()
     assert count == 30001
     assert peak < 4_000_000, f"peak {peak} bytes while streaming a {size}-byte file"
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from conftest import ROOT
 from estimators.model_config import load_model
 from estimators.moe.serving import ServingSpec, serving_memory
 
@@ -45,9 +46,9 @@ def test_attention_tensor_parallelism_splits_gqa_kv_heads_and_attention_weights(
 
 
 def test_a_deployment_beyond_gpu_memory_is_flagged_out_of_memory():
-    p = subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "moe", "--deployment",
-                        "examples/deployments/deepseek-v3-decode-ep144.toml", "--set", "moe.context=32768", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    deployment = ROOT / "examples" / "deployments" / "deepseek-v3-decode-ep144.toml"
+    p = subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "moe", "--deployment", str(deployment),
+                        "--set", "moe.context=32768", "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     import json
     d = json.loads(p.stdout)
