@@ -545,6 +545,8 @@ def _run_points(todo: list[SweepPoint], rows: list[dict[str, Any]], results, sta
 
     if not todo:
         return
+    # a worker without a point to evaluate only costs its start (a local worker is a ~235 MB process)
+    workers = max(1, min(workers, len(todo)))
     with get_executor(executor, workers, ray_address) as ex, _sigterm_as_interrupt(), \
             progress_bar(f"sweep ({len(todo)} points)", enabled=progress) as bar:
         state["started"] = True

@@ -158,7 +158,8 @@ def test_sweep_workers_default_to_the_cpus_and_the_help_says_so(monkeypatch, cap
 
     _, out, _ = _run(["sweep", "--help"], 80, monkeypatch, capsys)
     cpus = len(os.sched_getaffinity(0))
-    assert f"(default: the CPUs this process may use, {cpus} here)" in " ".join(out.split())
+    assert f"(default: the CPUs this process may use, {cpus} here; never more than the points to run)" \
+        in " ".join(out.split())
 
 
 def test_progress_off_a_terminal_is_plain_lines_without_none(monkeypatch, capsys):

@@ -241,9 +241,11 @@ def _wait_for_points(out: Path, proc, at_least: int, timeout: float) -> int:
 
 
 # ---------------------------------------------------------------------------------------- executors
-def test_local_pool_and_ray_give_identical_frames_on_20_points():
+def test_local_pool_and_ray_give_identical_frames_on_20_points(monkeypatch):
     if os.environ.get("LUMOS_SIM_REQUIRE_SHARED") != "1":  # CI installs the ray extra: there it must run
         pytest.importorskip("ray")
+    # a local Ray instance of 2 CPUs, not the cluster a RAY_ADDRESS in the environment would join
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     serial = sweep(spec_20_points(), progress=False)
     pool = sweep(spec_20_points(), workers=2, progress=False)
     ray_df = sweep(spec_20_points(), executor="ray", workers=2, progress=False)
@@ -263,9 +265,10 @@ def test_missing_ray_is_one_line(monkeypatch, tmp_path, capsys):
     assert not (tmp_path / "r.parquet").exists()
 
 
-def test_unreachable_ray_cluster_is_one_line_before_anything_is_written(tmp_path, capsys):
+def test_unreachable_ray_cluster_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
     if os.environ.get("LUMOS_SIM_REQUIRE_SHARED") != "1":
         pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)   # the address tried is --ray-address's alone
     spec = write_spec(tmp_path / "s.toml", "[scenario]\nmodel = 'llama3-8b'\nhardware = 'h100-sxm'\n")
     args = ["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--executor", "ray", "--ray-address", "127.0.0.1:1"]
     assert cli_main(args) == 2
@@ -274,6 +277,86 @@ def test_unreachable_ray_cluster_is_one_line_before_anything_is_written(tmp_path
     assert not (tmp_path / "r.parquet").exists()
     assert cli_main(["sweep", str(spec), "-o", str(tmp_path / "r.parquet"), "--ray-address", "127.0.0.1:1"]) == 2
     assert "--ray-address needs --executor ray" in capsys.readouterr().err
+
+
+TWO_POINTS = """
+[scenario]
+model = "llama3-8b"
+hardware = "h100-sxm"
+plan = { tp = 8, dp = 1, seq_len = 4096, global_batch = 8 }
+[[axes]]
+grid = { "plan.micro_batch" = [1, 2] }
+"""
+
+
+class WorkerSpy:
+    """Records the worker count each sweep asks its executor for (`asked`) and the processes its local
+    pool started (`started`). A count above `refuse_above` fails before any process starts (a broken cap
+    must not start 64 processes on a small test machine); with `run_serially` the points are evaluated on
+    1 worker, where only the count asked for is under test."""
+
+    def __init__(self, monkeypatch, refuse_above: int, run_serially: bool = False):
+        import lumos_sim.sweeps as sweeps_module
+        from lumos_sim.sweep_executors import LocalExecutor
+
+        self.refuse_above, self.run_serially = refuse_above, run_serially
+        self.asked: list[int] = []
+        self.started: list[int] = []
+        get_executor, enter = sweeps_module.get_executor, LocalExecutor.__enter__
+
+        def spy_get_executor(name, workers=1, address=None):
+            self.asked.append(workers)
+            assert workers <= self.refuse_above, f"the sweep asked for {workers} workers"
+            return get_executor(name, 1 if self.run_serially else workers, address)
+
+        def spy_enter(executor):
+            out = enter(executor)
+            self.started.append(0 if executor.pool is None else len(executor.pool._pool))
+            return out
+
+        monkeypatch.setattr(sweeps_module, "get_executor", spy_get_executor)
+        monkeypatch.setattr(LocalExecutor, "__enter__", spy_enter)
+
+
+def test_default_workers_are_capped_at_the_points_to_run(tmp_path, monkeypatch, capsys):
+    """On a host of 64 CPUs a 2-point sweep starts 2 worker processes, not 64."""
+    from lumos_sim.commands import sweep as sweep_command
+
+    monkeypatch.setattr(sweep_command, "cpu_count", lambda: 64)
+    spy = WorkerSpy(monkeypatch, refuse_above=2)
+    spec, out = write_spec(tmp_path / "s.toml", TWO_POINTS), tmp_path / "r.parquet"
+    assert cli_main(["sweep", str(spec), "-o", str(out), "--json"]) == 0
+    assert _json(capsys.readouterr().out)["computed"] == 2
+    assert (spy.asked, spy.started) == ([2], [2])
+    assert list(pd.read_parquet(out)["status"]) == ["ok", "ok"]
+
+
+def test_default_workers_of_a_resumed_sweep_count_only_the_points_left(tmp_path, monkeypatch, capsys):
+    """Adding a third point to a finished 2-point sweep runs 1 point: 1 worker, in this process."""
+    from lumos_sim.commands import sweep as sweep_command
+
+    spec, out = write_spec(tmp_path / "s.toml", TWO_POINTS), tmp_path / "r.parquet"
+    assert cli_main(["sweep", str(spec), "-o", str(out), "--workers", "1", "--json"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sweep_command, "cpu_count", lambda: 64)
+    spy = WorkerSpy(monkeypatch, refuse_above=1)
+    three = ["--set", "axes.0.grid.plan.micro_batch=[1,2,4]"]
+    assert cli_main(["sweep", str(spec), "-o", str(out), "--json", *three]) == 0
+    summary = _json(capsys.readouterr().out)
+    assert (summary["points"], summary["computed"], summary["cached"]) == (3, 1, 2)
+    assert (spy.asked, spy.started) == ([1], [0])
+    # --fresh ignores the cache: all 3 points run again
+    spy.refuse_above, spy.run_serially = 3, True
+    assert cli_main(["sweep", str(spec), "-o", str(out), "--json", "--fresh", *three]) == 0
+    assert _json(capsys.readouterr().out)["computed"] == 3 and spy.asked == [1, 3]
+
+
+def test_explicit_workers_beyond_the_points_are_capped_too(tmp_path, monkeypatch, capsys):
+    """--workers 3 on 2 points starts 2: a third worker would have no point to evaluate."""
+    spy = WorkerSpy(monkeypatch, refuse_above=2)
+    spec, out = write_spec(tmp_path / "s.toml", TWO_POINTS), tmp_path / "r.parquet"
+    assert cli_main(["sweep", str(spec), "-o", str(out), "--workers", "3", "--json"]) == 0
+    assert (spy.asked, spy.started) == ([2], [2])
 
 
 def test_sweep_of_scenario_objects_and_the_top_level_api():

@@ -30,7 +30,8 @@ def register(sub) -> None:
                    help="local process pool (default) or Ray tasks")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="local: worker processes; ray: CPUs of a local Ray instance started for the sweep, at "
-                        f"most 1,024 (default: the CPUs this process may use, {cpu_count()} here)")
+                        f"most 1,024 (default: the CPUs this process may use, {cpu_count()} here; never more than the "
+                        "points to run)")
     p.add_argument("--ray-address", metavar="ADDR", help="connect to this Ray cluster (e.g. auto, ray://head:10001; "
                                                          "default: $RAY_ADDRESS, else a local instance)")
     p.add_argument("--csv", action="store_true", help="also write the table as CSV beside the parquet file")
