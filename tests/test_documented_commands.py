@@ -79,7 +79,10 @@ CAPS = {
 KNOWN_BROKEN: dict[str, str] = {}
 
 # options whose value is a path the step writes (in its working folder)
-OUTPUT_OPTIONS = ("-o", "--output", "--report", "--csv", "--timeline")
+OUTPUT_OPTIONS = ("-o", "--out", "--output", "--report", "--csv", "--timeline")
+# steps whose output file is also their cache (a sweep skips the points its results file holds): they read
+# what an earlier step wrote there too
+CACHED_OUTPUT = ("lumos-sim sweep", "python examples/sweeps/")
 
 NEEDS_TORCH = ("lumos-sim collect", "python examples/collect_", "python $C", "python examples/train_moe.py")
 _MARK = re.compile(r"#\s*doc-test:\s*skip\s*\((.*)\)")
@@ -195,10 +198,18 @@ RUN = [s for s in STEPS if _skip_reason(s) is None]
 
 
 def _words(command: str) -> list[str]:
+    """Shell words, with `--option=value` as two words."""
     try:
-        return shlex.split(command)
+        words = shlex.split(command)
     except ValueError:   # an unbalanced quote: a step split at `&&` inside a subshell
-        return command.split()
+        words = command.split()
+    return [part for w in words for part in (w.split("=", 1) if w.startswith("--") and "=" in w else [w])]
+
+
+def _step_words(step: Step) -> list[str]:
+    """The words of the step and the values its block's `VAR=...` lines give it."""
+    values = [a.split("=", 1)[1] for a in step.prelude.split("; ") if "=" in a]
+    return _words(step.command) + [w for v in values for w in _words(v)]
 
 
 def _path(word: str) -> str:
@@ -213,10 +224,11 @@ def _writes(step: Step) -> set[str]:
 
 
 def _reads(step: Step, written: str) -> bool:
-    """Whether a word of the step (not one of its own outputs) is `written` or a path under / beside it."""
-    own = _writes(step)
+    """Whether a word of the step (not one of its own outputs, unless they are its cache) is `written` or a
+    path under / beside it."""
+    own = set() if step.command.startswith(CACHED_OUTPUT) else _writes(step)
     return any(w not in own and (w == written or w.startswith((written + "/", written + ".")))
-               for w in map(_path, _words(step.command)))
+               for w in map(_path, _step_words(step)))
 
 
 def _dependencies(step: Step, steps: list[Step]) -> list[Step]:
@@ -296,10 +308,17 @@ def test_a_step_that_reads_an_earlier_steps_output_runs_that_step_first():
     assert deps(convert) == [] and deps(listing) == [] and deps(jobs) == []
     assert deps(inspect) == [convert] and deps(jsonize) == [convert]
     assert deps(report_s) == [sweep_s]
-    assert deps(sweep_t) == []                         # it writes r.parquet: not a read
-    assert deps(report_t) == [sweep_t]                 # the last step before it that wrote r.parquet
-    assert deps(check) == [convert, jsonize, sweep_t, report_t]
+    assert deps(sweep_t) == [sweep_s]                  # r.parquet is its cache: it reads it too
+    assert deps(report_t) == [sweep_s, sweep_t]        # the last step before it that wrote r.parquet
+    assert deps(check) == [convert, jsonize, sweep_s, sweep_t, report_t]
     assert _dependencies(other, steps) == []           # another document's out/job is not this one's
+    # `--option=value`, and a path given through the block's `VAR=...` line
+    collect, place, summary = _steps_of_block("third.md", 1, "python c.py --out=routes\n"
+                                              "lumos-sim whatif moe --routing routes/a.parquet\n"
+                                              "R=routes/a.parquet\npython s.py $R")
+    assert _writes(collect) == {"routes"}
+    assert _dependencies(place, [collect, place, summary]) == [collect]
+    assert _dependencies(summary, [collect, place, summary]) == [collect]
 
 
 def _script(step: Step) -> str:
