@@ -223,10 +223,16 @@ def _writes(step: Step) -> set[str]:
             if option in OUTPUT_OPTIONS and not value.startswith("-") and _path(value)}
 
 
+def _cache(step: Step) -> set[str]:
+    """A sweep's results file (`-o` / `--output`): the one output it also reads."""
+    words = _words(step.command)
+    return {_path(value) for option, value in zip(words, words[1:]) if option in ("-o", "--output")}
+
+
 def _reads(step: Step, written: str) -> bool:
     """Whether a word of the step (not one of its own outputs, unless they are its cache) is `written` or a
     path under / beside it."""
-    own = set() if step.command.startswith(CACHED_OUTPUT) else _writes(step)
+    own = _writes(step) - (_cache(step) if step.command.startswith(CACHED_OUTPUT) else set())
     return any(w not in own and (w == written or w.startswith((written + "/", written + ".")))
                for w in map(_path, _step_words(step)))
 
@@ -309,6 +315,9 @@ def test_a_step_that_reads_an_earlier_steps_output_runs_that_step_first():
     assert deps(inspect) == [convert] and deps(jsonize) == [convert]
     assert deps(report_s) == [sweep_s]
     assert deps(sweep_t) == [sweep_s]                  # r.parquet is its cache: it reads it too
+    _, sweep_with_report = steps_4 = _steps_of_block(
+        "fourth.md", 1, "python p.py -o s.html\nlumos-sim sweep t.toml -o s.parquet --report s.html")
+    assert _dependencies(sweep_with_report, steps_4) == []   # its --report is written, not read
     assert deps(report_t) == [sweep_s, sweep_t]        # the last step before it that wrote r.parquet
     assert deps(check) == [convert, jsonize, sweep_s, sweep_t, report_t]
     assert _dependencies(other, steps) == []           # another document's out/job is not this one's
