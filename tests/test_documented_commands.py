@@ -216,23 +216,18 @@ def _path(word: str) -> str:
     return word.removeprefix("./").rstrip("/")
 
 
-def _writes(step: Step) -> set[str]:
-    """Paths the step writes: the values of its output options."""
+def _writes(step: Step, options: tuple[str, ...] = OUTPUT_OPTIONS) -> set[str]:
+    """Paths the step writes: the values of its output options (`options`: only these)."""
     words = _words(step.command)
     return {_path(value) for option, value in zip(words, words[1:])
-            if option in OUTPUT_OPTIONS and not value.startswith("-") and _path(value)}
-
-
-def _cache(step: Step) -> set[str]:
-    """A sweep's results file (`-o` / `--output`): the one output it also reads."""
-    words = _words(step.command)
-    return {_path(value) for option, value in zip(words, words[1:]) if option in ("-o", "--output")}
+            if option in options and not value.startswith("-") and _path(value)}
 
 
 def _reads(step: Step, written: str) -> bool:
     """Whether a word of the step (not one of its own outputs, unless they are its cache) is `written` or a
     path under / beside it."""
-    own = _writes(step) - (_cache(step) if step.command.startswith(CACHED_OUTPUT) else set())
+    # a sweep's results file (-o / --output) is the one output it also reads
+    own = _writes(step) - (_writes(step, ("-o", "--output")) if step.command.startswith(CACHED_OUTPUT) else set())
     return any(w not in own and (w == written or w.startswith((written + "/", written + ".")))
                for w in map(_path, _step_words(step)))
 
