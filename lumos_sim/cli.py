@@ -19,7 +19,8 @@ COMMANDS = ["convert", "inspect", "jsonize", "collect", "replay", "check", "benc
 
 
 DESCRIPTION = """\
-Simulate LLM training steps from PyTorch traces, and ask what-if questions about hardware and parallelism.
+Simulate LLM training steps from PyTorch traces, and ask what-if questions about
+hardware and parallelism.
 
 Typical use:
   lumos-sim convert --kineto 'device.{rank}.json.gz' --et 'host.{rank}.json.gz' -o out/job
@@ -28,8 +29,9 @@ Typical use:
   lumos-sim whatif parallelism --model llama3-8b --gpus 64 --tp 8 --seq-len 8192 --global-batch 512
   lumos-sim list models | hardware                names you can pass to --model / --hardware
 
-Run `lumos-sim COMMAND --help` for the options of one command. Bad input ends with a one-line error
-and exit status 2; `check` exits 1 on an accuracy regression."""
+Run `lumos-sim COMMAND --help` for the options of one command. Bad input ends
+with a one-line error and exit status 2; `check` exits 1 on an accuracy
+regression."""
 
 # Commands that read trace files take the decompressed-size limit of `chakra_schema.safe_io`.
 _READS_TRACES = ("convert", "inspect", "jsonize", "replay", "check")
@@ -51,8 +53,9 @@ def _byte_size(text: str) -> int:
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help as wide as the output (`lumos_sim.tables.output_width`: the terminal, $COLUMNS, else 80).
-    Descriptions keep their authors' line breaks, but a line wider than that wraps at spaces, its
-    continuation indented like the line (commands' examples stay readable at 80 columns)."""
+    A paragraph of prose (unindented lines) reflows to that width; an indented line (an example
+    command) keeps its author's line break and, when wider, wraps at spaces with its continuation
+    indented four more, so examples stay readable at 80 columns."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 30,
                  width: int | None = None) -> None:
@@ -61,15 +64,28 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         import textwrap
-        out = []
+        out: list[str] = []
+        prose: list[str] = []
+
+        def flush() -> None:
+            if prose:
+                out.extend(textwrap.wrap(" ".join(prose), width, initial_indent=indent, subsequent_indent=indent,
+                                         break_long_words=False, break_on_hyphens=False))
+                prose.clear()
+
         for line in text.splitlines():
             lead = line[:len(line) - len(line.lstrip())]
+            if line.strip() and not lead:
+                prose.append(line.strip())   # a paragraph of prose reflows as a whole
+                continue
+            flush()
             if len(indent + line) <= width or not line.strip():
                 out.append(indent + line)
                 continue
             out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent + lead,
                                      subsequent_indent=indent + lead + "    ", break_long_words=False,
                                      break_on_hyphens=False))
+        flush()
         return "\n".join(out)
 
 

@@ -137,6 +137,38 @@ def test_every_help_fits_80_columns(monkeypatch, capsys):
     assert problems == []
 
 
+def _early_prose_breaks(text: str, width: int) -> list[str]:
+    """Lines of prose (unindented) that continue as a hanging indent (the next line indented four
+    spaces: prose wrapped like an example command), or whose paragraph goes on in an unindented line
+    whose first word would have fitted after them (broken where its author's source line ended rather
+    than at the width)."""
+    lines = text.splitlines()
+    bad = []
+    for line, nxt in zip(lines, lines[1:]):
+        prose = line.strip() and not line[0].isspace() and not line.startswith("usage:")
+        if not prose or not nxt.strip():
+            continue
+        hanging = nxt.startswith("    ") and not nxt.startswith("     ")
+        early = not nxt[0].isspace() and not line.endswith(":") and len(line) + 1 + len(nxt.split()[0]) <= width
+        if hanging or early:
+            bad.append(line)
+    return bad
+
+
+def test_help_prose_reflows_as_paragraphs_at_any_width(monkeypatch, capsys):
+    # at 80 and 60 columns every paragraph of every --help fills its lines: the description's source line
+    # breaks (written for ~100 columns) must not leave a short line mid-paragraph or a hanging indent
+    assert _early_prose_breaks("one two\nthree", 80) == ["one two"]       # the detector finds both kinds
+    assert _early_prose_breaks("one two\n    three", 80) == ["one two"]
+    problems = []
+    for columns in (80, 60):
+        for path, _ in _parsers(build_parser(), []):
+            _, out, _ = _run([*path, "--help"], columns, monkeypatch, capsys)
+            problems += [f"COLUMNS={columns} lumos-sim {' '.join(path)} --help: {line!r}"
+                         for line in _early_prose_breaks(out, columns - 2)]
+    assert problems == []
+
+
 def test_every_option_has_help_and_enumerated_options_list_their_choices():
     missing = []
     for path, parser in _parsers(build_parser(), []):
