@@ -40,6 +40,30 @@ from chakra_schema.safe_io import input_too_large, max_input_bytes, read_json_in
 HOST_CATS = frozenset(("cpu_op", "user_annotation"))
 RUNTIME_CATS = frozenset(("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"))
 GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+KNOWN_CATS = HOST_CATS | RUNTIME_CATS | GPU_CATS | {"cuda_sync"}
+# Older Kineto (PyTorch 1.x) names its categories "Operator", "Runtime", "Kernel", "Memcpy", "Memset":
+# the current name of each, matched case-insensitively
+_OLD_CATS = {"operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy",
+             "memset": "gpu_memset", "user annotation": "user_annotation"}
+# Complete events that are no work to replay: Python frames (their time stays in the thread's gaps),
+# GPU-side annotations, the profiler's own spans and bookkeeping
+IGNORED_CATS = frozenset(("python_function", "gpu_user_annotation", "trace", "cpu_instant_event", "overhead",
+                          "external_correlation", "cuda_sync_event", "python", "kernel_annotation"))
+# what a dropped category is, for the warning that counts them
+_DROPPED_WHY = {
+    "cuda_profiler_range": "CUPTI range-profiler measurements, kernels serialized to read counters: not a timeline",
+    "mtia_ccp_events": "MTIA device events; lumos-sim replays CUDA/HIP GPUs",
+    "mtia_runtime": "MTIA runtime calls; lumos-sim replays CUDA/HIP GPUs",
+}
+
+
+def canonical_category(cat: Any) -> str | None:
+    """The category an event is read as: the known name of an older or differently capitalised one,
+    else the category itself lower-cased (None when it is not a string)."""
+    if not isinstance(cat, str):
+        return None
+    low = cat.lower()
+    return _OLD_CATS.get(low, low)
 
 
 @dataclass(slots=True)
@@ -99,6 +123,8 @@ class KinetoTrace:
     flows: list[tuple[int, str, int, int, float]] = field(default_factory=list)
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # complete events of categories that are not replayed (not host, runtime or GPU work): count by category
+    dropped: dict[str | None, int] = field(default_factory=dict)
 
     @property
     def num_gpu_ops(self) -> int:
@@ -139,10 +165,22 @@ def load_kineto(path: str | os.PathLike,
     trace.pg_config = dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else None
     trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
-        raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events")
+        raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events" + _dropped_text(trace))
+    if trace.dropped:
+        log.warning("%s: not replayed:%s", path, _dropped_text(trace))
     _check_thread_ids(path, trace)
     _repair_durations(path, trace)
     return trace
+
+
+def _dropped_text(trace: KinetoTrace) -> str:
+    """'' or '; 1,313 events of category mtia_ccp_events (MTIA device events ...), ...' (largest first)."""
+    if not trace.dropped:
+        return ""
+    parts = [f"{n:,} events of category {cat!s}" + (f" ({_DROPPED_WHY[cat]})" if cat in _DROPPED_WHY else "")
+             for cat, n in sorted(trace.dropped.items(), key=lambda kv: -kv[1])]
+    return "; " + ", ".join(parts) if not trace.host_ops and not trace.gpu_name and not trace.rt_name \
+        else " " + ", ".join(parts) + "; step times count only the host, runtime and GPU events kept"
 
 
 def _new_trace(path) -> KinetoTrace:
@@ -360,6 +398,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
     gpu_name, gpu_cat, gpu_device, gpu_stream = t.gpu_name, t.gpu_cat, t.gpu_device, t.gpu_stream
     gpu_ts, gpu_dur, gpu_corr, gpu_args = t.gpu_ts, t.gpu_dur, t.gpu_corr, t.gpu_args
     flows = t.flows
+    dropped = t.dropped
     empty: dict = {}
     total = len(events)
     chunk = max(total // 100, 10000)
@@ -369,11 +408,18 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
         cat = ev.get("cat")
         ph = ev.get("ph")
         if ph == "X":
+            if cat not in KNOWN_CATS:
+                cat = canonical_category(cat)
+                if cat not in KNOWN_CATS:
+                    if cat not in IGNORED_CATS:
+                        dropped[cat] = dropped.get(cat, 0) + 1
+                    continue
             if cat in HOST_CATS:
                 args = ev.get("args") or empty
                 host_ops.append(HostOp(len(host_ops), ev["name"], ev["pid"], ev["tid"], float(ev["ts"]),
                                        float(ev.get("dur", _NO_DUR)), cat, args.get("Record function id"),
-                                       args.get("External id"), args.get("Sequence number"), args))
+                                       args.get("External id", args.get("external id")),
+                                       args.get("Sequence number"), args))
             elif cat in GPU_CATS:
                 args = ev.get("args") or empty
                 gpu_name.append(ev["name"])
@@ -393,7 +439,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
                 rt_ts.append(float(ev["ts"]))
                 rt_dur.append(float(ev.get("dur", _NO_DUR)))
                 rt_corr.append(int(args.get("correlation", -1)))
-                rt_ext.append(int(args.get("External id", -1)))
+                rt_ext.append(int(args.get("External id", args.get("external id", -1))))   # older: lower case
                 rt_args.append(args if "stream" in args else empty)   # only a stream arg is used
             elif cat == "cuda_sync":
                 args = ev.get("args") or empty
