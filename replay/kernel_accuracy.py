@@ -62,7 +62,10 @@ def kernel_class_errors(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 class BusyStep:
     """GPU compute-busy time of one step (union of GPU kernel, copy and memset intervals; collectives,
     whose recorded time includes waiting for peers that are not traced, are left out): recorded vs
-    replayed. CPU gaps do not count, so a CPU-bound trace still measures the compute model."""
+    replayed, over the same GPU ops -- those the recording started inside the step. CPU gaps do not
+    count, so a CPU-bound trace still measures the compute model; and an op that the replay moves across
+    a step boundary (a host that waits less in a blocking copy ends its step earlier) still counts in the
+    step it belongs to."""
 
     trace: str
     step: str
@@ -73,26 +76,27 @@ class BusyStep:
     def error(self) -> float:
         return (self.predicted_us - self.measured_us) / self.measured_us if self.measured_us else float("nan")
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__) | {"error": self.error}
-
 
 def gpu_busy_steps(graph: ExecutionGraph, timing: TimingSource, trace: str = "") -> list[BusyStep]:
-    """Per ProfilerStep of `graph`: recorded GPU-busy time and the replay's under `timing`."""
+    """Per ProfilerStep of `graph`: recorded GPU-busy time and the replay's under `timing`, of the GPU ops
+    that started inside the step's recorded window."""
     from replay.api import replay
     from replay.results import _union_length
 
     res = replay([graph], timing, critical_path=False)
     gpu = graph.is_gpu() & np.isin(graph.kind, [int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET)])
-    start, end = graph.start_us[gpu], graph.start_us[gpu] + graph.duration_us[gpu]
+    rec_start = graph.start_us[gpu]
+    rec_end = rec_start + graph.duration_us[gpu]
+    sim_start, sim_end = res.run.start[gpu], res.run.end[gpu]
     out = []
-    by_name = {s.name: s for s in res.steps}
+    replayed = {s.name for s in res.steps}
     for st in graph.steps:
-        if st.node < 0 or st.name not in by_name:
+        if st.node < 0 or st.name not in replayed:
             continue
-        measured = _union_length(start, end, st.start_us, st.start_us + st.duration_us)
-        b = by_name[st.name].breakdown
-        out.append(BusyStep(trace, st.name, measured, b.compute_us))
+        mine = (rec_start >= st.start_us) & (rec_start < st.start_us + st.duration_us)
+        measured = _union_length(rec_start[mine], rec_end[mine], -np.inf, np.inf)
+        predicted = _union_length(sim_start[mine], sim_end[mine], -np.inf, np.inf)
+        out.append(BusyStep(trace, st.name, measured, predicted))
     return out
 
 

@@ -98,7 +98,7 @@ def test_events_of_other_devices_and_range_profiling_are_counted_and_named_in_a_
     assert len(warning) == 1
     assert "mixed.json" in warning[0]
     assert "2 events of category mtia_ccp_events" in warning[0] and "MTIA" in warning[0]
-    assert "1 events of category cuda_profiler_range" in warning[0] and "range-profiler" in warning[0]
+    assert "1 event of category cuda_profiler_range" in warning[0] and "range-profiler" in warning[0]
 
 
 def test_convert_prints_the_warning_on_stderr_and_still_writes_the_graph(tmp_path, capsys):
@@ -117,3 +117,38 @@ def test_a_trace_of_only_unreplayable_events_is_one_line_error_saying_what_it_ho
     msg = str(exc.value)
     assert "only_mtia.json" in msg and "no host, runtime or GPU events" in msg
     assert "2 events of category mtia_ccp_events" in msg and "\n" not in msg
+
+
+def test_profiler_steps_recorded_as_operators_by_pytorch_1_8_are_steps(tmp_path, capsys):
+    # PyTorch 1.8/1.9 (kineto tb_plugin samples, e.g. resnet50_num_workers_0) recorded ProfilerStep#N in
+    # the "Operator" category: each is still a step of its own
+    events = []
+    for k, t0 in enumerate((1000, 1200)):
+        events += [
+            {"ph": "X", "cat": "Operator", "name": f"ProfilerStep#{k + 5}", "pid": 1, "tid": 1, "ts": t0, "dur": 150,
+             "args": {}},
+            {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + 10, "dur": 5,
+             "args": {"correlation": 10 + k}},
+            {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 20, "dur": 100,
+             "args": {"device": 0, "stream": 7, "correlation": 10 + k}},
+        ]
+    path = _trace(tmp_path, events)
+    assert cli_main(["convert", "--kineto", str(path), "-o", str(tmp_path / "job")]) == 0
+    capsys.readouterr()
+    assert cli_main(["replay", str(tmp_path / "job"), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert [(s["name"], s["measured_us"]) for s in steps] == [("ProfilerStep#5", 150.0), ("ProfilerStep#6", 150.0)]
+    assert all(s["predicted_us"] == pytest.approx(150.0) for s in steps)
+
+
+def test_a_chrome_trace_that_is_a_bare_event_array_is_read(tmp_path):
+    # the Chrome trace event format's array form (the 2020 kineto plugin samples were written so)
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps(_old_style_events()))
+    t = load_kineto(path)
+    assert t.gpu_name == ["add_kernel", "Memcpy DtoH"] and t.rank is None
+    for other in ("[1, 2, 3]", '[{"name": "gemm", "us": 10.5}]', "[]"):   # a list, but of no trace events
+        path = tmp_path / "other.json"
+        path.write_text(other)
+        with pytest.raises(TraceInputError, match="not a Kineto trace"):
+            load_kineto(path)

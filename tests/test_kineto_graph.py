@@ -363,7 +363,13 @@ def test_sync_edges_for_event_stream_and_device_synchronize():
     ds = next(e for e in ev if e["name"] == "cudaDeviceSynchronize")
     last = max(gpu, key=lambda e: e["ts"])
     assert (by_corr[last["args"]["correlation"]], rt_node[ds["args"]["correlation"]]) in sync
-    assert len(sync) == 3
+    # the cudaMemcpyAsync of that copy (device -> pageable host memory: synchronous) returned 9 us after
+    # its 2 us copy ended, so it waited for it
+    mc = next(e for e in ev if e["name"] == "cudaMemcpyAsync")
+    assert "Pageable" in memcpy["name"] and mc["ts"] < memcpy["ts"]
+    assert memcpy["ts"] + memcpy["dur"] <= mc["ts"] + mc["dur"]
+    assert (by_corr[memcpy["args"]["correlation"]], rt_node[mc["args"]["correlation"]]) in sync
+    assert len(sync) == 4
 
 
 def test_fwdbwd_flows_become_inter_thread_edges():

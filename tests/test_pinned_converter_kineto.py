@@ -197,11 +197,15 @@ def test_device_properties_keep_the_hardware_fields():
 def test_profiler_steps_sorted_by_start():
     tr = (Trace().host("ProfilerStep#2", 200, 100, cat="user_annotation")
           .host("ProfilerStep#1", 100, 100, cat="user_annotation", tid=2)
-          .host("ProfilerStep#3", 300, 100))     # a cpu_op, not a step annotation
+          .host("ProfilerStep#3", 300, 100))     # a cpu_op beside step annotations: not a step
     g = tr.graph()
     assert [(s.name, s.start_us, s.duration_us) for s in g.steps] == [("ProfilerStep#1", 0.0, 100.0),
                                                                     ("ProfilerStep#2", 100.0, 100.0)]
     assert [g.name[s.node] for s in g.steps] == ["ProfilerStep#1", "ProfilerStep#2"]
+    # PyTorch 1.8/1.9 recorded every ProfilerStep as an operator: with no step annotation, those are the steps
+    old = Trace().host("ProfilerStep#5", 500, 80).host("ProfilerStep#4", 400, 90, tid=2).graph()
+    assert [(s.name, s.start_us, s.duration_us) for s in old.steps] == [("ProfilerStep#4", 0.0, 90.0),
+                                                                      ("ProfilerStep#5", 100.0, 80.0)]
 
 
 # ------------------------------------------------------------------ edge time checks

@@ -57,6 +57,9 @@ _DROPPED_WHY = {
 }
 
 
+_MISSING = object()
+
+
 def canonical_category(cat: Any) -> str | None:
     """The category an event is read as: the known name of an older or differently capitalised one,
     else the category itself lower-cased (None when it is not a string)."""
@@ -150,6 +153,8 @@ def load_kineto(path: str | os.PathLike,
     except _NotStreamable:
         trace = _new_trace(path)
         root = _read_json(path)
+        if isinstance(root, list) and root and all(isinstance(e, dict) and "ph" in e for e in root[:1000]):
+            root = {"traceEvents": root}     # the Chrome trace format's other form: the bare event array
         if not isinstance(root, dict) or not isinstance(root.get("traceEvents"), list):
             what = "an Execution Trace" if isinstance(root, dict) and "nodes" in root else "not a Kineto trace"
             raise TraceInputError(path, f"{what}: no 'traceEvents' list at top level") from None
@@ -177,10 +182,11 @@ def _dropped_text(trace: KinetoTrace) -> str:
     """'' or '; 1,313 events of category mtia_ccp_events (MTIA device events ...), ...' (largest first)."""
     if not trace.dropped:
         return ""
-    parts = [f"{n:,} events of category {cat!s}" + (f" ({_DROPPED_WHY[cat]})" if cat in _DROPPED_WHY else "")
+    parts = [f"{n:,} event{'s' if n != 1 else ''} " + (f"of category {cat}" if cat else "without a category")
+             + (f" ({_DROPPED_WHY[cat]})" if cat in _DROPPED_WHY else "")
              for cat, n in sorted(trace.dropped.items(), key=lambda kv: -kv[1])]
     return "; " + ", ".join(parts) if not trace.host_ops and not trace.gpu_name and not trace.rt_name \
-        else " " + ", ".join(parts) + "; step times count only the host, runtime and GPU events kept"
+        else " " + ", ".join(parts) + " (the replay and its step times cover the host, runtime and GPU events)"
 
 
 def _new_trace(path) -> KinetoTrace:
@@ -399,6 +405,7 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
     gpu_ts, gpu_dur, gpu_corr, gpu_args = t.gpu_ts, t.gpu_dur, t.gpu_corr, t.gpu_args
     flows = t.flows
     dropped = t.dropped
+    canonical: dict = {}         # raw category -> the name it is read as (python_function: every other event)
     empty: dict = {}
     total = len(events)
     chunk = max(total // 100, 10000)
@@ -409,7 +416,10 @@ def _walk_events(t: KinetoTrace, events: list, progress: Callable[[int, int], No
         ph = ev.get("ph")
         if ph == "X":
             if cat not in KNOWN_CATS:
-                cat = canonical_category(cat)
+                canon = canonical.get(cat, _MISSING)
+                if canon is _MISSING:
+                    canon = canonical[cat] = canonical_category(cat)
+                cat = canon
                 if cat not in KNOWN_CATS:
                     if cat not in IGNORED_CATS:
                         dropped[cat] = dropped.get(cat, 0) + 1

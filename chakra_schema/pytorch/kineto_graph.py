@@ -30,7 +30,9 @@ so that a replay of recorded durations reproduces the trace; dropped counts are 
   thread's latest launch before the record call, and the waiting stream is the stream of that thread's
   next launch after the wait call. Edge: last GPU op launched on the recording stream before the record
   call -> first GPU op launched on the waiting stream after the wait call.
-- SYNC (constrains the end): cudaStreamSynchronize <- last op launched on that stream before the call
+- SYNC (constrains the end): a blocking copy call (the synchronous API, or a copy to or from pageable
+  host memory) <- its own copy, when the call returned after the copy ended;
+  cudaStreamSynchronize <- last op launched on that stream before the call
   (stream from cuda_sync, else inferred as the stream of the thread's latest launch);
   cudaEventSynchronize <- last op launched on the event's stream before its record call (cuda_sync or
   the same inference); cudaDeviceSynchronize <- last op launched before it on every stream; a main
@@ -42,6 +44,7 @@ so that a replay of recorded durations reproduces the trace; dropped counts are 
 """
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Any
@@ -95,6 +98,15 @@ IMPLICIT_WAIT_RESUME_US = 10_000.0
 IMPLICIT_WAIT_MIN_IDLE_US = 20.0
 
 _GPU_KIND = {"kernel": OpKind.KERNEL, "gpu_memcpy": OpKind.MEMCPY, "gpu_memset": OpKind.MEMSET}
+# copy calls of the synchronous API: cudaMemcpy / cudaMemcpy2D / 3D, cuMemcpyDtoH_v2, hipMemcpy ... (not *Async,
+# not hipMemcpyWithStream)
+_SYNC_COPY_CALL = re.compile(r"^(cuda|cu|hip)Memcpy(?!.*(Async|WithStream|Peer))")
+
+
+def blocking_copy(call: str, copy: str) -> bool:
+    """A copy that holds its calling thread until it is done: a synchronous copy call, or a copy to or
+    from pageable host memory (Kineto's copy names say "Pageable"), which the driver runs synchronously."""
+    return bool(_SYNC_COPY_CALL.match(call)) or "Pageable" in copy
 
 
 def comm_type_of(name: str) -> int | None:
@@ -243,6 +255,10 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
         if lr >= 0:
             is_launch[lr] = 1
 
+    # PyTorch 1.8/1.9 recorded ProfilerStep#N as an operator ("Operator" category): in a trace with no
+    # ProfilerStep annotation, those operators are the steps
+    operator_steps = not any(h.cat == "user_annotation" and h.name.startswith("ProfilerStep#") for h in hops)
+
     # ---- nodes
     node_of = np.empty(H + R + G, np.int64)
     names = trace.rt_name
@@ -296,7 +312,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
         if stack and start + d > stack[-1][0] + TIME_TOL_US:
             nested_overlaps += 1
         if kind_src == 0:
-            if op.cat == "user_annotation":
+            if op.cat == "user_annotation" or (operator_steps and name.startswith("ProfilerStep#")):
                 if name.startswith("gloo:"):
                     kind, ntype = OpKind.COLLECTIVE, NodeType.COMM_COLL_NODE
                 else:
@@ -400,6 +416,20 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
             proxies += 1
         else:
             dropped["LAUNCH"] += 1
+    # A blocking copy holds the host until it has finished: the synchronous API (cudaMemcpy, cuMemcpyDtoH,
+    # hipMemcpy), or an asynchronous call whose host side is pageable memory (the driver runs it
+    # synchronously; Kineto names it "Memcpy DtoH (Device -> Pageable)"). Its call's end waits for the
+    # copy, so a copy that runs earlier in a replay (a faster GPU) lets the host go on earlier instead of
+    # keeping the recorded wait. An asynchronous copy that merely finished quickly does not block.
+    for g, lr in enumerate(launch_of_gpu):
+        if lr < 0 or trace.gpu_cat[g] != "gpu_memcpy" or not blocking_copy(names[lr], trace.gpu_name[g]):
+            continue
+        ln, gn = int(rt_node[lr]), int(gpu_node[g])
+        call_end = st[ln] + du[ln]
+        # the copy ran while the call was still in it (so the call is not its LAUNCH source) and had
+        # ended by the time the call returned
+        if st[gn] + TIME_TOL_US < call_end and st[gn] + du[gn] <= call_end + TIME_TOL_US:
+            add(gn, ln, EdgeKind.SYNC)
     rt_ts_l = trace.rt_ts
     # launch time of each GPU op (its own start when the launch is missing, e.g. sampled traces),
     # made monotone along the stream so "last op launched before T" is a bisection.
@@ -603,7 +633,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
     # ---- steps: ProfilerStep#N annotations, else the whole trace
     for h in range(H):
         op = hops[h]
-        if op.cat == "user_annotation" and op.name.startswith("ProfilerStep#"):
+        if op.name.startswith("ProfilerStep#") and (op.cat == "user_annotation" or operator_steps):
             n = int(host_node[h])
             b.add_step(op.name, n, st[n], du[n])
     b.steps.sort(key=lambda s: s.start_us)
