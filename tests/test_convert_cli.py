@@ -67,6 +67,21 @@ def test_table_output_and_et_only(tmp_path, capsys):
     assert (tmp_path / "g.0.et").exists()
 
 
+def test_ranks_converted_together_share_the_job_world_size(tmp_path, capsys):
+    """An Execution Trace alone may record no world size: four rank files converted together are a
+    4-rank job (not rank r of r + 1)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for r in range(4):
+        shutil.copy(require_shared("traces", "hta", "execution_trace_benchmark_simple_add_et.json.gz"),
+                    src / f"host.{r}.json.gz")
+    rc, out, err = _run(["--et", str(src / "host.{rank}.json.gz"), "-o", str(tmp_path / "job"), "--json"], capsys)
+    assert rc == 0, err
+    assert [(s["rank"], s["world_size"]) for s in json.loads(out)] == [(r, 4) for r in range(4)]
+    for r in range(4):
+        assert decode_et(str(tmp_path / f"job.{r}.et"))[0]["attrs"]["world_size"] == 4
+
+
 def test_entry_point_runs(tmp_path):
     """The installed console script path: python -m lumos_sim."""
     et = require_shared("traces", "hta", "execution_trace_benchmark_simple_add_et.json.gz")

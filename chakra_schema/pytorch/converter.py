@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from chakra_schema.errors import TraceInputError
 from chakra_schema.safe_io import iter_decompressed
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
@@ -237,10 +239,22 @@ def iter_converted(et_pattern: str | None, kineto_pattern: str | None, progress:
     """(rank, RankInputs, validated graph) for every rank the patterns name, in rank order: the one code
     path of `convert` and of the `replay` / `check` inputs, so both number ranks the same way."""
     named = bool(kineto_pattern) and "{rank}" in str(kineto_pattern)
-    for r, inp in sorted(discover_inputs(et_pattern, kineto_pattern).items()):
+    inputs = discover_inputs(et_pattern, kineto_pattern)
+    job_ranks = max(inputs) + 1
+    for r, inp in sorted(inputs.items()):
         graph = convert_rank(inp, progress, rank=r, rank_from_name=named)
         _validate(graph, inp)
+        graph.world_size = _world_size(graph, job_ranks)
         yield r, inp, graph
+
+
+def _world_size(graph: ExecutionGraph, job_ranks: int) -> int:
+    """The job's size as far as anything shows it: the trace's own record (Kineto distributedInfo, the
+    ET's pg config), the rank files given together, and the ranks its process groups name. A trace that
+    records none (an Execution Trace alone) would otherwise say rank + 1."""
+    named = [int(x) for i in graph.collectives().tolist() for x in (graph.attr(i, "pg_ranks", None) or ())
+             if isinstance(x, (int, np.integer)) or (isinstance(x, str) and x.isdigit())]
+    return max(int(graph.world_size or 1), job_ranks, max(named, default=-1) + 1, int(graph.rank) + 1)
 
 
 def convert(et_pattern: str | None, kineto_pattern: str | None, out_prefix: str | os.PathLike,
