@@ -131,7 +131,9 @@ def iter_et_messages(path: PathLike) -> Iterator[tuple[int, bytes]]:
         f.close()
 
 
-def _parse_metadata(path: PathLike, payload: bytes) -> GlobalMetadata:
+def _parse_metadata(path: PathLike, payload: bytes) -> GlobalMetadata | None:
+    """The file's GlobalMetadata; None when the first message is a Node instead (a file of the older
+    Chakra schema, before GlobalMetadata: ASTRA-sim's 2023 example workloads)."""
     try:
         md = GlobalMetadata.FromString(payload)
     except DecodeError:
@@ -139,20 +141,36 @@ def _parse_metadata(path: PathLike, payload: bytes) -> GlobalMetadata:
     # A Node parsed as GlobalMetadata usually "succeeds" with unknown fields (id is a varint where
     # version is a string); real metadata has none, and every attribute has a name.
     if md is None or len(unknown_fields.UnknownFieldSet(md)) or any(not a.name for a in md.attr):
-        raise TraceInputError(path, "first message is not a Chakra GlobalMetadata (not an .et file?)")
+        if _is_node(payload):
+            return None
+        raise TraceInputError(path, "first message is neither a Chakra GlobalMetadata nor a Node (not an .et file?)")
     return md
 
 
+def _is_node(payload: bytes) -> bool:
+    try:
+        node = Node.FromString(payload)
+    except DecodeError:
+        return False
+    return bool(node.name) and not len(unknown_fields.UnknownFieldSet(node)) and all(a.name for a in node.attr)
+
+
 def iter_et(path: PathLike, node_class: type = Node) -> Iterator[GlobalMetadata | Node]:
-    """Yield the file's GlobalMetadata, then each Node in file order, parsing one message at a time.
+    """Yield the file's GlobalMetadata, then each Node in file order, parsing one message at a time. A
+    file without GlobalMetadata (the older Chakra schema) yields an empty one first.
 
     `node_class` may be another message class wire-compatible with Node (the graph reader uses a view
     whose attrs stay serialized bytes)."""
     messages = iter_et_messages(path)
-    for _offset, payload in messages:
-        yield _parse_metadata(path, payload)
-        break
     parse = node_class.FromString
+    for _offset, payload in messages:
+        md = _parse_metadata(path, payload)
+        if md is None:
+            yield GlobalMetadata()
+            yield parse(payload)
+        else:
+            yield md
+        break
     for k, (offset, payload) in enumerate(messages, start=1):
         try:
             yield parse(payload)

@@ -341,7 +341,7 @@ def bad_inputs(tmp_path: Path) -> dict[str, Path]:
         "huge_prefix": encode_varint(len(md)) + md + encode_varint(3 << 30) + b"\x08\x01",
         "unterminated_prefix": encode_varint(len(md)) + md + b"\xff\xff\xff",
         "random_bytes": bytes(random.Random(7).randrange(256) for _ in range(4096)),
-        "node_first": encode_varint(len(node)) + node,
+        "node_first_then_garbage": encode_varint(len(node)) + node + b"\x03\xff\xff\xff",
         "empty_first_message": b"\x00" + good,
         "garbage_node": encode_varint(len(md)) + md + b"\x03\xff\xff\xff",
         "text_file": b"hello, this is not a trace\n" * 10,
@@ -369,11 +369,28 @@ def test_bad_input_raises_trace_input_error_naming_the_file(tmp_path):
 def test_bad_input_messages_say_what_is_wrong(tmp_path):
     paths = bad_inputs(tmp_path)
     expect = {"empty": "empty file", "truncated_gz": "gzip", "prefix_past_end": "claims",
-              "huge_prefix": "exceeds", "node_first": "GlobalMetadata", "garbage_node": "does not parse",
-              "empty_first_message": "GlobalMetadata", "unterminated_prefix": "truncated length prefix"}
+              "huge_prefix": "exceeds", "node_first_then_garbage": "does not parse", "garbage_node": "does not parse",
+              "empty_first_message": "GlobalMetadata", "unterminated_prefix": "truncated length prefix",
+              "text_file": "neither a Chakra GlobalMetadata nor a Node"}
     for name, needle in expect.items():
         with pytest.raises(TraceInputError, match=needle):
             list(iter_et(paths[name]))
+
+
+def test_a_file_of_the_older_schema_without_global_metadata_reads_as_its_nodes(tmp_path):
+    # ASTRA-sim's 2023 example workloads (runs/example/workload/resnet50_DataParallel.*.et) start with
+    # their first Node: Chakra wrote no GlobalMetadata then
+    path = tmp_path / "old.0.et"
+    nodes = [Node(id=0, name="COMP_NODE_conv1_FWD", type=NodeType.COMP_NODE, duration_micros=13003),
+             Node(id=1, name="COMM_COLL_NODE_fc1000_ALLREDUCE", type=NodeType.COMM_COLL_NODE, ctrl_deps=[0],
+                  attr=[AttributeProto(name="comm_type", int64_val=0),
+                        AttributeProto(name="comm_size", int64_val=8192000)])]
+    path.write_bytes(b"".join(encode_varint(len(m)) + m for m in (n.SerializeToString() for n in nodes)))
+    md, read = read_et(path)
+    assert md == GlobalMetadata() and [n.name for n in read] == [n.name for n in nodes]
+    g = read_graph(path)
+    assert list(g.name) == [n.name for n in nodes] and list(g.duration_us) == [13003.0, 0.0]
+    assert g.attr(1, "comm_size") == 8192000
 
 
 def test_missing_prefix_and_ambiguous_ranks(tmp_path):
