@@ -26,15 +26,20 @@ def check_replay_arguments(mode: str, hardware, source_hardware, steps: int | No
 
 
 def require_recorded_durations(graphs: Sequence[ExecutionGraph], mode: str) -> None:
-    """Trace timing replays recorded durations: an Execution Trace alone has none (every step would be
-    0 ms), so it is an input error, not a result."""
+    """Trace timing replays recorded durations: an Execution Trace alone has none, nor have the .et files
+    other tools generate as workloads (ASTRA-sim's microbenchmarks): every step would be 0 ms, so it is an
+    input error, not a result."""
     if mode != "trace":
         return
+    from replay.api import graph_file
     for g in graphs:
         if (g.metadata or {}).get("durations_known") is False:
-            src = (g.metadata or {}).get("source_path")
-            raise TraceInputError(src, "this Execution Trace records no durations: add its Kineto trace "
-                                       "(--kineto) or predict them with --timing model --hardware NAME")
+            raise TraceInputError(graph_file(g), "this Execution Trace records no durations: add its Kineto trace "
+                                  "(--kineto) or predict them with --timing model --hardware NAME")
+    if graphs and all(len(g) and not (g.duration_us > 0).any() for g in graphs):
+        ranks = "" if len(graphs) == 1 else f" (nor do the other {len(graphs) - 1} ranks)"
+        raise TraceInputError(graph_file(graphs[0]), f"records no node durations{ranks}: a generated workload, "
+                              "not a recording; predict them with --timing model --hardware NAME")
 
 
 def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[ExecutionGraph], list]:

@@ -1,6 +1,7 @@
 """Replay in one call."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 from chakra_schema.errors import TraceInputError
@@ -23,6 +24,15 @@ def replay(graphs: Sequence[ExecutionGraph], timing: TimingSource | None = None,
     return summarize(run, with_critical_path=critical_path)
 
 
+def graph_file(graph: ExecutionGraph) -> str | None:
+    """The file a graph was read from (an `.et` file), else the trace it was converted from."""
+    meta = graph.metadata or {}
+    src = meta.get("source")
+    if isinstance(src, str) and (".et" in os.path.basename(src) or os.sep in src):
+        return src
+    return meta.get("source_path") or meta.get("source_kineto")
+
+
 def make_timing(mode: str, hardware: str | None = None, source_hardware: str | None = None,
                 graphs: Sequence[ExecutionGraph] = ()) -> TimingSource:
     """`trace` without hardware: recorded durations. `trace` with hardware: the trace translated from the
@@ -40,6 +50,13 @@ def make_timing(mode: str, hardware: str | None = None, source_hardware: str | N
     source = get_hardware(source_hardware) if source_hardware else None
     if mode == "model":
         return ModelTiming(target, source)
-    if source is None and graphs and any(recorded_on(g) is None for g in graphs):
-        raise TraceInputError(None, "cannot tell which GPU the trace was recorded on: pass --source-hardware NAME")
+    unknown = [g for g in graphs if recorded_on(g) is None] if source is None else []
+    if unknown:
+        from replay.hardware.config import recorded_device_names
+        named = recorded_device_names(unknown[0].metadata)
+        what = (f"it records {named[0]!r}, which no hardware preset matches" if named else
+                "it names no GPU (no Kineto deviceProperties)")
+        raise TraceInputError(graph_file(unknown[0]),
+                              f"cannot tell which GPU the trace was recorded on: {what}; pass --source-hardware "
+                              "NAME (see `lumos-sim list hardware`)")
     return TranslatedTiming(source, target)

@@ -94,6 +94,17 @@ def test_translated_timing_guesses_source_from_metadata_or_refuses():
         TranslatedTiming(None, "h100-sxm-roofline").node_durations(g2)
 
 
+def test_replay_on_other_hardware_names_the_device_no_preset_matches():
+    from replay.api import make_timing
+    g, _ = _graph("AMD Instinct MI300X VF")
+    with pytest.raises(TraceInputError, match="records 'AMD Instinct MI300X VF', which no hardware preset "
+                                              "matches; pass --source-hardware NAME"):
+        make_timing("trace", "h100-sxm", None, [g])
+    g2, _ = _graph(None)
+    with pytest.raises(TraceInputError, match="names no GPU"):
+        make_timing("trace", "h100-sxm", None, [g2])
+
+
 def test_node_classes_and_kernel_class():
     g, ix = _graph()
     cls = node_classes(g)

@@ -70,3 +70,13 @@ def test_replay_error_is_one_line_exit_2(tmp_path):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "rank 1 never reaches all_reduce #1" in lines[0]
+
+
+def test_a_generated_workload_without_durations_is_refused_by_trace_timing_with_the_way_out(tmp_path):
+    """ASTRA-sim's microbenchmarks record no durations: trace timing would print 0 ms steps."""
+    base = require_shared("traces", "astra-sim", "all_reduce_8npus_1MB")
+    p = subprocess.run([sys.executable, "-m", "lumos_sim", "replay", str(base / "all_reduce")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert "all_reduce.0.et" in line and "records no node durations" in line and "--timing model --hardware" in line

@@ -532,26 +532,27 @@ def guess_hardware(device_name: str | None) -> HardwareConfig | None:
     return get_hardware(best[1]) if best else None
 
 
-def trace_hardware(metadata: dict[str, Any] | None) -> HardwareConfig | None:
-    """Guess a trace's hardware from its graph metadata (Kineto `deviceProperties`, or a 'device_name' /
-    'gpu_name' / 'hardware' entry)."""
+def recorded_device_names(metadata: dict[str, Any] | None) -> list[str]:
+    """The hardware a trace's graph metadata names, most explicit first: a 'hardware' / 'device_name' /
+    'gpu_name' entry, then each Kineto `deviceProperties` name."""
     if not metadata:
-        return None
-    for key in ("hardware", "device_name", "gpu_name"):
-        v = metadata.get(key)
-        if isinstance(v, str):
-            if _preset_path(v) is not None:
-                return get_hardware(v)
-            hw = guess_hardware(v)
-            if hw:
-                return hw
+        return []
+    names = [metadata[k] for k in ("hardware", "device_name", "gpu_name") if isinstance(metadata.get(k), str)]
     props = metadata.get("deviceProperties") or metadata.get("device_properties")
     if isinstance(props, list):
-        for d in props:
-            if isinstance(d, dict):
-                hw = guess_hardware(d.get("name"))
-                if hw:
-                    return hw
+        names += [d["name"] for d in props if isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"]]
+    return names
+
+
+def trace_hardware(metadata: dict[str, Any] | None) -> HardwareConfig | None:
+    """Guess a trace's hardware from its graph metadata (`recorded_device_names`): a preset name, or a
+    device name a preset matches."""
+    for name in recorded_device_names(metadata):
+        if _preset_path(name) is not None:
+            return get_hardware(name)
+        hw = guess_hardware(name)
+        if hw:
+            return hw
     return None
 
 
