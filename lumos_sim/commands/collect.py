@@ -16,14 +16,18 @@ profiler, writing OUT_DIR/host.<rank>.json.gz (Execution Trace) and OUT_DIR/devi
 (Kineto chrome trace) for `lumos-sim convert`. Needs PyTorch: pip install 'lumos-sim[collect]'.
 
 SCRIPT is a Python file that defines:
-  train_step(step: int) -> None   one training iteration (forward, backward, optimizer step)
-  setup() -> None                 optional; called once before profiling (build the model, init
-                                  torch.distributed from the torchrun environment, ...)
+  train_step(step: int) -> None
+      one training iteration (forward, backward, optimizer step)
+  setup() -> None
+      optional; called once before profiling (build the model, init
+      torch.distributed from the torchrun environment, ...)
+
 The script is loaded with __name__ != "__main__", so its `if __name__ == "__main__":` block does not
 run; it sees sys.argv = [SCRIPT, *SCRIPT_ARGS]. The first WARMUP steps run unrecorded, then STEPS
 steps are recorded. The rank in the file names is torch.distributed's rank once setup() has
 initialized a process group, else 0. One process per rank: for several ranks launch with torchrun,
-e.g. torchrun --nproc-per-node 2 -m lumos_sim.cli collect train.py -o traces/
+e.g.:
+  torchrun --nproc-per-node 2 -m lumos_sim.cli collect train.py -o traces/
 
 With --routing, no profiler runs: forward hooks on the MoE routers of the script's global `model`
 (modules named `gate` / `router`, or --router-pattern) record each token's top-k experts and gate
