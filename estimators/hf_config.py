@@ -45,9 +45,10 @@ class _Fields:
 
     def _get(self, key: str, default: Any) -> Any:
         value = self.data.get(key, _MISSING)
-        if value is _MISSING or (value is None and default is not _MISSING):
+        if value is _MISSING or value is None:
             if default is _MISSING:
-                raise TraceInputError(None, f"missing field '{key}' (model_type '{self.model_type}')")
+                what = "missing field" if value is _MISSING else "required field is null:"
+                raise TraceInputError(None, f"{what} '{key}' (model_type '{self.model_type}')")
             return default
         return value
 
@@ -194,6 +195,8 @@ def _qwen_moe(f: _Fields) -> dict[str, Any]:
                      layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
     if len(dense) >= layers:
         raise TraceInputError(None, "field 'mlp_only_layers' leaves no MoE layer")
+    if step > layers:
+        raise TraceInputError(None, f"field 'decoder_sparse_step' ({step}) leaves no MoE layer among the {layers} layers")
     return kw
 
 
@@ -217,8 +220,22 @@ def _deepseek(f: _Fields) -> dict[str, Any]:
                      # HF: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
                      layer_freq=freq, layer_offset=(-first_dense) % freq,
                      groups=f.int("n_group", 1), groups_per_token=f.int("topk_group", 1), router=_router(f))
+    moe = kw["moe"]
+    if moe["groups_per_token"] > moe["groups"]:
+        raise TraceInputError(None, f"field 'topk_group' ({moe['groups_per_token']}) must not exceed 'n_group' "
+                                    f"({moe['groups']})")
+    if moe["num_experts"] % moe["groups"]:
+        raise TraceInputError(None, f"field 'n_group' ({moe['groups']}) must divide 'n_routed_experts' "
+                                    f"({moe['num_experts']})")
+    _require_moe_layer(kw["layers"], first_dense, freq, "first_k_dense_replace / moe_layer_freq")
     kw["mtp_layers"] = f.int("num_nextn_predict_layers", 0, low=0)
     return kw
+
+
+def _require_moe_layer(layers: int, first_dense: int, freq: int, fields: str) -> None:
+    """An MoE config whose layout leaves every layer dense is a mistake, not a dense model."""
+    if not any(i >= first_dense and (i - first_dense) % freq == 0 for i in range(layers)):
+        raise TraceInputError(None, f"fields {fields} leave no MoE layer among the {layers} layers")
 
 
 def _gpt_oss(f: _Fields) -> dict[str, Any]:
@@ -263,11 +280,15 @@ def _model_type(data: dict[str, Any]) -> str:
             raise TraceInputError(None, f"unknown model_type '{mt}' (supported: {', '.join(sorted(FAMILIES))})")
         return mt
     archs = data.get("architectures")
+    named = []
     if isinstance(archs, list):
         for a in archs:
             if isinstance(a, str) and a in _ARCHITECTURES:   # entries of other types ({}, []) are unhashable
                 return _ARCHITECTURES[a]
-    raise TraceInputError(None, "missing field 'model_type' (and no known 'architectures' entry)")
+            if isinstance(a, str):
+                named.append(a)
+    which = f" ({', '.join(named)} is not one of: {', '.join(sorted(_ARCHITECTURES))})" if named else ""
+    raise TraceInputError(None, f"missing field 'model_type' and no known 'architectures' entry{which}")
 
 
 def hf_model_table(data: Any, path: str | os.PathLike = "<config.json>", name: str | None = None) -> dict[str, Any]:
@@ -277,10 +298,15 @@ def hf_model_table(data: Any, path: str | os.PathLike = "<config.json>", name: s
     try:
         if not isinstance(data, dict):
             raise TraceInputError(None, f"must be a JSON object, got {type(data).__name__}")
+        inner = ""
         if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
             data = data["text_config"]            # multimodal wrapper: the language model's config
-        mt = _model_type(data)
-        kw = FAMILIES[mt](_Fields(data, mt))
+            inner = "its text_config: "
+        try:
+            mt = _model_type(data)
+            kw = FAMILIES[mt](_Fields(data, mt))
+        except TraceInputError as e:
+            raise TraceInputError(None, inner + e.problem) if inner else e
         label = name or _name(data, path)
         return dict(name=label, display_name=label, source=f"Hugging Face config.json ({mt}): {path}", **kw)
     except TraceInputError as e:
@@ -289,23 +315,45 @@ def hf_model_table(data: Any, path: str | os.PathLike = "<config.json>", name: s
 
 def _name(data: dict[str, Any], path: str | os.PathLike) -> str:
     given = data.get("_name_or_path")
-    if isinstance(given, str) and given.strip():
-        return given.strip().rstrip("/").split("/")[-1]
+    if isinstance(given, str):
+        given = "".join(c for c in given if c.isprintable()).strip()   # no terminal escapes in a table title
+        if given.rstrip("/"):
+            return given.rstrip("/").split("/")[-1][:80]
     p = Path(path)
     return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
 
 
 def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
-    """The parsed config.json at `path` (or in the directory `path`), and the file's path."""
+    """The parsed config.json at `path` (gzipped too, or in the directory `path`), and the file's path."""
     p = Path(path)
     if p.is_dir():
+        if not (p / "config.json").exists():
+            raise TraceInputError(p, "is a directory without a config.json")
         p = p / "config.json"
     try:
         with open(p, "rb") as fh:
-            return json.loads(read_config_bytes(fh, p, "config.json").decode("utf-8")), p
+            data = read_config_bytes(fh, p, "config.json")
+        if data[:2] == b"\x1f\x8b":
+            data = _gunzip(p, data)
+        return json.loads(data.decode("utf-8")), p
     except FileNotFoundError:
         raise TraceInputError(p, "config.json not found") from None
+    except TraceInputError:
+        raise
     except (ValueError, RecursionError) as e:  # JSON / UTF-8 errors, an integer past the int-parsing digit limit,
         raise TraceInputError(p, f"not valid JSON: {e}") from None   # RecursionError: nested too deeply
     except OSError as e:
         raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
+
+
+def _gunzip(path: Path, data: bytes) -> bytes:
+    import zlib
+    from chakra_schema.errors import MAX_CONFIG_BYTES
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, MAX_CONFIG_BYTES + 1)
+    except zlib.error as e:
+        raise TraceInputError(path, f"bad gzip data: {e}") from None
+    if len(out) > MAX_CONFIG_BYTES:
+        raise TraceInputError(path, f"decompresses to more than {MAX_CONFIG_BYTES >> 20} MiB: not a config.json")
+    return out

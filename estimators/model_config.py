@@ -563,10 +563,20 @@ def load_hf_config(path: str | os.PathLike) -> ModelConfig:
 def load_model_file(path: str | os.PathLike) -> ModelConfig:
     """A model TOML file, or a Hugging Face config.json (`estimators.hf_config`)."""
     p = Path(path)
-    if p.suffix == ".json":
+    if p.suffix.lower() == ".json" or p.name.lower().endswith(".json.gz") or _looks_like_json(p):
         return load_hf_config(p)
     data = read_toml(p, "model file")
     return model_from_dict(data, str(p))
+
+
+def _looks_like_json(p: Path) -> bool:
+    """A model file named otherwise (`config.JSON`, no extension) that holds a JSON object or is gzipped."""
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return False
+    return head[:2] == b"\x1f\x8b" or head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{"
 
 
 def zoo_names() -> list[str]:
@@ -581,7 +591,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelConfig:
     """A zoo model by name (case and punctuation ignored: "Llama 3 8B", "llama3-8b"), a model TOML path, or a
     Hugging Face config.json path (or a directory holding one)."""
     s = str(name_or_path)
-    if s.endswith(".json") or (Path(s).is_dir() and (Path(s) / "config.json").is_file()):
+    if s.lower().endswith((".json", ".json.gz")) or Path(s).is_dir():
         return load_hf_config(s)
     if s.endswith(".toml") or os.sep in s or Path(s).is_file():
         return load_model_file(s)

@@ -177,3 +177,68 @@ def test_deeply_nested_config_json_is_a_one_line_error(tmp_path, capsys):
     code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "not valid JSON" in err and "\n" not in err
+
+
+def _ds(**kw):
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.mark.parametrize("cfg,expect", [
+    # a required field set to null (Qwen3 / Llama 3.2 configs also carry head_dim: this used to divide None)
+    ({**_llama(head_dim=64), "num_attention_heads": None}, "required field is null: 'num_attention_heads'"),
+    ({**_llama(head_dim=64), "hidden_size": None}, "required field is null: 'hidden_size'"),
+    (_ds(kv_lora_rank=None), "required field is null: 'kv_lora_rank'"),
+    # node-limited routing and MoE layouts, named by their config.json fields
+    (_ds(n_group=8, topk_group=16), "'topk_group' (16) must not exceed 'n_group' (8)"),
+    (_ds(n_group=7, topk_group=4), "'n_group' (7) must divide 'n_routed_experts' (256)"),
+    (_ds(first_k_dense_replace=61), "first_k_dense_replace / moe_layer_freq leave no MoE layer among the 61 layers"),
+    ({**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), "decoder_sparse_step": 100},
+     "'decoder_sparse_step' (100) leaves no MoE layer"),
+    # an unknown architecture is named, with the known ones
+    ({k: v for k, v in _llama(architectures=["FooBarForCausalLM"]).items() if k != "model_type"},
+     "FooBarForCausalLM is not one of: DeepseekV2ForCausalLM"),
+    # a multimodal wrapper's error says it comes from the text_config
+    ({"model_type": "llava", "text_config": _llama(model_type="llama4_text")},
+     "its text_config: unknown model_type 'llama4_text'"),
+])
+def test_config_json_mistakes_are_named_by_their_config_json_fields(tmp_path, capsys, cfg, expect):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expect in err and str(p) in err and "\n" not in err
+
+
+@pytest.mark.parametrize("name", ["config.json.gz", "config.JSON", "config"])
+def test_a_config_json_gzipped_or_named_otherwise_loads_the_same(tmp_path, name):
+    import gzip
+    raw = (HF / "mixtral-8x7b.json").read_bytes()
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    assert load_model(str(p)).param_count() == load_model(str(HF / "mixtral-8x7b.json")).param_count()
+
+
+def test_a_directory_without_config_json_says_so(tmp_path):
+    with pytest.raises(TraceInputError, match="is a directory without a config.json"):
+        load_model(str(tmp_path))
+
+
+def test_a_name_with_terminal_escapes_is_printed_clean():
+    m = model_from_hf(_llama(_name_or_path="org/evil\x1b[31mRED\nname"))
+    assert m.name == "evil[31mREDname" and all(c.isprintable() for c in m.display_name)
+
+
+def test_whatif_reports_the_model_it_read(tmp_path, capsys):
+    # Mixtral 8x7B: 46.7 B parameters, 12.9 B active (Jiang et al. 2024); Megatron-Core FLOPs per token of a
+    # 32-layer MoE model at 1024 tokens, from the module's formula, is the model's own method: compare counts only
+    code = main(["whatif", "parallelism", "--model", str(HF / "mixtral-8x7b.json"), "--gpus", "8", "--ep", "8",
+                 "--seq-len", "1024", "--global-batch", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["model_params"] / 1e9 == pytest.approx(46.7, rel=0.01)
+    assert out["model_active_params"] / 1e9 == pytest.approx(12.9, rel=0.01)
+    # no input embedding (32,000 x 4,096) in the GPT-OSS card's convention
+    assert out["model_active_params"] - out["model_active_params_without_input_embedding"] == 32000 * 4096
+    assert out["model_flops_per_token"] > 6 * out["model_active_params"] * 0.9

@@ -265,6 +265,11 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
         raise TraceInputError(None, "the replay produced an empty step")
     tokens = plan.global_batch * plan.seq_len
     gpus = plan.gpus
+    # what was read of the model (a config.json import is checked against its model card by these):
+    # active counts the input embedding, as Qwen and Mistral cards do; GPT-OSS's card leaves it out
+    extra.update(model_params=model.param_count(), model_active_params=model.active_param_count(),
+                 model_active_params_without_input_embedding=model.active_param_count(input_embedding=False),
+                 model_flops_per_token=model.model_flops_per_token(plan.seq_len))
     mflops = model_flops_per_step(model, plan)
     hflops = hw_flops_per_step(model, plan)
     peak = hw.peak_flops(plan.precision) if hw is not None else 0.0

@@ -243,6 +243,7 @@ def _print_prediction(r, moe: bool = False) -> None:
     t.add_column("value", justify="right", overflow="fold")
     bd = legacy_breakdown_json(r.breakdown)
     rows = [("step time", f"{r.step_time_s:.3f} s"), ("tokens/s", f"{r.tokens_per_s:,.0f}"),
+            ("tokens/s per GPU", f"{r.tokens_per_s / p.gpus:,.0f}"),
             ("model TFLOP/s per GPU", f"{r.tflops_per_gpu:.1f}"), ("hardware TFLOP/s per GPU", f"{r.hw_tflops_per_gpu:.1f}"),
             ("MFU", f"{100 * r.mfu:.1f}%"),
             ("memory per GPU", f"{r.memory.total_gib:.1f} GiB" + (" (OUT OF MEMORY, see below)" if r.oom else "")),
@@ -256,6 +257,10 @@ def _print_prediction(r, moe: bool = False) -> None:
     if bd.get("host_wait_s", 0.0) > 0:
         rows.append(("GPU waiting for the host (MoE token-count sync)", f"{bd['host_wait_s']:.3f} s"))
     rows.append(("pipeline bubble / idle", f"{bd['bubble_s']:.3f} s ({100 * bd['bubble_fraction']:.1f}%)"))
+    if "model_params" in r.extra:
+        rows.append(("model parameters: total / active", f"{r.extra['model_params'] / 1e9:,.2f} B / "
+                                                          f"{r.extra['model_active_params'] / 1e9:,.2f} B"))
+        rows.append(("model FLOPs per token (fwd + bwd)", f"{r.extra['model_flops_per_token'] / 1e9:,.1f} G"))
     rows.append(("simulated ranks / nodes / wall", f"{r.simulated_ranks} / {r.num_nodes:,} / {r.wall_s:.1f} s"))
     for k, v in rows:
         t.add_row(k, v)
