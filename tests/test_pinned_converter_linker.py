@@ -89,6 +89,14 @@ def test_link_needs_ops_on_both_sides_and_the_same_process():
         link(et_of([op(3, "## process_group:init ##", parent=1)]), kineto_of([("a", 0, 1)]))
 
 
+def test_kineto_ids_all_zero_are_no_key_and_ops_link_by_name_sequence():
+    # a profiler that did not record ids writes 'Record function id': 0 on every op (seen in a 1.0.2 ET pair
+    # and in MTIA traces): that is no evidence of another run, the name sequences link the files
+    et = et_of([op(3, "a", rf=11), op(4, "b", rf=12), op(5, "c", rf=13)])
+    info, rep = link_with_report(et, kineto_of([("a", 0, 1, 1, 0), ("b", 2, 1, 1, 0), ("c", 4, 1, 1, 0)]))
+    assert rep.key != "rf_id" and {h: a["et_id"] for h, a in info.items()} == {0: 3, 1: 4, 2: 5}
+
+
 # ------------------------------------------------------------------ name sequences
 def test_name_sequence_links_every_exact_occurrence_without_rf_ids():
     et = et_of(seq_et(["a", "b", "c"]))

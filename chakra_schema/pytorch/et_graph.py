@@ -207,7 +207,8 @@ def _reject_parent_cycles(et: ExecutionTrace, parent_of: list[int]) -> None:
             i = parent_of[i]
         if i >= 0 and state[i] == 1:
             raise TraceInputError(et.path, f"node {int(et.ids[i])} ({et.names[i]}) is its own ancestor through "
-                                           "ctrl_deps: a corrupt parent link")
+                                           "its parent links (ctrl_deps; 'parent' in the 1.0.1 schema): a "
+                                           "corrupt trace")
         for j in walk:
             state[j] = 2
 

@@ -68,7 +68,10 @@ def link_with_report(et: ExecutionTrace, kineto) -> tuple[dict[int, dict], LinkR
         raise _pair_error(et, kineto, "the Execution Trace has no operators")
     if not hops:
         raise _pair_error(et, kineto, "the Kineto trace has no host ops (cpu_op / user_annotation)")
-    if any(op.rf_id is not None for op in hops):
+    # ids are unique per op: a Kineto trace whose ops all carry one id (0: the profiler did not record
+    # them) has no key
+    ids = [op.rf_id for op in hops if op.rf_id is not None]
+    if ids and (len(ids) == 1 or len(set(ids)) > 1):
         pairs, report = _link_by_rf_id(et, kineto, et_ops)
     else:
         pairs, report = _link_by_name_sequence(et, kineto, et_ops)
