@@ -70,6 +70,8 @@ def parse_byte_size(text: str) -> int:
 
 
 def input_too_large(path: PathLike, limit: int) -> TraceInputError:
+    if limit != max_input_bytes():   # a fixed cap of the caller's (a config file's), not the user's limit
+        return TraceInputError(path, f"decompresses to more than {_human(limit)}: too large for this kind of file")
     return TraceInputError(path, f"decompresses to more than {_human(limit)} (the input size limit); if the "
                                  "file is genuine, raise it with --max-input-size or LUMOS_SIM_MAX_INPUT_SIZE")
 

@@ -31,7 +31,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from chakra_schema.errors import TraceInputError, check_number, read_config_bytes, with_path
+from chakra_schema.errors import MAX_CONFIG_BYTES, TraceInputError, check_number, with_path
+from chakra_schema.safe_io import read_json_input
 
 _MISSING = object()
 
@@ -193,10 +194,8 @@ def _qwen_moe(f: _Fields) -> dict[str, Any]:
                      expert_ffn=expert_ffn, shared_experts=1 if shared_ffn else 0,
                      shared_expert_ffn=shared_ffn if shared_ffn and shared_ffn != expert_ffn else 0,
                      layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
-    if len(dense) >= layers:
-        raise TraceInputError(None, "field 'mlp_only_layers' leaves no MoE layer")
-    if step > layers:
-        raise TraceInputError(None, f"field 'decoder_sparse_step' ({step}) leaves no MoE layer among the {layers} layers")
+    # the first MoE layer: after the dense range, or at decoder_sparse_step - 1 (the two are not combined)
+    _require_moe_layer(layers, len(dense) if step == 1 else step - 1, step, "mlp_only_layers / decoder_sparse_step")
     return kw
 
 
@@ -330,30 +329,14 @@ def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
         if not (p / "config.json").exists():
             raise TraceInputError(p, "is a directory without a config.json")
         p = p / "config.json"
+    if not p.exists():
+        raise TraceInputError(p, "config.json not found")
     try:
-        with open(p, "rb") as fh:
-            data = read_config_bytes(fh, p, "config.json")
-        if data[:2] == b"\x1f\x8b":
-            data = _gunzip(p, data)
+        # the bounded reader gunzips when the file starts with the gzip magic, and refuses a file (or a gzip
+        # that decompresses to) more than a config.json ever holds
+        data = read_json_input(p, limit=MAX_CONFIG_BYTES)
         return json.loads(data.decode("utf-8")), p
-    except FileNotFoundError:
-        raise TraceInputError(p, "config.json not found") from None
     except TraceInputError:
         raise
     except (ValueError, RecursionError) as e:  # JSON / UTF-8 errors, an integer past the int-parsing digit limit,
         raise TraceInputError(p, f"not valid JSON: {e}") from None   # RecursionError: nested too deeply
-    except OSError as e:
-        raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
-
-
-def _gunzip(path: Path, data: bytes) -> bytes:
-    import zlib
-    from chakra_schema.errors import MAX_CONFIG_BYTES
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(data, MAX_CONFIG_BYTES + 1)
-    except zlib.error as e:
-        raise TraceInputError(path, f"bad gzip data: {e}") from None
-    if len(out) > MAX_CONFIG_BYTES:
-        raise TraceInputError(path, f"decompresses to more than {MAX_CONFIG_BYTES >> 20} MiB: not a config.json")
-    return out

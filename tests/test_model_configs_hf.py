@@ -195,7 +195,9 @@ def _ds(**kw):
     (_ds(n_group=7, topk_group=4), "'n_group' (7) must divide 'n_routed_experts' (256)"),
     (_ds(first_k_dense_replace=61), "first_k_dense_replace / moe_layer_freq leave no MoE layer among the 61 layers"),
     ({**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), "decoder_sparse_step": 100},
-     "'decoder_sparse_step' (100) leaves no MoE layer"),
+     "mlp_only_layers / decoder_sparse_step leave no MoE layer among the 24 layers"),
+    ({**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), "mlp_only_layers": list(range(24))},
+     "mlp_only_layers / decoder_sparse_step leave no MoE layer among the 24 layers"),
     # an unknown architecture is named, with the known ones
     ({k: v for k, v in _llama(architectures=["FooBarForCausalLM"]).items() if k != "model_type"},
      "FooBarForCausalLM is not one of: DeepseekV2ForCausalLM"),
@@ -218,6 +220,23 @@ def test_a_config_json_gzipped_or_named_otherwise_loads_the_same(tmp_path, name)
     p = tmp_path / name
     p.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
     assert load_model(str(p)).param_count() == load_model(str(HF / "mixtral-8x7b.json")).param_count()
+
+
+def test_a_gzipped_config_json_is_capped_at_the_config_limit_not_the_trace_limit(tmp_path, capsys):
+    """config.json is read through the bounded gunzip of the trace readers, with the config cap (64 MiB,
+    chakra_schema.errors.MAX_CONFIG_BYTES): a gzip that expands past it is one line naming the file, and
+    the message does not send the user to --max-input-size, which does not govern config files."""
+    import gzip
+    p = tmp_path / "config.json.gz"
+    p.write_bytes(gzip.compress(b'{"model_type": "llama", "pad": "' + b"x" * (65 << 20) + b'"}', compresslevel=1))
+    code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and str(p) in err and "decompresses to more than 64 MiB" in err and "\n" not in err
+    assert "--max-input-size" not in err
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(gzip.compress(b'{"model_type": "llama"}')[:-12])
+    with pytest.raises(TraceInputError, match="truncated or corrupt gzip data"):
+        load_model(str(corrupt))
 
 
 def test_a_directory_without_config_json_says_so(tmp_path):

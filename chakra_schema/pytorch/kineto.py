@@ -170,23 +170,21 @@ def load_kineto(path: str | os.PathLike,
     trace.pg_config = dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else None
     trace.metadata = root
     if not trace.host_ops and not trace.gpu_name and not trace.rt_name:
-        raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events" + _dropped_text(trace))
+        raise TraceInputError(path, "Kineto trace has no host, runtime or GPU events"
+                              + ("; " + _dropped_text(trace) if trace.dropped else ""))
     if trace.dropped:
-        log.warning("%s: not replayed:%s", path, _dropped_text(trace))
+        log.warning("%s: not replayed: %s (the replay and its step times cover the host, runtime and GPU events)",
+                    path, _dropped_text(trace))
     _check_thread_ids(path, trace)
     _repair_durations(path, trace)
     return trace
 
 
 def _dropped_text(trace: KinetoTrace) -> str:
-    """'' or '; 1,313 events of category mtia_ccp_events (MTIA device events ...), ...' (largest first)."""
-    if not trace.dropped:
-        return ""
-    parts = [f"{n:,} event{'s' if n != 1 else ''} " + (f"of category {cat}" if cat else "without a category")
-             + (f" ({_DROPPED_WHY[cat]})" if cat in _DROPPED_WHY else "")
-             for cat, n in sorted(trace.dropped.items(), key=lambda kv: -kv[1])]
-    return "; " + ", ".join(parts) if not trace.host_ops and not trace.gpu_name and not trace.rt_name \
-        else " " + ", ".join(parts) + " (the replay and its step times cover the host, runtime and GPU events)"
+    """'1,313 events of category mtia_ccp_events (MTIA device events ...), ...' (largest first)."""
+    return ", ".join(f"{n:,} event{'s' if n != 1 else ''} " + (f"of category {cat}" if cat else "without a category")
+                     + (f" ({_DROPPED_WHY[cat]})" if cat in _DROPPED_WHY else "")
+                     for cat, n in sorted(trace.dropped.items(), key=lambda kv: -kv[1]))
 
 
 def _new_trace(path) -> KinetoTrace:
