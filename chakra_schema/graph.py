@@ -173,6 +173,21 @@ class ExecutionGraph:
     def index_of_id(self) -> dict[int, int]:
         return {int(nid): i for i, nid in enumerate(self.node_id)}
 
+    @property
+    def trace_origin(self) -> str | None:
+        """What a graph converted from PyTorch traces was made from: "kineto" (a Kineto trace, linked to
+        its Execution Trace or not) or "execution_trace" (an ET alone); None for other graphs (a Chakra /
+        ASTRA-sim .et, a generated workload). The converter says so in metadata["source"]; an .et file
+        read back has the file's path there instead, so the keys the converter also stores tell it."""
+        meta = self.metadata or {}
+        if meta.get("source") in ("kineto", "execution_trace"):
+            return meta["source"]
+        if meta.get("source_kineto"):
+            return "kineto"
+        if meta.get("et_schema") or meta.get("source_et"):
+            return "execution_trace"
+        return None
+
     def is_gpu(self) -> np.ndarray:
         """bool [N]: node runs on a GPU stream."""
         gpu_res = np.array([r.is_gpu for r in self.resources], dtype=bool)

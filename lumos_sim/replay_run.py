@@ -52,7 +52,7 @@ def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[Execut
     for g in graphs:
         meta = g.metadata or {}
         src = meta.get("source_kineto") or meta.get("source_path")
-        if meta.get("source") == "kineto" and not records_gpu_work(g) and not can_infer(g):
+        if g.trace_origin == "kineto" and not records_gpu_work(g) and not can_infer(g):
             # a CPU run's (or a GPU run profiled without CUDA activity) Kineto trace: its op times are no
             # GPU times, and without linked ET ops there is nothing to infer the GPU kernels from
             if meta.get("source_et"):

@@ -481,7 +481,7 @@ def needs_inference(graph: ExecutionGraph) -> bool:
     """A graph without GPU kernels that model mode must infer them for: an ET alone (durations unknown), or
     a trace of a CPU run (its recorded op times are CPU compute, not what a GPU would take)."""
     meta = graph.metadata or {}
-    if meta.get("durations_known") is not False and meta.get("source") != "kineto":
+    if meta.get("durations_known") is not False and graph.trace_origin != "kineto":
         return False   # a graph with durations that is not a PyTorch trace (a Chakra / ASTRA-sim .et)
     return not records_gpu_work(graph) and bool((graph.kind == int(OpKind.CPU_OP)).any())
 
@@ -494,7 +494,7 @@ def records_gpu_work(graph: ExecutionGraph) -> bool:
 def can_infer(graph: ExecutionGraph) -> bool:
     """Whether the graph's ops carry what inference reads: an ET's tensors (a Kineto trace alone records
     shapes at most, not the tensors' devices, dtypes and aliasing)."""
-    return (graph.metadata or {}).get("source") == "execution_trace" or \
+    return graph.trace_origin == "execution_trace" or \
         any("tensor_devices" in a for a in graph.attrs.values())
 
 

@@ -230,3 +230,20 @@ def test_grouped_convolution_splits_the_gemm_per_group():
     [k] = op_kernels("aten::cudnn_convolution", {"input_shapes": [x, w], "input_types": ["Tensor(c10::BFloat16)"] * 2,
                                                  "output_shapes": [y], "output_types": ["Tensor(c10::BFloat16)"]})
     assert (k.attrs["batch"], k.attrs["m"], k.attrs["n"], k.attrs["k"]) == (256, 8 * 56 * 56, 1, 9)
+
+
+def test_a_converted_cpu_trace_pair_is_predicted_like_the_raw_pair(tmp_path):
+    """A CPU run's ET + Kineto pair converted to .et and replayed in model mode infers the GPU kernels, as
+    the raw pair does: the .et reader puts the file's path in metadata["source"], which used to hide that
+    the graph came from a Kineto trace, so the CPU's own op times (the arithmetic done on the CPU) were
+    replayed as if they were a GPU run's host times."""
+    from chakra_schema.pytorch.converter import convert
+    folder = ROOT / "tests" / "data" / "cpu_models" / "cnn"
+    et, kin = str(folder / "host.{rank}.json.gz"), str(folder / "device.{rank}.json.gz")
+    convert(et, kin, str(tmp_path / "cnn"))
+    raw = run_replay(load_graphs([], et_pattern=et, kineto_pattern=kin), "model", "h100-sxm")
+    converted = run_replay(load_graphs([str(tmp_path / "cnn")]), "model", "h100-sxm")
+    assert raw.inference and converted.inference and converted.inference[0][1].cpu_trace
+    assert converted.step_time_us == pytest.approx(raw.step_time_us, rel=1e-9)
+    recorded = run_replay(load_graphs([str(tmp_path / "cnn")]))     # the CPU run's own step
+    assert converted.step_time_us < recorded.step_time_us
