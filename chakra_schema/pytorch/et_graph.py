@@ -34,12 +34,15 @@ every `ProfilerStep#N` annotation, else one synthetic step.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 from chakra_schema.pytorch.execution_trace import (PG_INIT, RECORD_FUNCTION_SCOPE_USER, ExecutionTrace,
                                                    is_root_name, op_attrs, record_param_comms_args)
+
+log = logging.getLogger(__name__)
 
 # Collective names seen in ETs and Kineto (c10d op names, record_param_comms names, nccl:/gloo: names),
 # normalized by `_norm` (lower case, no "_" / prefix) -> CommType. Send / recv are handled apart.
@@ -213,6 +216,33 @@ def _reject_parent_cycles(et: ExecutionTrace, parent_of: list[int]) -> None:
             state[j] = 2
 
 
+def _adopt_orphans(et: ExecutionTrace, parent_of: list[int]) -> tuple[int, str]:
+    """Ops whose parent link leads nowhere -- an id absent from the trace (a truncated or edited file, an ET
+    started inside a function that began before it), the op itself, or an op that started later -- would be
+    top-level ops outside every ProfilerStep, and their time would leave their step without a word. ET ids
+    are assigned as ops start, so such an op within a step's id range (from the step's id up to the next
+    step's; the last step's to the end of the trace) is put under that step, in place in `parent_of`; one
+    before the first step stays top-level, like any op outside the steps. Returns how many were put under a
+    step, and the first of them, for the warning."""
+    names = et.names
+    steps = [i for i in range(len(parent_of)) if names[i].startswith("ProfilerStep#")]
+    if not steps:
+        return 0, ""        # the whole trace is one step: nothing can leave it
+    pids = et.parent_ids.tolist()
+    adopted, first = 0, ""
+    for i in range(steps[0] + 1, len(parent_of)):
+        p = parent_of[i]
+        if (p < 0 and pids[i] == 0) or (0 <= p < i) or is_root_name(names[i]) or names[i].startswith(("nccl:", "gloo:")):
+            # no parent recorded, a real call-stack parent, a root, or a collective's transfer (a gloo transfer
+            # on its worker thread can start before its c10d op: the main loop finds its issuer)
+            continue
+        parent_of[i] = max(s for s in steps if s < i)
+        adopted += 1
+        if not first:
+            first = f"node {int(et.ids[i])} ({names[i]}) names parent {pids[i]}"
+    return adopted, first
+
+
 def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> ExecutionGraph:
     """Convert an Execution Trace into an ExecutionGraph (see the module docstring)."""
     r = rank if rank is not None else (et.rank if et.rank is not None else 0)
@@ -222,6 +252,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
     names = et.names
     parent_of = et.parent_index().tolist()
     _reject_parent_cycles(et, parent_of)
+    orphans, first_orphan = _adopt_orphans(et, parent_of)
     scope = et.scope.tolist()
     tids = et.tid.tolist()
     ids = et.ids.tolist()
@@ -432,6 +463,10 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
         "source": "execution_trace", "source_path": et.path, "et_schema": et.schema,
         "durations_known": end_us > 0,
     })
+    if orphans:
+        b.metadata["orphan_ops"] = orphans
+        log.warning("%s: %d op%s name a parent that is not an earlier op of the trace (first: %s); each is replayed "
+                    "under the ProfilerStep its id falls in", et.path, orphans, "s" if orphans != 1 else "", first_orphan)
     if et.process_groups:
         b.metadata["process_groups"] = et.process_groups
     if unknown_collectives:
