@@ -15,6 +15,7 @@ when the model cannot estimate it), collectives are re-timed by the target's net
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Sequence
 
@@ -26,12 +27,14 @@ from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 from .fabric import SharedLinkFabric
 from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
                                launching_op, peak_ratio, traced_kernel_class)
-from .hardware.config import HardwareConfig, get_hardware, trace_hardware
+from .hardware.config import HardwareConfig, get_hardware, recorded_device_names, trace_hardware
 from .hardware.kernel_models import CONTENDED, STRIDED_KEY, apply_class_model, communication_contention
 from .hardware.network import NetworkModel
 from .trace_timing import recorded_gpu_latency
 
 __all__ = ["ModelTiming", "TranslatedTiming", "kernel_class", "node_classes", "source_hardware"]
+
+log = logging.getLogger(__name__)
 
 _COMM_KINDS = (OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV)
 _GPU_WORK = (OpKind.KERNEL, OpKind.MEMCPY, OpKind.MEMSET)
@@ -43,6 +46,20 @@ def source_hardware(graph: ExecutionGraph, explicit: HardwareConfig | str | None
     if explicit is not None:
         return get_hardware(explicit)
     return trace_hardware(graph.metadata)
+
+
+def _warn_kept_durations(graph: ExecutionGraph, kept: list[int], gpu: np.ndarray, hw: HardwareConfig) -> None:
+    """Kernels whose work the models cannot tell keep their recorded durations, scaled by the peak ratio of
+    the trace's GPU to the target; when that GPU is unknown they stay as recorded, which the user is told."""
+    names = recorded_device_names(graph.metadata)
+    work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
+    share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
+    where = f"on '{names[0]}', which no preset matches" if names else "on a GPU the trace does not name"
+    from .api import graph_file
+    log.warning("%s: %d GPU kernels (%.0f%% of the recorded kernel time) cannot be timed by the %s models and "
+                "keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or TOML "
+                "with --source-hardware",
+                graph_file(graph) or f"rank {graph.rank}", len(kept), 100 * share, hw.name, where)
 
 
 def node_classes(graph: ExecutionGraph) -> list[str]:
@@ -188,7 +205,9 @@ class ModelTiming(_ModelBase):
 
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
         dur = graph.duration_us.astype(np.float64, copy=True)
-        src = self.source_hw or source_hardware(graph) or self.hw
+        known_src = self.source_hw or source_hardware(graph)
+        src = known_src or self.hw
+        kept = []       # kernels the models cannot time, recorded on a GPU we cannot name: kept as recorded
         gpu = graph.is_gpu()
         kinds = graph.kind
         # kernels that ran under communication in the recorded trace take the contended kernel models
@@ -209,6 +228,10 @@ class ModelTiming(_ModelBase):
             elif src is not self.hw:
                 cls = kernel_class(graph.name[i])
                 dur[i] *= peak_ratio(src, self.hw, cls, self._dtype(graph, i))
+            elif known_src is None:
+                kept.append(i)
+        if kept:
+            _warn_kept_durations(graph, kept, gpu, self.hw)
         return dur
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:

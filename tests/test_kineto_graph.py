@@ -16,6 +16,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType, EdgeKind, NodeType, OpKind
 from chakra_schema.pytorch.kineto import load_kineto
 from chakra_schema.pytorch.kineto_graph import TIME_TOL_US, kineto_to_graph
+from chakra_schema.inputs import load_graphs
 from conftest import DATA, require_shared
 
 GPU_TRACES = [
@@ -456,3 +457,18 @@ def test_sliced_parse_equals_whole_parse(monkeypatch, tmp_path):
     assert sliced.gpu_corr == full.gpu_corr == list(range(500))
     assert sliced.rank == full.rank == 5 and sliced.world_size == 8
     assert sliced.metadata["traceName"] == "t]" and sliced.metadata["deviceProperties"][0]["name"] == "X]"
+
+
+def test_model_timing_says_when_kernels_keep_durations_from_an_unknown_gpu(caplog):
+    """Kernels the models cannot time keep their recorded durations scaled from the trace's GPU to the
+    target; PARAM's ResNet trace ran on an RTX 2080 Ti, which no preset matches, so they are kept unscaled
+    -- which model mode now says, naming the GPU. Given a source preset, they are scaled and nothing is said."""
+    from replay.model_timing import ModelTiming
+    path = require_shared("traces", "param", "resnet_kineto.json.gz")
+    g = load_graphs([str(path)])[0]
+    ModelTiming("h100-sxm").node_durations(g)
+    said = [r.getMessage() for r in caplog.records if "keep their recorded durations" in r.getMessage()]
+    assert len(said) == 1 and "NVIDIA GeForce RTX 2080 Ti" in said[0] and str(path) in said[0]
+    caplog.clear()
+    ModelTiming("h100-sxm", source_hw="a100-sxm-80gb").node_durations(g)
+    assert not [r for r in caplog.records if "keep their recorded durations" in r.getMessage()]
