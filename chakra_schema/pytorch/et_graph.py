@@ -5,7 +5,8 @@
 What becomes a node (node id = ET id, so ids stay traceable to the source file):
 - every ET node except the process / thread roots and `## process_group:init ##` (its groups go to
   `metadata["process_groups"]`), on the CPU thread resource (pid, ET tid), in ET id order (= start
-  order), parent = ET ctrl_deps parent (-1 when the parent is a skipped root or absent);
+  order), parent = ET ctrl_deps parent (-1 when the parent is a skipped root or absent, except that an
+  op of a step whose parent link leads nowhere goes back under its step: `_adopt_orphans`);
 - record_function ranges (RecordScope USER_SCOPE, `ProfilerStep#N`, `## forward ##`) are ANNOTATIONs;
 - communication, one COMM node per collective (not one per layer of the c10d::op -> record_param_comms
   -> nccl:op stack): the transfer node is the `nccl:*` / `gloo:*` node (a synthetic one when a
@@ -34,6 +35,7 @@ every `ProfilerStep#N` annotation, else one synthetic step.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import Any
 
@@ -200,7 +202,7 @@ def kernel_hints(et: ExecutionTrace, i: int) -> dict[str, Any]:
 def _reject_parent_cycles(et: ExecutionTrace, parent_of: list[int]) -> None:
     """ctrl_deps form a forest: a node that is its own ancestor through other nodes is a corrupt trace,
     refused rather than replayed with steps cut short. A node naming itself as parent is a root (the
-    process root does; an op that does is taken as top-level)."""
+    process root does; an op that does is an orphan: `_adopt_orphans`)."""
     state = [0] * len(parent_of)          # 0 unseen, 1 on the current walk, 2 known to reach a root
     for start in range(len(parent_of)):
         walk, i = [], start
@@ -217,29 +219,45 @@ def _reject_parent_cycles(et: ExecutionTrace, parent_of: list[int]) -> None:
 
 
 def _adopt_orphans(et: ExecutionTrace, parent_of: list[int]) -> tuple[int, str]:
-    """Ops whose parent link leads nowhere -- an id absent from the trace (a truncated or edited file, an ET
-    started inside a function that began before it), the op itself, or an op that started later -- would be
-    top-level ops outside every ProfilerStep, and their time would leave their step without a word. ET ids
-    are assigned as ops start, so such an op within a step's id range (from the step's id up to the next
-    step's; the last step's to the end of the trace) is put under that step, in place in `parent_of`; one
-    before the first step stays top-level, like any op outside the steps. Returns how many were put under a
-    step, and the first of them, for the warning."""
+    """Ops whose parent link leads nowhere -- an id absent from the trace (a truncated or edited file), the
+    op itself, or an op that started later -- would be top-level ops outside every ProfilerStep, and their
+    time would leave their step without a word. ET ids are assigned as ops start, so such an op, on its
+    step's thread and within the step's ids (up to the next step's; for the last step, up to its last
+    descendant), goes back under that step, in place in `parent_of` -- unless its absent parent started
+    outside those ids: before the step (it enclosed the step, as a `record_function` around the training
+    loop does) or after it (an unwritten step the ET stopped in). Steps themselves stay where they are.
+    Returns how many were put under a step, and the first of them, for the warning."""
     names = et.names
-    steps = [i for i in range(len(parent_of)) if names[i].startswith("ProfilerStep#")]
+    n = len(parent_of)
+    steps = [i for i in range(n) if names[i].startswith("ProfilerStep#")]
     if not steps:
         return 0, ""        # the whole trace is one step: nothing can leave it
-    pids = et.parent_ids.tolist()
-    adopted, first = 0, ""
-    for i in range(steps[0] + 1, len(parent_of)):
+    last = list(range(n))   # the largest index in each node's subtree (linked descendants)
+    for i in range(n - 1, -1, -1):
         p = parent_of[i]
-        if (p < 0 and pids[i] == 0) or (0 <= p < i) or is_root_name(names[i]) or names[i].startswith(("nccl:", "gloo:")):
-            # no parent recorded, a real call-stack parent, a root, or a collective's transfer (a gloo transfer
-            # on its worker thread can start before its c10d op: the main loop finds its issuer)
+        if 0 <= p < i and last[i] > last[p]:
+            last[p] = last[i]
+    ids = et.ids.tolist()
+    pids = et.parent_ids.tolist()
+    tids = et.tid.tolist()
+    adopted, first = 0, ""
+    for i in range(steps[0] + 1, n):
+        p = parent_of[i]
+        if (p < 0 and pids[i] == 0) or 0 <= p < i or is_root_name(names[i]) or names[i].startswith(
+                ("nccl:", "gloo:", "ProfilerStep#")):
+            # no parent recorded, a real call-stack parent, a root, a step, or a collective's transfer (a
+            # gloo transfer on its worker thread can start before its c10d op: the main loop finds its issuer)
             continue
-        parent_of[i] = max(s for s in steps if s < i)
+        k = bisect.bisect_left(steps, i) - 1          # the last step that started before the op
+        s = steps[k]
+        end = ids[steps[k + 1]] if k + 1 < len(steps) else ids[last[s]] + 1   # ids [step, end) are the step's
+        inside = ids[s] < ids[i] < end and (p >= 0 or ids[s] < pids[i] < end)
+        if tids[i] != tids[s] or not inside:
+            continue
+        parent_of[i] = s
         adopted += 1
         if not first:
-            first = f"node {int(et.ids[i])} ({names[i]}) names parent {pids[i]}"
+            first = f"node {ids[i]} ({names[i]}) names parent {pids[i]}"
     return adopted, first
 
 
@@ -465,8 +483,10 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
     })
     if orphans:
         b.metadata["orphan_ops"] = orphans
-        log.warning("%s: %d op%s name a parent that is not an earlier op of the trace (first: %s); each is replayed "
-                    "under the ProfilerStep its id falls in", et.path, orphans, "s" if orphans != 1 else "", first_orphan)
+        log.warning("%s: %s not an earlier op of the trace (first: %s); each is replayed under the "
+                    "ProfilerStep its id falls in", et.path,
+                    "1 op names a parent that is" if orphans == 1 else f"{orphans:,} ops name a parent that is",
+                    first_orphan)
     if et.process_groups:
         b.metadata["process_groups"] = et.process_groups
     if unknown_collectives:
