@@ -177,11 +177,13 @@ class ExecutionGraph:
     def trace_origin(self) -> str | None:
         """What a graph converted from PyTorch traces was made from: "kineto" (a Kineto trace, linked to
         its Execution Trace or not) or "execution_trace" (an ET alone); None for other graphs (a Chakra /
-        ASTRA-sim .et, a generated workload). The converter says so in metadata["source"]; an .et file
-        read back has the file's path there instead, so the keys the converter also stores tell it."""
+        ASTRA-sim .et, a generated workload). The trace readers say so in metadata["source"]; an .et file
+        read back has the file's path there instead and the origin as "trace_origin" (its writer stores it;
+        an .et written before it did: the keys the converter stores tell it)."""
         meta = self.metadata or {}
-        if meta.get("source") in ("kineto", "execution_trace"):
-            return meta["source"]
+        for key in ("trace_origin", "source"):
+            if meta.get(key) in ("kineto", "execution_trace"):
+                return meta[key]
         if meta.get("source_kineto"):
             return "kineto"
         if meta.get("et_schema") or meta.get("source_et"):

@@ -278,6 +278,8 @@ def _metadata_message(graph: ExecutionGraph) -> GlobalMetadata:
     for key, value in graph.metadata.items():
         if key not in _META_COLUMNS and key not in _META_NOT_WRITTEN and value is not None:
             entries[key] = value
+    if graph.trace_origin is not None:   # "source" is not written (the reader sets it to the file read)
+        entries["trace_origin"] = graph.trace_origin
     for key, value in entries.items():
         value_to_attr(md.attr.add(), key, value)
     return md

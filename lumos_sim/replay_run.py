@@ -45,13 +45,15 @@ def require_recorded_durations(graphs: Sequence[ExecutionGraph], mode: str) -> N
 def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[ExecutionGraph], list]:
     """Model mode on Execution Traces without Kineto: each rank's kernels and host times are inferred
     from its ops (replay/et_kernels.py); returns the graphs to replay and one report per inferred rank."""
+    from replay.api import graph_file
     from replay.et_kernels import can_infer, infer_gpu_work, needs_inference, records_gpu_work
 
     out: list[ExecutionGraph] = []
     reports: list = []
     for g in graphs:
         meta = g.metadata or {}
-        src = meta.get("source_kineto") or meta.get("source_path")
+        src = graph_file(g)
+        converted = src is not None and src != (meta.get("source_kineto") or meta.get("source_path"))
         if g.trace_origin == "kineto" and not records_gpu_work(g) and not can_infer(g):
             # a CPU run's (or a GPU run profiled without CUDA activity) Kineto trace: its op times are no
             # GPU times, and without linked ET ops there is nothing to infer the GPU kernels from
@@ -59,9 +61,11 @@ def infer_missing_kernels(graphs: Sequence[ExecutionGraph]) -> tuple[list[Execut
                 raise TraceInputError(src, f"records no GPU kernels and its operators could not be linked to the "
                                            f"Execution Trace {meta['source_et']}: model mode has nothing to infer "
                                            "the kernels from; replay the ET alone (--et without the Kineto trace)")
+            fix = ("convert it again with its Execution Trace (lumos-sim convert --et ... --kineto ...)" if converted
+                   else "add the ET (--et)")
             raise TraceInputError(src, "this trace records no GPU kernels (a CPU run, or a GPU run profiled "
-                                       "without CUDA activity) and comes without its Execution Trace: add the "
-                                       "ET (--et) for model mode to infer the kernels a GPU run would launch")
+                                       "without CUDA activity) and comes without its Execution Trace: " + fix +
+                                       " for model mode to infer the kernels a GPU run would launch")
         if needs_inference(g):
             g, rep = infer_gpu_work(g)
             reports.append((g.rank, rep))

@@ -247,3 +247,15 @@ def test_a_converted_cpu_trace_pair_is_predicted_like_the_raw_pair(tmp_path):
     assert converted.step_time_us == pytest.approx(raw.step_time_us, rel=1e-9)
     recorded = run_replay(load_graphs([str(tmp_path / "cnn")]))     # the CPU run's own step
     assert converted.step_time_us < recorded.step_time_us
+
+
+def test_an_et_file_written_through_the_api_keeps_the_trace_origin(tmp_path):
+    """kineto_to_graph -> graph_io.write_graphs -> read_graph: the .et keeps that the graph came from a
+    Kineto trace (metadata["source"] becomes the file's path on reading, so the writer stores the origin)."""
+    from chakra_schema.graph_io import read_graph, write_graphs
+    from chakra_schema.pytorch.kineto import load_kineto
+    from chakra_schema.pytorch.kineto_graph import kineto_to_graph
+    g = kineto_to_graph(load_kineto(str(ROOT / "tests" / "data" / "cpu_models" / "cnn" / "device.0.json.gz")))
+    paths = write_graphs([g], tmp_path / "cnn")
+    back = read_graph(paths[0])
+    assert g.trace_origin == back.trace_origin == "kineto" and back.metadata["source"] == str(paths[0])
