@@ -69,9 +69,10 @@ def parse_byte_size(text: str) -> int:
     return int(value)
 
 
-def input_too_large(path: PathLike, limit: int) -> TraceInputError:
-    if limit != max_input_bytes():   # a fixed cap of the caller's (a config file's), not the user's limit
-        return TraceInputError(path, f"decompresses to more than {_human(limit)}: too large for this kind of file")
+def input_too_large(path: PathLike, limit: int, what: str | None = None) -> TraceInputError:
+    """`what`: the kind of file a fixed cap of the caller's is for (a config.json), not the user's limit."""
+    if what:
+        return TraceInputError(path, f"holds more than {_human(limit)}: too large for a {what}")
     return TraceInputError(path, f"decompresses to more than {_human(limit)} (the input size limit); if the "
                                  "file is genuine, raise it with --max-input-size or LUMOS_SIM_MAX_INPUT_SIZE")
 
@@ -83,9 +84,11 @@ def _human(n: int) -> str:
     return f"{n} bytes"
 
 
-def iter_decompressed(path: PathLike, block: int = _BLOCK, limit: int | None = None) -> Iterator[bytes]:
+def iter_decompressed(path: PathLike, block: int = _BLOCK, limit: int | None = None,
+                      what: str | None = None) -> Iterator[bytes]:
     """The bytes of `path` in blocks, gunzipped when it starts with the gzip magic (several members
-    allowed), with at most `limit` (default `max_input_bytes()`) bytes produced in all."""
+    allowed), with at most `limit` (default `max_input_bytes()`) bytes produced in all (`what`: the kind of
+    file a caller's own cap is for, named when it is passed)."""
     limit = max_input_bytes() if limit is None else limit
     try:
         fh = open(path, "rb")
@@ -97,23 +100,23 @@ def iter_decompressed(path: PathLike, block: int = _BLOCK, limit: int | None = N
         except OSError as exc:
             raise TraceInputError(path, f"cannot read: {exc.strerror or exc}") from None
         if first[:2] != b"\x1f\x8b":
-            yield from _plain_blocks(path, fh, first, block, limit)
+            yield from _plain_blocks(path, fh, first, block, limit, what)
             return
-        yield from _gunzip_blocks(path, fh, first, block, limit)
+        yield from _gunzip_blocks(path, fh, first, block, limit, what)
 
 
-def _plain_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int) -> Iterator[bytes]:
+def _plain_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int, what: str | None) -> Iterator[bytes]:
     total = 0
     data = first
     while data:
         total += len(data)
         if total > limit:
-            raise input_too_large(path, limit)
+            raise input_too_large(path, limit, what)
         yield data
         data = fh.read(block)
 
 
-def _gunzip_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int) -> Iterator[bytes]:
+def _gunzip_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int, what: str | None) -> Iterator[bytes]:
     total = 0
     dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
     in_member = False                      # a member has begun and not yet ended
@@ -138,7 +141,7 @@ def _gunzip_blocks(path, fh: BinaryIO, first: bytes, block: int, limit: int) -> 
         if out:
             total += len(out)
             if total > limit:
-                raise input_too_large(path, limit)
+                raise input_too_large(path, limit, what)
             yield out
     if in_member:
         raise TraceInputError(path, "truncated or corrupt gzip data (end of stream not found)")
@@ -149,11 +152,11 @@ def read_input_bytes(path: PathLike, limit: int | None = None) -> bytearray:
     return _read_into_buffer(path, limit, json=False)
 
 
-def read_json_input(path: PathLike, limit: int | None = None) -> bytearray:
+def read_json_input(path: PathLike, limit: int | None = None, what: str | None = None) -> bytearray:
     """Like `read_input_bytes`, but stops at the first block when the content cannot be JSON (so a
     gzip of a gigabyte of zeros is refused after one block, not after decompressing it all), and an
     input of only whitespace is refused as "empty file" (callers need not scan it again)."""
-    return _read_into_buffer(path, limit, json=True)
+    return _read_into_buffer(path, limit, json=True, what=what)
 
 
 def _size_hint(path: PathLike) -> int:
@@ -166,7 +169,7 @@ def _size_hint(path: PathLike) -> int:
         return 0
 
 
-def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearray:
+def _read_into_buffer(path: PathLike, limit: int | None, json: bool, what: str | None = None) -> bytearray:
     """Blocks appended to one bytearray, never joined: peak memory is the content plus one block (a
     join held the list of blocks and the joined copy, twice the content). A plain file's buffer is
     allocated at its size; a gzip's grows in place (realloc of a large block remaps pages, it does not
@@ -174,7 +177,7 @@ def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearra
     limit = max_input_bytes() if limit is None else limit
     buf = bytearray(min(_size_hint(path), limit))
     filled = 0
-    for block in (iter_json_input(path, limit) if json else iter_decompressed(path, limit=limit)):
+    for block in (iter_json_input(path, limit, what) if json else iter_decompressed(path, limit=limit, what=what)):
         end = filled + len(block)
         if end <= len(buf):
             buf[filled:end] = block
@@ -186,13 +189,13 @@ def _read_into_buffer(path: PathLike, limit: int | None, json: bool) -> bytearra
     return buf
 
 
-def iter_json_input(path: PathLike, limit: int | None = None) -> Iterator[bytes]:
+def iter_json_input(path: PathLike, limit: int | None = None, what: str | None = None) -> Iterator[bytes]:
     """`iter_decompressed` for a JSON document: content that cannot be JSON is refused at its first
     non-blank block, and only whitespace is "empty file"."""
     checked = False
-    for block in iter_decompressed(path, limit=limit):
+    for block in iter_decompressed(path, limit=limit, what=what):
         if not checked and not block.isspace():
-            if block.lstrip()[:1] not in (b"{", b"["):
+            if block.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] not in (b"{", b"["):    # a UTF-8 BOM may lead
                 raise TraceInputError(path, "not a JSON document (it does not start with '{' or '[')")
             checked = True
         yield block

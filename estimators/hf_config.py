@@ -195,7 +195,10 @@ def _qwen_moe(f: _Fields) -> dict[str, Any]:
                      shared_expert_ffn=shared_ffn if shared_ffn and shared_ffn != expert_ffn else 0,
                      layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
     # the first MoE layer: after the dense range, or at decoder_sparse_step - 1 (the two are not combined)
-    _require_moe_layer(layers, len(dense) if step == 1 else step - 1, step, "mlp_only_layers / decoder_sparse_step")
+    if step == 1:
+        _require_moe_layer(layers, len(dense), 1, "field mlp_only_layers leaves")
+    else:
+        _require_moe_layer(layers, step - 1, step, f"field decoder_sparse_step ({step}) leaves")
     return kw
 
 
@@ -226,15 +229,16 @@ def _deepseek(f: _Fields) -> dict[str, Any]:
     if moe["num_experts"] % moe["groups"]:
         raise TraceInputError(None, f"field 'n_group' ({moe['groups']}) must divide 'n_routed_experts' "
                                     f"({moe['num_experts']})")
-    _require_moe_layer(kw["layers"], first_dense, freq, "first_k_dense_replace / moe_layer_freq")
+    _require_moe_layer(kw["layers"], first_dense, freq, "fields first_k_dense_replace / moe_layer_freq leave")
     kw["mtp_layers"] = f.int("num_nextn_predict_layers", 0, low=0)
     return kw
 
 
 def _require_moe_layer(layers: int, first_dense: int, freq: int, fields: str) -> None:
-    """An MoE config whose layout leaves every layer dense is a mistake, not a dense model."""
+    """An MoE config whose layout leaves every layer dense is a mistake, not a dense model. `fields`: what
+    leaves them so, as the message says it ("fields a / b leave")."""
     if not any(i >= first_dense and (i - first_dense) % freq == 0 for i in range(layers)):
-        raise TraceInputError(None, f"fields {fields} leave no MoE layer among the {layers} layers")
+        raise TraceInputError(None, f"{fields} no MoE layer among the {layers} layers")
 
 
 def _gpt_oss(f: _Fields) -> dict[str, Any]:
@@ -334,8 +338,8 @@ def read_hf_json(path: str | os.PathLike) -> tuple[Any, Path]:
     try:
         # the bounded reader gunzips when the file starts with the gzip magic, and refuses a file (or a gzip
         # that decompresses to) more than a config.json ever holds
-        data = read_json_input(p, limit=MAX_CONFIG_BYTES)
-        return json.loads(data.decode("utf-8")), p
+        data = read_json_input(p, limit=MAX_CONFIG_BYTES, what="config.json")
+        return json.loads(data.decode("utf-8-sig")), p
     except TraceInputError:
         raise
     except (ValueError, RecursionError) as e:  # JSON / UTF-8 errors, an integer past the int-parsing digit limit,

@@ -195,9 +195,9 @@ def _ds(**kw):
     (_ds(n_group=7, topk_group=4), "'n_group' (7) must divide 'n_routed_experts' (256)"),
     (_ds(first_k_dense_replace=61), "first_k_dense_replace / moe_layer_freq leave no MoE layer among the 61 layers"),
     ({**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), "decoder_sparse_step": 100},
-     "mlp_only_layers / decoder_sparse_step leave no MoE layer among the 24 layers"),
+     "field decoder_sparse_step (100) leaves no MoE layer among the 24 layers"),
     ({**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), "mlp_only_layers": list(range(24))},
-     "mlp_only_layers / decoder_sparse_step leave no MoE layer among the 24 layers"),
+     "field mlp_only_layers leaves no MoE layer among the 24 layers"),
     # an unknown architecture is named, with the known ones
     ({k: v for k, v in _llama(architectures=["FooBarForCausalLM"]).items() if k != "model_type"},
      "FooBarForCausalLM is not one of: DeepseekV2ForCausalLM"),
@@ -231,8 +231,16 @@ def test_a_gzipped_config_json_is_capped_at_the_config_limit_not_the_trace_limit
     p.write_bytes(gzip.compress(b'{"model_type": "llama", "pad": "' + b"x" * (65 << 20) + b'"}', compresslevel=1))
     code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and str(p) in err and "decompresses to more than 64 MiB" in err and "\n" not in err
-    assert "--max-input-size" not in err
+    assert code == 2 and str(p) in err and "holds more than 64 MiB: too large for a config.json" in err
+    assert "--max-input-size" not in err and "\n" not in err
+    plain = tmp_path / "config.json"
+    plain.write_bytes(b'{"model_type": "llama", "pad": "' + b"x" * (65 << 20) + b'"}')
+    with pytest.raises(TraceInputError, match="holds more than 64 MiB: too large for a config.json"):
+        load_model(str(plain))
+    bom = tmp_path / "bom" / "config.json"        # a UTF-8 byte-order mark, as Windows editors write
+    bom.parent.mkdir()
+    bom.write_bytes(b"\xef\xbb\xbf" + (HF / "mixtral-8x7b.json").read_bytes())
+    assert load_model(str(bom)).param_count() == load_model(str(HF / "mixtral-8x7b.json")).param_count()
     corrupt = tmp_path / "corrupt.json.gz"
     corrupt.write_bytes(gzip.compress(b'{"model_type": "llama"}')[:-12])
     with pytest.raises(TraceInputError, match="truncated or corrupt gzip data"):
