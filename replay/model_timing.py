@@ -48,20 +48,6 @@ def source_hardware(graph: ExecutionGraph, explicit: HardwareConfig | str | None
     return trace_hardware(graph.metadata)
 
 
-def _warn_kept_durations(graph: ExecutionGraph, kept: list[int], gpu: np.ndarray, hw: HardwareConfig) -> None:
-    """Kernels whose work the models cannot tell keep their recorded durations, scaled by the peak ratio of
-    the trace's GPU to the target; when that GPU is unknown they stay as recorded, which the user is told."""
-    names = recorded_device_names(graph.metadata)
-    work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
-    share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
-    where = f"on '{names[0]}', which no preset matches" if names else "on a GPU the trace does not name"
-    from .api import graph_file
-    log.warning("%s: %d GPU kernels (%.0f%% of the recorded kernel time) cannot be timed by the %s models and "
-                "keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or TOML "
-                "with --source-hardware",
-                graph_file(graph) or f"rank {graph.rank}", len(kept), 100 * share, hw.name, where)
-
-
 def node_classes(graph: ExecutionGraph) -> list[str]:
     """Per node: 'cpu' for host nodes, else the kernel class (gemm, attention, elementwise, ...,
     communication) used to report per-class error."""
@@ -231,8 +217,28 @@ class ModelTiming(_ModelBase):
             elif known_src is None:
                 kept.append(i)
         if kept:
-            _warn_kept_durations(graph, kept, gpu, self.hw)
+            self._warn_kept_durations(graph, kept, gpu)
         return dur
+
+    def _warn_kept_durations(self, graph: ExecutionGraph, kept: list[int], gpu: np.ndarray) -> None:
+        """Kernels whose work the models cannot tell keep their recorded durations, scaled by the peak ratio
+        of the trace's GPU to the target; when that GPU is unknown they stay as recorded, which the user is
+        told once per run and GPU name (the first rank's figures)."""
+        names = recorded_device_names(graph.metadata)
+        name = "".join(c for c in names[0] if c.isprintable())[:80] if names else ""
+        warned = self.__dict__.setdefault("_warned_gpus", set())
+        if name in warned:
+            return
+        warned.add(name)
+        work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
+        share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
+        where = f"on '{name}', which no preset matches" if name else "on a GPU the trace does not name"
+        from .api import graph_file
+        log.warning("%s: %s GPU kernels (%.0f%% of the recorded kernel time) cannot be timed by the %s models and "
+                    "keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or TOML "
+                    "with --source-hardware", graph_file(graph) or f"rank {graph.rank}", f"{len(kept):,}",
+                    100 * share, self.hw.name, where)
+
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
         """An idle GPU starts a kernel `kernel_start_after_call_us` after its launch call starts; the
