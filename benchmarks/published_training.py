@@ -130,8 +130,8 @@ def run_all(path: Path, only=None, progress: bool = True, cpu: dict[int, float] 
 
 def breakdown(path: Path, only=None) -> str:
     """Per row: predicted vs published step time and the predicted step's parts (the slowest pipeline
-    stage's compute, exposed communication by kind, the GPU waiting for the host at MoE token-count syncs,
-    pipeline bubble), to see which cost a row's error sits in."""
+    stage's compute, exposed communication by kind, the GPU waiting for the host at MoE token-count syncs
+    and host-bound MoE layers, pipeline bubble), to see which cost a row's error sits in."""
     from estimators.parallelism.evaluate import predict
     from lumos_sim.published_training import row_scenario
 

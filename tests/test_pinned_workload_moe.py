@@ -88,7 +88,9 @@ def test_moe_backward_with_ep4_tp2_balanced_routing():
     tpl = rb.layer_template(0, "B")
     a2a = 64 * 2 * 256 * 2
     assert _moe_rows(tpl) == exp(
-        ("shared_expert_down_proj_dgrad", C, G(64, 64, 256), ["residual_add_mlp_bwd"]),
+        # the GPU waits here while the layer's host work outlasts its GPU work (workload.apply_host_pacing)
+        ("moe_host_pacing", HOST_WAIT, (0.0, 0.0), ["residual_add_mlp_bwd"]),
+        ("shared_expert_down_proj_dgrad", C, G(64, 64, 256), ["moe_host_pacing"]),
         ("shared_expert_down_proj_wgrad", C, G(64, 256, 64), ["shared_expert_down_proj_dgrad"]),
         ("shared_expert_act_bwd", C, E(64 * 64, 3, 2, 12), ["shared_expert_down_proj_dgrad"]),
         ("shared_expert_up_gate_proj_dgrad", C, G(64, 256, 128), ["shared_expert_act_bwd"]),

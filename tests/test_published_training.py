@@ -213,16 +213,18 @@ def test_shared_rows_named_tokendrop_pad_to_capacity(rows):
 def test_qwen3_30b_hybridep_profile_gpu_busy_time_and_host_wait_match_the_published_profile():
     """Megatron-Bridge PR #5094 (skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md) profiles Qwen3-30B-A3B on
     16 x H100, BF16, TP1 PP1 EP16, micro-batch 1, global batch 1024, seq 4096, HybridEP dispatch, no EP
-    overlap: a 24.714 s step (244.0 model TFLOP/s/GPU) whose GPU was busy 22.821 s (the union of its kernel
-    intervals; communication about 8.3 s of it, almost none overlapped). The GPU-busy time is independent of
-    the host-wait constant; the step is not (MOE_SYNC_IDLE_US is derived from this profile's idle time)."""
+    overlap, Transformer Engine CUDA graphs of the moe_router and moe_preprocess scopes: a 24.714 s step
+    (244.0 model TFLOP/s/GPU) whose GPU was busy 22.821 s (the union of its kernel intervals; communication
+    about 8.3 s of it, almost none overlapped). The GPU-busy time is independent of the host-wait constant;
+    the step is not (MOE_SYNC_IDLE_US is derived from this profile's idle time). Its layers' GPU work
+    outlasts their host work (the graphed router and preprocess): no host-bound wait adds to the syncs'."""
     from estimators.model_config import load_model
     from estimators.parallelism.evaluate import predict
     from estimators.parallelism.plan import ParallelPlan
     from estimators.parallelism.workload import MOE_SYNC_IDLE_US
     model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(tp=1, pp=1, dp=16, ep=16, seq_len=4096, micro_batch=1, global_batch=1024, precision="bf16",
-                        moe_a2a="hybridep", attention_kernel="cudnn")
+                        moe_a2a="hybridep", attention_kernel="cudnn", cuda_graph_scope=("moe_router", "moe_preprocess"))
     p = predict(model, plan, "h100-sxm")
     b = p.breakdown.mean
     busy_s = (b.compute_us + b.exposed_comm_us) / 1e6
@@ -244,7 +246,8 @@ def test_qwen3_30b_hybridep_with_the_ep_overlap_matches_the_published_run():
     assert EP_OVERLAP_HIDDEN == pytest.approx(0.3655)
     model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(tp=1, pp=1, dp=16, ep=16, seq_len=4096, micro_batch=1, global_batch=1024, precision="bf16",
-                        moe_a2a="hybridep", attention_kernel="cudnn", moe_a2a_overlap=True)
+                        moe_a2a="hybridep", attention_kernel="cudnn", moe_a2a_overlap=True,
+                        cuda_graph_scope=("moe_router", "moe_preprocess"))
     p = predict(model, plan, "h100-sxm")
     assert p.breakdown.mean.host_wait_us == pytest.approx(48 * 64 * MOE_SYNC_IDLE_US, rel=1e-6)
     assert p.step_time_s == pytest.approx(20.992, rel=0.05)

@@ -94,7 +94,7 @@ def test_moe_options_given_with_search_hold_for_every_ranked_and_simulated_plan(
     for r in rows:
         assert (r["plan"]["moe_capacity_factor"], r["plan"]["moe_a2a"], r["plan"]["moe_a2a_overlap"]) == \
             (1.0, "deepep", True)
-        assert r["breakdown"]["host_wait_s"] == 0          # token drop: no host sync
+        assert r["moe_sync_wait_us"] == 0                   # token drop: no token-count sync
 
 
 def test_the_analytic_ranking_prices_the_carried_moe_options():

@@ -53,7 +53,7 @@ from chakra_schema.graph import ExecutionGraph, GraphBuilder, NodeType, OpKind, 
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, stage_layers
 from estimators.parallelism.workload import (COMPUTE, DP_RS, PP_RECV_B, PP_RECV_F, PP_SEND_B, PP_SEND_F, STREAM_KIND,
-                                             STREAMS, TP, build_rank_graph)
+                                             STREAMS, TP, apply_host_pacing, build_rank_graph)
 from replay.results import COMM_KINDS, Breakdown
 
 _SID = {slot: sid for slot, (sid, _) in STREAMS.items()}
@@ -179,7 +179,7 @@ class _PipelineDataReady:
         self.name = getattr(base, "name", "timing")
 
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
-        d = np.array(_distinct_node_durations(self.base, graph), dtype=np.float64)
+        d = apply_host_pacing(graph, np.array(_distinct_node_durations(self.base, graph), dtype=np.float64))
         sids = np.array([r.index for r in graph.resources])
         recv = (graph.node_type == NodeType.COMM_RECV_NODE) & np.isin(sids[graph.resource], _PP_RECV_SIDS)
         d[recv] = 0.0

@@ -29,7 +29,7 @@ from replay.results import Breakdown
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
-from estimators.parallelism.workload import generate
+from estimators.parallelism.workload import MOE_SYNC_IDLE_US, apply_host_pacing, generate, moe_layer_host_us
 
 
 @dataclass
@@ -168,6 +168,29 @@ def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
     return m1, m2
 
 
+class _HostPaced:
+    """The timing source of a whole generated step: the wrapped one, with the MoE layers' host pacing
+    (workload.apply_host_pacing)."""
+
+    def __init__(self, base):
+        self.base = base
+        self.name = getattr(base, "name", "timing")
+
+    def node_durations(self, graph):
+        from estimators.parallelism.compose import _distinct_node_durations
+        return apply_host_pacing(graph, np.asarray(_distinct_node_durations(self.base, graph), np.float64))
+
+    def collective_us(self, graph, node, group_ranks, member_durations):
+        return self.base.collective_us(graph, node, group_ranks, member_durations)
+
+    def launch_latency_us(self, graph):
+        return self.base.launch_latency_us(graph)
+
+    def fabric(self):
+        from replay.fabric import fabric_for
+        return fabric_for(self.base)
+
+
 def _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads=None):
     from replay.api import replay
     # Millions of small Python objects: the cyclic GC's full collections would make this quadratic.
@@ -175,7 +198,7 @@ def _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads=None):
     gc.disable()
     try:
         graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn, moe_loads=moe_loads)
-        result = replay(graphs, timing, progress=progress, critical_path=False)
+        result = replay(graphs, _HostPaced(timing), progress=progress, critical_path=False)
         bd = _breakdown(graphs, result.run)
         out = result.step_time_us / 1e6, bd, result.num_nodes, len(graphs)
         del graphs, result
@@ -270,6 +293,8 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     extra.update(model_params=model.param_count(), model_active_params=model.active_param_count(),
                  model_active_params_without_input_embedding=model.active_param_count(input_embedding=False),
                  model_flops_per_token=model.model_flops_per_token(plan.seq_len))
+    if model.moe:   # what the GPU's waits for the host come from (whatif notes)
+        extra.update(moe_layer_host_us=moe_layer_host_us(model, plan), moe_sync_wait_us=_sync_wait_us(model, plan))
     mflops = model_flops_per_step(model, plan)
     hflops = hw_flops_per_step(model, plan)
     peak = hw.peak_flops(plan.precision) if hw is not None else 0.0
@@ -282,6 +307,15 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
         mfu=(tflops * 1e12 / peak) if peak else 0.0, memory=mem,
         breakdown=bd, num_nodes=nodes, simulated_ranks=nranks,
         wall_s=time.perf_counter() - t0, extra=extra)
+
+
+def _sync_wait_us(model: ModelConfig, plan: ParallelPlan) -> float:
+    """A stage's expected wait at dropless token-count syncs per step: its MoE layers x micro-batches x
+    MOE_SYNC_IDLE_US (twice with full recompute, which runs the forward again); token drop has none."""
+    if plan.moe_capacity_factor > 0:
+        return 0.0
+    moe_layers = sum(1 for i in range(model.layers) if model.is_moe_layer(i)) / plan.pp
+    return moe_layers * plan.micro_batches * MOE_SYNC_IDLE_US * (2 if plan.recompute == "full" else 1)
 
 
 # ------------------------------------------------------------------------------------ search

@@ -33,6 +33,8 @@ FINETUNE = ("none", "sft", "lora")
 FSDP_IMPLS = ("megatron", "fsdp2")
 # modules Megatron-Core's selective recompute names (--recompute-modules); "core_attn" is the classic one
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "layernorm")
+# Megatron-Core `cuda_graph_scope` (Transformer Engine graphs of parts of each layer) that the model prices
+CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
@@ -80,6 +82,7 @@ class ParallelPlan:
     moe_a2a_overlap: bool = False
     fp8_recipe: str = "delayed"
     cuda_graphs: bool = False          # layers captured in CUDA graphs: no per-kernel launch overhead
+    cuda_graph_scope: tuple[str, ...] = ()   # only these modules of each layer in graphs (CUDA_GRAPH_SCOPES)
     tp_comm_overlap: bool = False      # TP all-gather / reduce-scatter pipelined with the GEMMs (userbuffers)
     fsdp: str = "megatron"             # zero=3 implementation: Megatron-FSDP or PyTorch FSDP2
     finetune: str = "none"             # sft: packed sequences of `packed_doc_len`; lora: frozen base weights
@@ -112,7 +115,8 @@ class ParallelPlan:
                   and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
                   and self.attention_kernel in ATTENTION_KERNELS
                   and all(isinstance(n, int) and n >= 0 for n in self.pipeline_layout)
-                  and all(x in RECOMPUTE_MODULES for x in self.recompute_modules))
+                  and all(x in RECOMPUTE_MODULES for x in self.recompute_modules)
+                  and all(x in CUDA_GRAPH_SCOPES for x in self.cuda_graph_scope))
         except TypeError:   # a string where a number belongs
             ok = False
         if not ok:
@@ -236,6 +240,9 @@ def _reject_fields(plan: ParallelPlan) -> None:
     bad_mod = [x for x in plan.recompute_modules if x not in RECOMPUTE_MODULES]
     if bad_mod:
         bad(f"--recompute-modules: unknown module {bad_mod[0]!r} (known: {', '.join(RECOMPUTE_MODULES)})")
+    bad_scope = [x for x in plan.cuda_graph_scope if x not in CUDA_GRAPH_SCOPES]
+    if bad_scope:
+        bad(f"--cuda-graph-scope: unknown scope {bad_scope[0]!r} (known: {', '.join(CUDA_GRAPH_SCOPES)})")
     if not (isinstance(plan.moe_capacity_factor, (int, float)) and 0 <= plan.moe_capacity_factor < math.inf):
         bad(f"--moe-capacity-factor must be a finite number >= 0 (0: dropless), got {plan.moe_capacity_factor!r}")
     for key in ("grad_bytes", "master_weight_bytes"):

@@ -57,7 +57,7 @@ _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zer
 # Plan options the search does not enumerate but prices: a user's `--moe-capacity-factor 1` or
 # `--moe-a2a deepep` holds for every candidate it ranks and simulates (SearchSpace.carry)
 CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
-                   "cuda_graphs", "attention_kernel")
+                   "cuda_graphs", "cuda_graph_scope", "attention_kernel")
 
 
 def carried_options(plan: ParallelPlan) -> tuple[tuple[str, Any], ...]:

@@ -23,7 +23,12 @@ OVERLAP_CAVEAT = ("moe_a2a_overlap hides {hidden:.0%} of the EP all-to-all time,
 # The dropless host wait is one profile's figure (workload.MOE_SYNC_IDLE_US): say so where it weighs.
 HOST_WAIT_CAVEAT = ("dropless MoE: the GPU waits {us:.0f} us for the host per MoE layer forward ({share:.0%} of "
                     "this step), the idle time of one profiled H100 run (Qwen3-30B-A3B); token drop "
-                    "(--moe-capacity-factor) has none")
+                    "(--moe-capacity-factor) has no such sync")
+# ... and so is the host time of an MoE layer (workload.MOE_LAYER_HOST_US), which bounds small layers
+HOST_BOUND_CAVEAT = ("host-bound MoE layers: the host takes {ms:.1f} ms per MoE layer forward + backward (eager "
+                     "Megatron-Core, derived from one measured run per dispatcher family) and the GPU waits for it "
+                     "{share:.0%} of this step; larger micro-batches, --cuda-graph-scope moe_router,moe_preprocess "
+                     "or --cuda-graphs shorten the wait")
 
 
 def prediction_of_plan(r: PlanPrediction) -> Prediction:
@@ -36,13 +41,25 @@ def prediction_of_plan(r: PlanPrediction) -> Prediction:
     notes = []
     if r.plan.moe_a2a_overlap and r.plan.ep > 1:
         notes.append(OVERLAP_CAVEAT.format(hidden=EP_OVERLAP_HIDDEN))
-    wait = r.breakdown.mean.host_wait_us
-    if wait > 0.1 * r.breakdown.mean.window_us:
-        notes.append(HOST_WAIT_CAVEAT.format(us=MOE_SYNC_IDLE_US, share=wait / r.breakdown.mean.window_us))
+    notes += _host_wait_notes(r)
     return Prediction(whatif="parallelism", scenario_key="", step_time_s=r.step_time_s,
                       breakdown=r.breakdown.mean, tokens_per_s=r.tokens_per_s, tflops_per_gpu=r.tflops_per_gpu,
                       hw_tflops_per_gpu=r.hw_tflops_per_gpu, mfu=r.mfu, memory_gib_per_gpu=mem.total_gib,
                       oom=mem.oom, gpus=r.plan.gpus, metrics=metrics, notes=notes, detail=r)
+
+
+def _host_wait_notes(r: PlanPrediction) -> list[str]:
+    """Caveats for a step whose GPU waits for the host a tenth of it or more: at the dropless syncs
+    (`moe_sync_wait_us`, their expected share), and beyond them at host-bound MoE layers."""
+    bd = r.breakdown.mean
+    window, wait = bd.window_us, bd.host_wait_us
+    if window <= 0 or wait <= 0.1 * window or "moe_layer_host_us" not in r.extra:
+        return []
+    syncs = r.extra["moe_sync_wait_us"]
+    notes = [HOST_WAIT_CAVEAT.format(us=MOE_SYNC_IDLE_US, share=min(syncs, wait) / window)] if syncs else []
+    if wait - syncs > 0.05 * window:
+        notes.append(HOST_BOUND_CAVEAT.format(ms=r.extra["moe_layer_host_us"] / 1e3, share=(wait - syncs) / window))
+    return notes
 
 
 @register_whatif("parallelism", needs=("model", "hardware"))

@@ -126,6 +126,35 @@ EP_OVERLAP_HIDDEN = 0.3655
 # is put on the syncs (the profile does not split out the optimizer step's or logging's). One H100 run of
 # one model: a faster or slower host, or much more or less host work per layer, would idle otherwise.
 MOE_SYNC_IDLE_US = 616.0
+# Host time of one MoE transformer layer, forward and backward of one micro-batch, in eager Megatron-Core: the
+# Python of attention, router, dispatcher, experts and combine and the autograd backward of all of it. The
+# dropless token-count sync (above) stops the host from running ahead of the GPU by more than about a layer
+# (without it, token drop, a host slower than the GPU still sets the pace once the launch queue is full), so
+# when a layer's GPU work is shorter than this, the GPU waits for the host (small MoE layers are host-bound).
+# Counted apart and added per plan: Transformer Engine's per-expert GEMM calls (TE_GEMM_HOST_US, six per local
+# expert: forward, data and weight gradient of both expert linears) and the kernels of FP8 casts
+# (LAUNCH_US each). The rest, per token dispatcher family (the all-to-all dispatcher adds the token-count
+# all-gather and the sort of received tokens by expert, and calls NCCL all-to-alls from Python; DeepEP /
+# HybridEP fuse permutation into their dispatch kernels), is the value with which this model reproduces one
+# measured Qwen3-30B-A3B run per family, neither of them a row of the published tables the check suite scores
+# (as MOE_SYNC_IDLE_US is derived from one profile):
+# - all-to-all: Megatron-MoE-ModelZoo issue #7 (8 x B200, BF16, EP8, 16 local experts, micro-batch 1, global
+#   batch 64, no CUDA graphs), host-bound at about 150 model TFLOP/s (7% MFU). By hand: 23.0 GFLOP per token
+#   gives 5.02 s per step for 8 micro-batches x 48 layers = 384 layer passes per GPU, 13.1 ms each, less
+#   16 x 6 GEMM calls x 20.3 us = 11.1 ms; the model (b200 preset) reproduces 150 TFLOP/s with 10.9 ms, the
+#   rest of the step (optimizer, embedding, loss) taking the difference. Its host is a DGX B200's Xeon, the
+#   generation of a DGX H100's.
+# - DeepEP / HybridEP: Megatron-LM PR #5728 (32 x H100, BF16, EP8, HybridEP, no CUDA graphs, micro-batch 1,
+#   global batch 256): 240.5 model TFLOP/s, 3.134 s per step, 8.16 ms per layer pass; reproduced with 5.6 ms.
+#   That run may not have been host-bound; then this overstates its host, never past what the run took.
+# Whole-iteration CUDA graphs (plan.cuda_graphs) replay without the host: no floor.
+MOE_LAYER_HOST_US = {"alltoall": 10900.0, "flex": 5600.0}
+# Host time of the router and the dispatcher's preprocessing of one MoE layer forward, which CUDA graphs of
+# the moe_router and moe_preprocess scopes replay without the host: the #MOE_ROUTER_AND_PRE NVTX range of
+# Megatron-MoE-ModelZoo issue #7 (the run above), median 1.87 ms. The range covers both scopes together, so
+# only the two together are credited; nothing is credited for their backward or for the attn scope, which
+# no measurement splits out (the floor stays, conservatively, where it was).
+MOE_ROUTER_PREPROCESS_HOST_US = 1870.0
 # Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
 # streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
 UB_COMPUTE_STREAMS = 3
@@ -140,6 +169,43 @@ def dropless_imbalance(ep: int, assignments: float) -> float:
     mean = assignments / ep
     sd = math.sqrt(mean * (1.0 - 1.0 / ep))
     return 1.0 + sd * math.sqrt(2.0 * math.log(ep)) / mean
+
+
+def moe_layer_host_us(model: ModelConfig, plan: ParallelPlan) -> float:
+    """Host time of one MoE layer's forward + backward of one micro-batch (MOE_LAYER_HOST_US); 0 when CUDA
+    graphs replay the iteration."""
+    if plan.cuda_graphs or not model.moe:
+        return 0.0
+    local = model.moe.num_experts // plan.ep
+    per_expert = 6 * TE_GEMM_HOST_US
+    if plan.precision == "fp8":   # a cast of each GEMM input: fc1 and fc2 forward, their two data gradients
+        per_expert += 4 * FP8_CAST_KERNELS[plan.fp8_recipe] * LAUNCH_US
+    family = "flex" if plan.moe_a2a in FUSED_DISPATCH else "alltoall"
+    graphed = MOE_ROUTER_PREPROCESS_HOST_US if {"moe_router", "moe_preprocess"} <= set(plan.cuda_graph_scope) else 0.0
+    return MOE_LAYER_HOST_US[family] + local * per_expert - graphed
+
+
+def apply_host_pacing(graph: ExecutionGraph, durations: np.ndarray) -> np.ndarray:
+    """Durations of a generated step with each MoE layer's host pacing node set: the time by which the
+    layer's host work (`host_floor_us`) exceeds the GPU time of its forward, recompute and backward (the
+    compute stream, host waits and the all-to-alls the compute waits for, alone), 0 when the GPU is the
+    slower. graph.metadata["host_pacing"] lists [pacing node, (first, end) node ranges of those passes]; an
+    all-to-all that runs beside the compute (`beside_compute`: the overlapped share, DeepEP's NVLink leg
+    beside its RDMA one) is not counted."""
+    pacing = (graph.metadata or {}).get("host_pacing")
+    if not pacing:
+        return durations
+    sids = np.array([r.index for r in graph.resources])[graph.resource]
+    busy = np.isin(sids, [STREAMS[COMPUTE][0], STREAMS[HOST_WAIT][0], STREAMS[EP][0]])
+    for i in np.flatnonzero(sids == STREAMS[EP][0]).tolist():
+        busy[i] = not graph.attr(i, "beside_compute", False)
+    counted = np.where(busy, durations, 0.0)
+    prefix = np.concatenate([[0.0], np.cumsum(counted)])
+    out = np.array(durations, dtype=np.float64)
+    for node, ranges in pacing:
+        gpu = sum(prefix[b] - prefix[a] for a, b in ranges)
+        out[node] = max(0.0, float(graph.attr(node, "host_floor_us", 0.0)) - gpu)
+    return out
 
 
 # ----------------------------------------------------------------------------- op attribute helpers
@@ -252,6 +318,7 @@ class _Template:
         self.join: list[int] = []          # collectives the next chained op must also wait for
         self.overlapped: list[int] = []    # EP all-to-alls that run under later compute (moe_a2a_overlap)
         self.join_after_gemm: list[int] = []  # ... once the next GEMM has been added
+        self.host_pacing = -1              # index of the MoE layer's host pacing wait (apply_host_pacing)
         # Userbuffers TP overlap (ring exchange) runs a GEMM beside its all-gather / reduce-scatter as this
         # many GEMMs over row chunks, one per TP shard as it arrives or leaves (1: whole GEMMs)
         self.ub_chunks = 1
@@ -348,6 +415,9 @@ class _RankBuilder:
         self.chunk_pos = {l: j for c in stage_layers(model, plan) for j, l in enumerate(c)}
         self.frozen = plan.finetune == "lora"
         self.launch_us = 0.0 if plan.cuda_graphs else LAUNCH_US
+        host_us = moe_layer_host_us(model, plan)
+        # one attrs dict for every MoE layer's pacing wait: timed once per graph
+        self.pacing_attrs = {**host_wait(0.0), "host_floor_us": host_us} if host_us > 0 else None
         self.fp8_cast_reads = FP8_CAST_READS[plan.fp8_recipe]
         # SFT on packed sequences: attention runs per document (THD layout, no cross-document scores)
         self.doc_len = plan.packed_doc_len if plan.finetune != "none" and plan.packed_doc_len else 0
@@ -689,6 +759,10 @@ class _RankBuilder:
         full = T * h * ACT_BYTES
         tpl.add("residual_add_mlp_bwd", COMPUTE, elementwise(Ts * h, 1, 2))
         if moe:
+            if self.pacing_attrs is not None:
+                # the GPU waits for the host where the layer's host work outlasts its GPU work
+                # (MOE_LAYER_HOST_US); inside the pass, after its first kernel, so every schedule counts it
+                tpl.host_pacing = tpl.add("moe_host_pacing", HOST_WAIT, self.pacing_attrs)
             self._moe_bwd(tpl)
         else:
             f = m.ffn // t
@@ -786,15 +860,18 @@ class _RankBuilder:
             attrs["comm_pair_bytes"] = pair_bytes
             attrs["comm_size"] = int(pair_bytes[self.ep_g.index(self.rank)].sum())
         if hidden:
+            attrs["beside_compute"] = True
             i = tpl.add(name, EP, attrs, deps=(tpl.head,), chain=False)
         else:
             i = tpl.add(name, EP, attrs)
         if p.etp > 1:   # the ETP group shares its tokens (all-gather after dispatch, reduce-scatter before combine)
             ag = "combine" in name
-            i = tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP,
-                        coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * share * p.etp,
-                             self.etp_g, self._pg("etp", self.etp_g)), deps=(i,) if hidden else None,
-                        chain=not hidden)
+            etp = coll(CommType.REDUCE_SCATTER if ag else CommType.ALL_GATHER, size * share * p.etp,
+                       self.etp_g, self._pg("etp", self.etp_g))
+            if hidden:
+                etp["beside_compute"] = True
+            i = tpl.add(name + ("_etp_reducescatter" if ag else "_etp_allgather"), EP, etp,
+                        deps=(i,) if hidden else None, chain=not hidden)
         if hidden:
             tpl.overlapped.append(i)
 
@@ -820,12 +897,15 @@ class _RankBuilder:
             rail = [r for r in self.ep_g if r % gpn == self.rank % gpn]
             # an all-to-all's size is its whole send buffer, (n-1)/n of which leaves the node
             rdma = tok * remote * self.m.hidden * ACT_BYTES * n / max(n - 1, 1)
-            joins.append(tpl.add(name + "_rdma", EP, coll(CommType.ALL_TO_ALL, rdma, rail, self._pg("eprail", rail)),
-                                 deps=(head,), chain=False))
+            rdma_attrs = coll(CommType.ALL_TO_ALL, rdma, rail, self._pg("eprail", rail))
+            if hidden:
+                rdma_attrs["beside_compute"] = True
+            joins.append(tpl.add(name + "_rdma", EP, rdma_attrs, deps=(head,), chain=False))
         if len(local) > 1:
-            joins.append(tpl.add(name + "_nvlink", EP,
-                                 coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local)),
-                                 deps=(head,), chain=False))
+            nvl = coll(CommType.ALL_TO_ALL, size, local, self._pg("epnode", local))
+            if hidden or n > 1:   # beside the compute, or beside the RDMA leg (which host pacing counts)
+                nvl["beside_compute"] = True
+            joins.append(tpl.add(name + "_nvlink", EP, nvl, deps=(head,), chain=False))
         if hidden:
             tpl.overlapped += joins
         else:
@@ -1263,6 +1343,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
 
     step_end = -1
     passes: list[list[int]] = []
+    fwd_nodes: dict[int, tuple[int, int]] = {}     # layer -> node range of its first forward (host pacing)
+    pacing: list[list] = []
     for k, (fwd, mb, c) in enumerate(sched):
         passes.append([int(fwd), mb, c, len(rb.g), -1])
         gch = local[c]
@@ -1280,6 +1362,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             for layer in layers:
                 ag = param_gather(pre + f"L{layer}.F", layer, prev_first)
                 first, out = rb.run(rb.layer_template(layer, "F", mb), pre + f"L{layer}.F.", entry + ag)
+                fwd_nodes.setdefault(layer, (first, len(rb.g)))
                 prev_first, entry = first, [out]
             if gch == n_chunks - 1:
                 _, out = rb.run(rb.output_template(False), pre, entry)
@@ -1310,6 +1393,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             is_last = mb == last_bwd[c]
             for layer in reversed(layers):
                 ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
+                recomputed = len(rb.g)
                 if rb._full_recompute(layer):
                     first, out = rb.run(rb.layer_template(layer, "R", mb), pre + f"L{layer}.R.", entry + ag)
                     entry, ag = [out], []
@@ -1318,7 +1402,11 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                     if tpl_s.ops:
                         first, out = rb.run(tpl_s, pre + f"L{layer}.R.", entry + ag)
                         entry, ag = [out], []
-                f_b, out = rb.run(rb.layer_template(layer, "B", mb), pre + f"L{layer}.B.", entry + ag)
+                tpl_b = rb.layer_template(layer, "B", mb)
+                f_b, out = rb.run(tpl_b, pre + f"L{layer}.B.", entry + ag)
+                if tpl_b.host_pacing >= 0 and layer in fwd_nodes:
+                    # its wait: the layer's host work beyond the GPU work of its forward, recompute, backward
+                    pacing.append([f_b + tpl_b.host_pacing, [fwd_nodes[layer], (recomputed, len(rb.g))]])
                 prev_first = f_b
                 entry = [out]
                 if is_last:
@@ -1376,6 +1464,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                           "pp": p.pp, "tp": p.tp, "cp": p.cp, "dp": p.dp, "ep": p.ep, "vp": p.vp,
                           "micro_batches": p.micro_batches, "passes": passes,
                           "tail": tail_first})
+    if pacing:
+        rb.g.metadata["host_pacing"] = pacing
     return rb.g.build(dedupe_edges=False)
 
 

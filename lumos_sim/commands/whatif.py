@@ -255,7 +255,7 @@ def _print_prediction(r, moe: bool = False) -> None:
         if v > 0:
             rows.append((f"exposed {k.upper()} communication", f"{v:.3f} s"))
     if bd.get("host_wait_s", 0.0) > 0:
-        rows.append(("GPU waiting for the host (MoE token-count sync)", f"{bd['host_wait_s']:.3f} s"))
+        rows.append(("GPU waiting for the host (MoE syncs, host-bound layers)", f"{bd['host_wait_s']:.3f} s"))
     rows.append(("pipeline bubble / idle", f"{bd['bubble_s']:.3f} s ({100 * bd['bubble_fraction']:.1f}%)"))
     if "model_params" in r.extra:
         rows.append(("model parameters: total / active", f"{r.extra['model_params'] / 1e9:,.2f} B / "

@@ -59,6 +59,9 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     g.add_argument("--fp8-recipe", default="delayed",
                    help="delayed | tensorwise (current scaling, FP8-CS) | blockwise | mxfp8")
     g.add_argument("--cuda-graphs", action="store_true", help="layers run as CUDA graphs: no per-kernel launch cost")
+    g.add_argument("--cuda-graph-scope", type=_name_list, default=(), metavar="M,M",
+                   help="only these modules of each layer run as CUDA graphs (Megatron-Core cuda_graph_scope): "
+                        "attn, moe_router, moe_preprocess")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="pipeline TP all-gathers / reduce-scatters with the GEMMs (userbuffers)")
     g.add_argument("--fsdp", default="megatron", help="with --zero 3: megatron (Megatron-FSDP) | fsdp2")
@@ -103,7 +106,7 @@ def plan_option_flags(args) -> dict:
     by ParallelPlan field name."""
     extra = {}
     for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
-                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs",
+                "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs", "cuda_graph_scope",
                 "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
         if hasattr(args, key):
             extra[key] = getattr(args, key)
