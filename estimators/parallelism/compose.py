@@ -170,20 +170,16 @@ def _distinct_node_durations(timing, graph: ExecutionGraph) -> np.ndarray:
     return np.asarray(timing.node_durations(b.build()), np.float64)[inv]
 
 
-class _PipelineDataReady:
-    """The timing source of a sample: the wrapped one, except that pipeline receives take no time (the
-    schedule simulation decides when their data arrives)."""
+class HostPacedTiming:
+    """The timing source of a generated step: the wrapped one, asked once per distinct node
+    (`_distinct_node_durations`), with the MoE layers' host pacing (workload.apply_host_pacing)."""
 
     def __init__(self, base):
         self.base = base
         self.name = getattr(base, "name", "timing")
 
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
-        d = apply_host_pacing(graph, np.array(_distinct_node_durations(self.base, graph), dtype=np.float64))
-        sids = np.array([r.index for r in graph.resources])
-        recv = (graph.node_type == NodeType.COMM_RECV_NODE) & np.isin(sids[graph.resource], _PP_RECV_SIDS)
-        d[recv] = 0.0
-        return d
+        return apply_host_pacing(graph, np.array(_distinct_node_durations(self.base, graph), dtype=np.float64))
 
     def collective_us(self, graph, node, group_ranks, member_durations):
         return self.base.collective_us(graph, node, group_ranks, member_durations)
@@ -194,6 +190,18 @@ class _PipelineDataReady:
     def fabric(self):
         from replay.fabric import fabric_for
         return fabric_for(self.base)
+
+
+class _PipelineDataReady(HostPacedTiming):
+    """The timing source of a sample: `HostPacedTiming`, except that pipeline receives take no time (the
+    schedule simulation decides when their data arrives)."""
+
+    def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
+        d = super().node_durations(graph)
+        sids = np.array([r.index for r in graph.resources])
+        recv = (graph.node_type == NodeType.COMM_RECV_NODE) & np.isin(sids[graph.resource], _PP_RECV_SIDS)
+        d[recv] = 0.0
+        return d
 
 
 @dataclass

@@ -29,7 +29,7 @@ from replay.results import Breakdown
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
-from estimators.parallelism.workload import MOE_SYNC_IDLE_US, apply_host_pacing, generate, moe_layer_host_us
+from estimators.parallelism.workload import MOE_SYNC_IDLE_US, generate, moe_layer_host_us
 
 
 @dataclass
@@ -168,37 +168,15 @@ def steady_state_micro_batches(plan: ParallelPlan) -> tuple[int, int] | None:
     return m1, m2
 
 
-class _HostPaced:
-    """The timing source of a whole generated step: the wrapped one, with the MoE layers' host pacing
-    (workload.apply_host_pacing)."""
-
-    def __init__(self, base):
-        self.base = base
-        self.name = getattr(base, "name", "timing")
-
-    def node_durations(self, graph):
-        from estimators.parallelism.compose import _distinct_node_durations
-        return apply_host_pacing(graph, np.asarray(_distinct_node_durations(self.base, graph), np.float64))
-
-    def collective_us(self, graph, node, group_ranks, member_durations):
-        return self.base.collective_us(graph, node, group_ranks, member_durations)
-
-    def launch_latency_us(self, graph):
-        return self.base.launch_latency_us(graph)
-
-    def fabric(self):
-        from replay.fabric import fabric_for
-        return fabric_for(self.base)
-
-
 def _simulate(model, plan, hw, timing, mode, gpn, progress, moe_loads=None):
+    from estimators.parallelism.compose import HostPacedTiming
     from replay.api import replay
     # Millions of small Python objects: the cyclic GC's full collections would make this quadratic.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         graphs = generate(model, plan, ranks=mode, gpus_per_node=gpn, moe_loads=moe_loads)
-        result = replay(graphs, _HostPaced(timing), progress=progress, critical_path=False)
+        result = replay(graphs, HostPacedTiming(timing), progress=progress, critical_path=False)
         bd = _breakdown(graphs, result.run)
         out = result.step_time_us / 1e6, bd, result.num_nodes, len(graphs)
         del graphs, result
