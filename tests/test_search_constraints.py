@@ -102,11 +102,13 @@ def test_the_analytic_ranking_prices_the_carried_moe_options():
     from estimators.parallelism.search import carried_options, rank_plans
     from estimators.parallelism.workload import MOE_SYNC_IDLE_US
     model = load_model("qwen3-30b-a3b")
+    # whole-iteration CUDA graphs on both: no host-bound layer wait, only the dropless sync sets them apart
     space = SearchSpace(micro_batches=(1,), recompute=("none",), zero=(1,), hsdp=False, overlap_modes=False,
-                        tp=(1,), pp=(1,), cp=(1,), ep=(16,))
+                        tp=(1,), pp=(1,), cp=(1,), ep=(16,), carry=carried_options(ParallelPlan(cuda_graphs=True)))
     dropless = rank_plans(model, "h100-sxm", 16, 4096, 32, "bf16", space)
     drop = rank_plans(model, "h100-sxm", 16, 4096, 32, "bf16",
-                      SearchSpace(**{**space.__dict__, "carry": carried_options(ParallelPlan(moe_capacity_factor=1.0))}))
+                      SearchSpace(**{**space.__dict__,
+                                     "carry": carried_options(ParallelPlan(moe_capacity_factor=1.0, cuda_graphs=True))}))
     i, j = int(dropless.order[0]), int(drop.order[0])
     assert drop.plan(j).moe_capacity_factor == 1.0 and dropless.plan(i).moe_capacity_factor == 0
     # the dropless plan waits for the host once per MoE layer forward: 48 layers x 2 micro-batches

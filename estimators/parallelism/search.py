@@ -344,7 +344,7 @@ class PassTimes:
 
 def pass_times(model: ModelConfig, plan: ParallelPlan, timing, gpus_per_node: int) -> PassTimes:
     """The generator's per-pass templates for this plan's shapes, each scheduled alone."""
-    from estimators.parallelism.workload import _RankBuilder
+    from estimators.parallelism.workload import _RankBuilder, moe_layer_host_us
     rb = _RankBuilder(model, plan, 0, gpus_per_node)
     kinds = [next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None) for moe in (False, True)]
 
@@ -357,6 +357,9 @@ def pass_times(model: ModelConfig, plan: ParallelPlan, timing, gpus_per_node: in
 
     F = tuple(span(i, "F") for i in kinds)
     B = tuple(span(i, "B") for i in kinds)
+    # a host-bound MoE layer: its forward + backward take at least the host's time for them, the wait
+    # falling in the backward, as the simulation's pacing wait does (workload.apply_host_pacing)
+    B = (B[0], max(B[1], moe_layer_host_us(model, plan) - F[1]) if kinds[1] is not None else B[1])
     S = tuple(span(i, "S") for i in kinds)
     ef = _template_span_us(rb.embedding_template(False), 0, timing)
     eb = _template_span_us(rb.embedding_template(True), 0, timing)

@@ -155,6 +155,10 @@ MOE_LAYER_HOST_US = {"alltoall": 10900.0, "flex": 5600.0}
 # only the two together are credited; nothing is credited for their backward or for the attn scope, which
 # no measurement splits out (the floor stays, conservatively, where it was).
 MOE_ROUTER_PREPROCESS_HOST_US = 1870.0
+# Share of that host time spent in the forward, which a full recompute runs again: about 0.55, from the host
+# calls of one dropless all-to-all MoE layer read in Megatron-Core's source (core_r0.14.0, TE 2.7: about
+# 120 + 20E forward and 78 + 20E backward for E local experts; 0.53-0.56 for 4-16 experts)
+MOE_LAYER_HOST_FWD_SHARE = 0.55
 # Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
 # streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
 UB_COMPUTE_STREAMS = 3
@@ -416,8 +420,11 @@ class _RankBuilder:
         self.frozen = plan.finetune == "lora"
         self.launch_us = 0.0 if plan.cuda_graphs else LAUNCH_US
         host_us = moe_layer_host_us(model, plan)
-        # one attrs dict for every MoE layer's pacing wait: timed once per graph
+        # one attrs dict for every MoE layer's pacing wait (timed once per graph); a fully recomputed layer's
+        # host runs its forward twice
         self.pacing_attrs = {**host_wait(0.0), "host_floor_us": host_us} if host_us > 0 else None
+        self.pacing_attrs_recomputed = ({**host_wait(0.0), "host_floor_us": host_us * (1 + MOE_LAYER_HOST_FWD_SHARE)}
+                                        if host_us > 0 else None)
         self.fp8_cast_reads = FP8_CAST_READS[plan.fp8_recipe]
         # SFT on packed sequences: attention runs per document (THD layout, no cross-document scores)
         self.doc_len = plan.packed_doc_len if plan.finetune != "none" and plan.packed_doc_len else 0
@@ -762,7 +769,9 @@ class _RankBuilder:
             if self.pacing_attrs is not None:
                 # the GPU waits for the host where the layer's host work outlasts its GPU work
                 # (MOE_LAYER_HOST_US); inside the pass, after its first kernel, so every schedule counts it
-                tpl.host_pacing = tpl.add("moe_host_pacing", HOST_WAIT, self.pacing_attrs)
+                recomputed = self._full_recompute(self.layer_index)
+                tpl.host_pacing = tpl.add("moe_host_pacing", HOST_WAIT,
+                                          self.pacing_attrs_recomputed if recomputed else self.pacing_attrs)
             self._moe_bwd(tpl)
         else:
             f = m.ffn // t
