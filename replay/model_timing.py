@@ -184,6 +184,7 @@ class ModelTiming(_ModelBase):
 
     def __init__(self, hw: HardwareConfig | str, source_hw: HardwareConfig | str | None = None):
         super().__init__()
+        self._warned_gpus: set[str] = set()   # unknown source GPUs already named in a warning
         self.hw = get_hardware(hw)
         self.source_hw = get_hardware(source_hw) if source_hw is not None else None
         self.compute = ComputeModel(self.hw)
@@ -226,10 +227,9 @@ class ModelTiming(_ModelBase):
         told once per run and GPU name (the first rank's figures)."""
         names = recorded_device_names(graph.metadata)
         name = "".join(c for c in names[0] if c.isprintable())[:80] if names else ""
-        warned = self.__dict__.setdefault("_warned_gpus", set())
-        if name in warned:
+        if name in self._warned_gpus:
             return
-        warned.add(name)
+        self._warned_gpus.add(name)
         work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
         share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
         where = f"on '{name}', which no preset matches" if name else "on a GPU the trace does not name"

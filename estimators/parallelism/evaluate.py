@@ -292,8 +292,7 @@ def _sync_wait_us(model: ModelConfig, plan: ParallelPlan) -> float:
     MOE_SYNC_IDLE_US (twice with full recompute, which runs the forward again); token drop has none."""
     if plan.moe_capacity_factor > 0:
         return 0.0
-    moe_layers = sum(1 for i in range(model.layers) if model.is_moe_layer(i)) / plan.pp
-    return moe_layers * plan.micro_batches * MOE_SYNC_IDLE_US * (2 if plan.recompute == "full" else 1)
+    return model.moe_layers / plan.pp * plan.micro_batches * MOE_SYNC_IDLE_US * (2 if plan.recompute == "full" else 1)
 
 
 # ------------------------------------------------------------------------------------ search
