@@ -3,7 +3,8 @@ works for the architectures of the ecosystem without writing our TOML.
 
 One reader per architecture family, registered by the config's `model_type` (a registry: add a family by
 adding a function).  Every family reads the common transformer fields (hidden_size, num_hidden_layers,
-num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings) and its own:
+num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings, and a YaRN `rope_scaling`'s
+attention temperature, rope_mscale) and its own:
 - llama / mistral / qwen2 / qwen3: dense, gated FFN (intermediate_size); mistral's `sliding_window`,
   qwen2/3's `use_sliding_window` + `max_window_layers`, or any `layer_types` list give the windowed layers
 - mixtral: num_local_experts, num_experts_per_tok, intermediate_size = one expert's FFN
@@ -27,6 +28,7 @@ a field of the wrong type, an unknown model_type (with the supported ones).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -107,7 +109,43 @@ def _base(f: _Fields) -> dict[str, Any]:
     head_dim = f.first("head_dim", "kv_channels", default=0)
     if head_dim and head_dim != hidden // heads:
         kw["head_dim"] = head_dim
+    mscale = _rope_mscale(f)
+    if mscale != 1.0:
+        kw["rope_mscale"] = mscale
     return kw
+
+
+def _rope_mscale(f: _Fields) -> float:
+    """YaRN's attention temperature from `rope_scaling`, by transformers' rule: `attention_factor` when given;
+    else mscale / mscale_all_dim when both are set and non-zero (each 0.1 m ln(factor) + 1); else
+    0.1 ln(factor) + 1. 1.0 without rope_scaling or for other scalings (linear, dynamic, llama3)."""
+    scaling = f.data.get("rope_scaling")
+    if scaling is None:
+        return 1.0
+    if not isinstance(scaling, dict):
+        raise TraceInputError(None, f"field 'rope_scaling' must be an object, got {scaling!r}")
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+
+    def number(key: str, default: float) -> float:
+        value = scaling.get(key)
+        value = default if value is None else value
+        check_number(f"field 'rope_scaling.{key}'", value, 0, 1e6)
+        return float(value)
+
+    factor = number("factor", 1.0)
+    if scaling.get("attention_factor") is not None:
+        attention = number("attention_factor", 1.0)
+        check_number("field 'rope_scaling.attention_factor'", attention, 0, 100, low_open=True)
+        return attention
+
+    def temperature(m: float) -> float:
+        return 1.0 if factor <= 1.0 else 0.1 * m * math.log(factor) + 1.0
+
+    mscale, mscale_all_dim = number("mscale", 0.0), number("mscale_all_dim", 0.0)
+    if mscale and mscale_all_dim:
+        return temperature(mscale) / temperature(mscale_all_dim)
+    return temperature(1.0)
 
 
 def _window(f: _Fields, layers: int) -> dict[str, Any]:

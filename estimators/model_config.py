@@ -166,6 +166,11 @@ class ModelConfig:
     # concatenates them before its fused activation (fused_bias_geglu `weighted_bias_quick_geglu_impl`
     # with `activation_func_clamp_value`): passes over the FFN input the plain activation does not make.
     glu_clamp: float = 0.0
+    # YaRN attention temperature (mscale) by which RoPE's cos / sin are scaled: 1 for plain RoPE and for
+    # YaRN configs whose mscale and mscale_all_dim cancel (DeepSeek-V3, Kimi K2); 0.1 ln(factor) + 1 otherwise
+    # (GPT-OSS: factor 32 -> 1.35). Megatron-Core's fused RoPE kernel (Transformer Engine) takes no mscale, so
+    # a value other than 1 runs RoPE as eager PyTorch ops (rope_utils.apply_rotary_pos_emb falls back).
+    rope_mscale: float = 1.0
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
 
@@ -528,6 +533,7 @@ def _validate(cfg: ModelConfig) -> None:
     if cfg.glu_clamp and cfg.activation not in GATED_ACTIVATIONS:
         bad(f"'glu_clamp' must be >= 0 and needs a gated activation, got {cfg.glu_clamp!r} with "
             f"{cfg.activation!r}")
+    check_number("'rope_mscale'", cfg.rope_mscale, 0, 100, low_open=True)
     _check_count("'mtp_layers'", cfg.mtp_layers, 0, MAX_LAYERS)
     _check_count("'sliding_window'", cfg.sliding_window, 0, MAX_DIM)
     if not isinstance(cfg.window_pattern, str) or set(cfg.window_pattern) - {"S", "F"}:

@@ -75,6 +75,33 @@ def test_gpt_oss_reads_windows_sinks_and_biases():
     assert m.param_count() == load_model("gpt-oss-120b").param_count()
 
 
+def test_yarn_rope_scaling_gives_the_attention_temperature_by_the_transformers_rule():
+    """YaRN scales RoPE's cos / sin by 0.1 ln(factor) + 1 (GPT-OSS: factor 32, no mscale); DeepSeek-V3's
+    mscale = mscale_all_dim = 1 cancel to 1; an explicit attention_factor wins; other scalings give 1."""
+    import math
+    assert load_hf_config(HF / "gpt-oss-120b.json").rope_mscale == pytest.approx(0.1 * math.log(32) + 1)
+    assert load_hf_config(HF / "gpt-oss-120b.json").rope_mscale == pytest.approx(load_model("gpt-oss-120b").rope_mscale)
+    assert load_hf_config(HF / "deepseek-v3.json").rope_mscale == 1.0
+    ds = _ds(rope_scaling={"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 1.0})
+    assert model_from_hf(ds).rope_mscale == pytest.approx((0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1))
+    assert model_from_hf(_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.2})).rope_mscale == 1.2
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert model_from_hf(_llama(rope_scaling=llama31)).rope_mscale == 1.0
+
+
+@pytest.mark.parametrize("scaling,expect", [
+    ("yarn", "field 'rope_scaling' must be an object"),
+    ({"rope_type": "yarn", "factor": -2}, "field 'rope_scaling.factor' must be in [0, 1e+06]"),
+    ({"rope_type": "yarn", "factor": 4, "attention_factor": 0}, "'rope_scaling.attention_factor' must be in (0, 100]"),
+])
+def test_a_malformed_rope_scaling_is_a_one_line_error(tmp_path, capsys, scaling, expect):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(_llama(rope_scaling=scaling)))
+    code = main(["whatif", "parallelism", "--model", str(p), "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expect in err and str(p) in err and "\n" not in err
+
+
 def test_nemotron_relu2_is_a_two_matrix_ffn():
     m = load_hf_config(HF / "minitron-8b.json")
     h, f, q, kv, L, V = 4096, 16384, 48 * 128, 8 * 128, 32, 256000

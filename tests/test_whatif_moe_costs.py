@@ -290,3 +290,53 @@ def test_the_search_ranking_prices_host_bound_moe_layers():
     for row in ranked.top(3):
         plan = ranked.plan(int(row))
         assert ranked.step_s[row] == pytest.approx(predict(model, plan, "h100-sxm").step_time_s, rel=0.15), plan
+
+
+def _gpt_oss_plan(**kw) -> ParallelPlan:
+    # GPT-OSS-120B as its Megatron-Bridge H100 recipes run it: EP8 (16 local experts), micro-batch 1 x 4096
+    # tokens, BF16, selective recompute of layernorm and moe_act
+    base = dict(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8, precision="bf16",
+                recompute="selective", recompute_modules=("layernorm", "moe_act"))
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+def test_yarn_rope_with_a_temperature_runs_as_eager_ops():
+    """Megatron-Core's fused RoPE takes no YaRN mscale, so GPT-OSS (0.1 ln 32 + 1) rotates q and k with the
+    unfused PyTorch ops of rope_utils._apply_rotary_pos_emb_bshd: 12 kernels each, 6 passes over the tensor
+    forward (t*cos, neg, cat, *sin, add, cat: 6.5 reads + 5.5 writes); Qwen3's plain RoPE stays one pass."""
+    model = load_model("gpt-oss-120b")
+    fwd, bwd = _ops(model, _gpt_oss_plan()), _ops(model, _gpt_oss_plan(), "B")
+    elems = 4096 * (64 + 8) * 64                          # tokens x (q heads + kv heads) x head width
+    assert fwd["rope"]["bytes"] == elems * 2 * (6.5 + 5.5) and fwd["rope"]["launches"] == 24
+    assert bwd["rope_bwd"]["launches"] == 18
+    qwen = _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan(micro_batch=1))
+    assert qwen["rope"]["bytes"] == 4096 * (32 + 4) * 128 * 2 * 2 and "launches" not in qwen["rope"]
+
+
+def test_expert_biases_are_added_expert_by_expert():
+    """GPT-OSS's expert fc2 bias comes back unapplied from TEGroupedMLP and is added by a Python loop over
+    the 16 local experts (t + b * p each, then a cat): 33 kernels, 3 reads + 3 writes per element of the
+    routed output forward; models without linear biases have no such pass."""
+    model = load_model("gpt-oss-120b")
+    fwd, bwd = _ops(model, _gpt_oss_plan()), _ops(model, _gpt_oss_plan(), "B")
+    routed = 4096 * 4 * 8 // 128 * 16                     # tokens x top-4 x EP8 / 128 experts, 16 experts
+    assert fwd["expert_bias_add"]["bytes"] == routed * 2880 * 2 * 6 and fwd["expert_bias_add"]["launches"] == 33
+    assert bwd["expert_bias_add_bwd"]["bytes"] == routed * 2880 * 2 * 8
+    assert bwd["expert_bias_add_bwd"]["launches"] == 5 * 16 + 2
+    assert "expert_bias_add" not in _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan())
+
+
+def test_gpt_oss_layers_pay_the_host_for_their_eager_ops():
+    """A GPT-OSS MoE layer's host time is a Qwen3-style layer's plus its own eager calls, each at the mean
+    host cost per call of the calibrated layer (10.9 ms over the 742 non-GEMM calls Megatron-Core makes
+    with 16 local experts). Counted in the source: unfused RoPE 2 x (15 + 11) = 52 beyond the fused call,
+    the bias loop (2E + 6) + (5E + 5) = 123, the clamp 5 forward, 5 recomputed, 4 backward = 14."""
+    from dataclasses import replace
+    from estimators.parallelism.workload import moe_layer_host_us
+    model = load_model("gpt-oss-120b")
+    plain = replace(model, rope_mscale=1.0, bias=False, glu_clamp=0.0)
+    extra = moe_layer_host_us(model, _gpt_oss_plan()) - moe_layer_host_us(plain, _gpt_oss_plan())
+    assert extra == pytest.approx((52 + 123 + 14) * 10900.0 / 742)
+    no_recompute = moe_layer_host_us(model, _gpt_oss_plan(recompute="none", recompute_modules=()))
+    assert moe_layer_host_us(model, _gpt_oss_plan()) - no_recompute == pytest.approx(5 * 10900.0 / 742)

@@ -159,6 +159,72 @@ MOE_ROUTER_PREPROCESS_HOST_US = 1870.0
 # calls of one dropless all-to-all MoE layer read in Megatron-Core's source (core_r0.14.0, TE 2.7: about
 # 120 + 20E forward and 78 + 20E backward for E local experts; 0.53-0.56 for 4-16 experts)
 MOE_LAYER_HOST_FWD_SHARE = 0.55
+# Host time of one eager PyTorch op call in a Megatron-Core MoE layer (Python, ATen dispatch, autograd
+# bookkeeping, the kernel launch when it has one), on average: MOE_LAYER_HOST_US["alltoall"] spread over the
+# layer's host calls other than the per-expert GEMMs, as counted in its source for the calibration run's
+# E = 16 local experts (198 + 34E = 742): 14.7 us, about twice LAUNCH_US (the launch path alone). It prices
+# the eager ops some architectures add to that layer (ArchitectureOps).
+MOE_HOST_US_PER_CALL = MOE_LAYER_HOST_US["alltoall"] / (198 + 34 * 16)
+
+
+@dataclass(frozen=True)
+class EagerOps:
+    """An unfused run of eager PyTorch ops over one tensor: elements read and written in units of the
+    tensor's size, kernels launched, host op calls (the kernels and the calls that launch none: views,
+    splits, autograd nodes that only route gradients)."""
+    reads: float
+    writes: float
+    kernels: int
+    calls: int
+
+
+# RoPE of one rotated tensor (q or k) when Megatron-Core cannot use Transformer Engine's fused kernel
+# (ModelConfig.rope_mscale != 1), read in _apply_rotary_pos_emb_bshd (rope_utils.py, core_dev_r0.15 as
+# Megatron-Bridge 25.11 pins it, unchanged through 26.04). Forward: slices t / t_pass, then cos, x mscale,
+# cast and sin, x mscale, cast over the [s, 1, 1, d] table (6 small kernels), t * cos, the chunk, negation and
+# cat of rotate_half, * sin, the add, the cat with the empty t_pass (6 passes over the tensor: 6.5 reads,
+# 5.5 writes). Backward (autograd): * cos, * sin, the negation, the chunk's cat, the add of t's two
+# gradients, the slices' zero fill and copy and the add of their gradients. The fused kernel: one pass.
+ROPE_UNFUSED_FWD = EagerOps(reads=6.5, writes=5.5, kernels=12, calls=16)
+ROPE_UNFUSED_BWD = EagerOps(reads=8.5, writes=8.5, kernels=9, calls=12)
+
+
+def expert_bias_ops(local_experts: int, backward: bool) -> EagerOps:
+    """The bias of the second expert linear in a model with linear biases (GPT-OSS): Megatron-Core's
+    TEGroupedMLP returns it unapplied (skip_bias_add) and adds it in Python, expert by expert
+    (`_apply_bias`: split the output and the routing probabilities, t + b * p per expert, cat), per
+    element of the routed output. Forward: 2E kernels (the product written, then read with t and the sum
+    written) and the cat; backward: per expert the gradients of b (g * p summed over tokens) and of p
+    (g * b summed over the hidden size), the main-grad accumulation of b, and the split's cat."""
+    e = max(int(local_experts), 1)
+    if backward:
+        return EagerOps(reads=5.0, writes=3.0, kernels=5 * e + 2, calls=5 * e + 5)
+    return EagerOps(reads=3.0, writes=3.0, kernels=2 * e + 1, calls=2 * e + 6)
+
+
+# The clamped gated activation (ModelConfig.glu_clamp) as Megatron-Core runs it (fused_bias_geglu
+# weighted_bias_quick_geglu_impl): forward chunk, two clamps, cat and torch.tensor(offset, device=cuda), a
+# blocking host-to-device copy (5 calls, in a recompute of the activation again); backward the two clamps'
+# gradient masks and the chunk's cat (4 calls). Its GPU passes are the _glu_clamp nodes.
+GLU_CLAMP_FWD_CALLS, GLU_CLAMP_BWD_CALLS = 5, 4
+
+
+def architecture_host_calls(model: ModelConfig, plan: ParallelPlan) -> int:
+    """Eager host calls per MoE layer forward + backward of one micro-batch beyond those of the layer
+    MOE_LAYER_HOST_US prices (a Qwen3-style layer: fused RoPE, no biases, plain SwiGLU): unfused RoPE of q
+    and k, the per-expert bias loop, the activation clamp (and its recompute)."""
+    calls = 0
+    if model.position == "rope" and model.rope_mscale != 1.0:
+        calls += 2 * (ROPE_UNFUSED_FWD.calls - 1 + ROPE_UNFUSED_BWD.calls - 1)
+    if model.bias and model.moe:
+        local = max(model.moe.num_experts // plan.ep, 1)
+        calls += expert_bias_ops(local, False).calls + expert_bias_ops(local, True).calls
+    if model.glu_clamp:
+        recomputed = plan.recompute == "selective" and {"moe", "moe_act"} & set(plan.recompute_modules or ())
+        calls += GLU_CLAMP_FWD_CALLS * (2 if recomputed else 1) + GLU_CLAMP_BWD_CALLS
+    return calls
+
+
 # Transformer Engine issues the chunk GEMMs of a userbuffers overlap round-robin over this many compute
 # streams (NVTE_COMM_OVERLAP_MAX_STREAMS, comm_gemm_overlap.h), so up to three chunks share the SMs at once
 UB_COMPUTE_STREAMS = 3
@@ -186,7 +252,8 @@ def moe_layer_host_us(model: ModelConfig, plan: ParallelPlan) -> float:
         per_expert += 4 * FP8_CAST_KERNELS[plan.fp8_recipe] * LAUNCH_US
     family = "flex" if plan.moe_a2a in FUSED_DISPATCH else "alltoall"
     graphed = MOE_ROUTER_PREPROCESS_HOST_US if {"moe_router", "moe_preprocess"} <= set(plan.cuda_graph_scope) else 0.0
-    return MOE_LAYER_HOST_US[family] + local * per_expert - graphed
+    return (MOE_LAYER_HOST_US[family] + local * per_expert - graphed
+            + architecture_host_calls(model, plan) * MOE_HOST_US_PER_CALL)
 
 
 def apply_host_pacing(graph: ExecutionGraph, durations: np.ndarray) -> np.ndarray:
@@ -736,9 +803,7 @@ class _RankBuilder:
         if sh.sp:
             self.tp_coll(tpl, "sp_allgather_attn", CommType.ALL_GATHER, full)
         self._qkv_gemms(tpl, backward=False, ag=None)
-        if m.position == "rope":
-            heads, kvh, qk, _ = self._attn_dims()
-            tpl.add("rope", COMPUTE, elementwise(T * (heads + kvh) * qk, 1, 1, flops_per=3))
+        self._rope(tpl, "rope", ROPE_UNFUSED_FWD)
         self._attention_core(tpl, backward=False)
         heads, _, _, vd = self._attn_dims()
         tpl.add("out_proj", COMPUTE, gemm(T, h, heads * vd, dt))
@@ -802,9 +867,7 @@ class _RankBuilder:
         tpl.add("out_proj_dgrad", COMPUTE, gemm(T, heads * vd, h, dt))
         tpl.add("out_proj_wgrad", COMPUTE, gemm(heads * vd, h, T, dt), chain=False)
         self._attention_core(tpl, backward=True)
-        if m.position == "rope":
-            _, kvh, qk, _ = self._attn_dims()
-            tpl.add("rope_bwd", COMPUTE, elementwise(T * (heads + kvh) * qk, 1, 1, flops_per=3))
+        self._rope(tpl, "rope_bwd", ROPE_UNFUSED_BWD)
         ag = self.tp_coll(tpl, "sp_allgather_attn_input", CommType.ALL_GATHER, full, chain=False) if sh.sp else None
         self._qkv_gemms(tpl, backward=True, ag=ag)
         last = tpl.head if self.async_tp else len(tpl.ops) - 1  # last data-grad GEMM, or the last GEMM
@@ -953,6 +1016,29 @@ class _RankBuilder:
         tokens = self._expert_tokens()
         return balanced_tokens if tokens is None else sum(tokens)
 
+    def _rope(self, tpl: _Template, name: str, unfused: EagerOps) -> None:
+        """RoPE of q and k: Transformer Engine's fused kernel, one pass over each; the eager ops of
+        `unfused` when the YaRN mscale keeps Megatron-Core off the fused kernel (ModelConfig.rope_mscale)."""
+        if self.m.position != "rope":
+            return
+        heads, kvh, qk, _ = self._attn_dims()
+        elems = self.sh.T * (heads + kvh) * qk
+        if self.m.rope_mscale == 1.0:
+            tpl.add(name, COMPUTE, elementwise(elems, 1, 1, flops_per=3))
+            return
+        tpl.add(name, COMPUTE, {**elementwise(elems, unfused.reads, unfused.writes, flops_per=3),
+                                "launches": 2 * unfused.kernels})
+
+    def _expert_bias(self, tpl: _Template, name: str, backward: bool) -> None:
+        """The second expert linear's bias, added expert by expert in Python (expert_bias_ops), in models
+        with linear biases."""
+        if not self.m.bias:
+            return
+        _, le, per, _, _ = self._moe_dims()
+        ops = expert_bias_ops(le, backward)
+        tpl.add(name, COMPUTE, {**elementwise(self._routed(per * le) * self.m.hidden, ops.reads, ops.writes),
+                                "launches": ops.kernels})
+
     def _glu_clamp(self, tpl: _Template, name: str, elems: float, backward: bool = False) -> None:
         """Clamped gated activation (`ModelConfig.glu_clamp`, GPT-OSS): Megatron-Core clamps the gate and
         linear halves of the FFN input (two kernels, each reading and writing its half) and concatenates
@@ -961,9 +1047,9 @@ class _RankBuilder:
         if not getattr(self.m, "glu_clamp", 0.0):
             return
         if backward:
-            tpl.add(name, COMPUTE, elementwise(elems, 2, 1))
-        else:
-            tpl.add(name, COMPUTE, elementwise(elems, 2, 2))
+            tpl.add(name, COMPUTE, {**elementwise(elems, 2, 1), "launches": GLU_CLAMP_BWD_CALLS - 1})
+        else:   # two clamps, the cat and the host-to-device copy of the offset
+            tpl.add(name, COMPUTE, {**elementwise(elems, 2, 2), "launches": GLU_CLAMP_FWD_CALLS - 1})
 
     def _sort_chunks(self, tpl: _Template, name: str, per: int, le: int) -> None:
         """Megatron-Core's all-to-all dispatcher receives tokens grouped by source EP rank, then by
@@ -991,6 +1077,7 @@ class _RankBuilder:
         self._glu_clamp(tpl, "expert_act_clamp", self._routed(per * le) * f_in)
         tpl.add("expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation), flops_per=8))
         self._expert_gemm(tpl, "expert_down_proj", per, h, f, le)
+        self._expert_bias(tpl, "expert_bias_add", backward=False)
         self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
         tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
@@ -1016,6 +1103,7 @@ class _RankBuilder:
         tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_unsort_chunks_bwd", per, le)
+        self._expert_bias(tpl, "expert_bias_add_bwd", backward=True)
         self._expert_gemm(tpl, "expert_down_proj_dgrad", per, f, h, le)
         self._expert_gemm(tpl, "expert_down_proj_wgrad", per, f, h, le, wgrad=True, chain=False)
         tpl.add("expert_act_bwd", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation, backward=True),
