@@ -116,36 +116,36 @@ def _base(f: _Fields) -> dict[str, Any]:
 
 
 def _rope_mscale(f: _Fields) -> float:
-    """YaRN's attention temperature from `rope_scaling`, by transformers' rule: `attention_factor` when given;
-    else mscale / mscale_all_dim when both are set and non-zero (each 0.1 m ln(factor) + 1); else
-    0.1 ln(factor) + 1. 1.0 without rope_scaling or for other scalings (linear, dynamic, llama3)."""
-    scaling = f.data.get("rope_scaling")
+    """YaRN's attention temperature as Megatron-Core computes it from the config Megatron-Bridge maps
+    (`rope_scaling`, or transformers v5's `rope_parameters`: factor, mscale, mscale_all_dim):
+    (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1) when both are given, else
+    0.1 ln(factor) + 1 (1 for factor <= 1). `attention_factor` is not read: Bridge does not map it. 1.0
+    without YaRN (none, linear, dynamic, llama3 scaling)."""
+    key = "rope_scaling" if f.data.get("rope_scaling") is not None else "rope_parameters"
+    scaling = f.data.get(key)
     if scaling is None:
         return 1.0
     if not isinstance(scaling, dict):
-        raise TraceInputError(None, f"field 'rope_scaling' must be an object, got {scaling!r}")
+        raise TraceInputError(None, f"field '{key}' must be an object, got {scaling!r}")
     if scaling.get("rope_type", scaling.get("type")) != "yarn":
         return 1.0
 
-    def number(key: str, default: float) -> float:
-        value = scaling.get(key)
-        value = default if value is None else value
-        check_number(f"field 'rope_scaling.{key}'", value, 0, 1e6)
-        return float(value)
+    def number(name: str) -> float | None:
+        value = scaling.get(name)
+        if value is not None:
+            check_number(f"field '{key}.{name}'", value, 0, 1e6)
+            value = float(value)
+        return value
 
-    factor = number("factor", 1.0)
-    if scaling.get("attention_factor") is not None:
-        attention = number("attention_factor", 1.0)
-        check_number("field 'rope_scaling.attention_factor'", attention, 0, 100, low_open=True)
-        return attention
+    factor = number("factor") or 1.0
 
     def temperature(m: float) -> float:
         return 1.0 if factor <= 1.0 else 0.1 * m * math.log(factor) + 1.0
 
-    mscale, mscale_all_dim = number("mscale", 0.0), number("mscale_all_dim", 0.0)
-    if mscale and mscale_all_dim:
-        return temperature(mscale) / temperature(mscale_all_dim)
-    return temperature(1.0)
+    mscale, mscale_all_dim = number("mscale"), number("mscale_all_dim")
+    if mscale is None or mscale_all_dim is None:
+        return temperature(1.0)
+    return temperature(mscale) / temperature(mscale_all_dim)
 
 
 def _window(f: _Fields, layers: int) -> dict[str, Any]:

@@ -75,16 +75,22 @@ def test_gpt_oss_reads_windows_sinks_and_biases():
     assert m.param_count() == load_model("gpt-oss-120b").param_count()
 
 
-def test_yarn_rope_scaling_gives_the_attention_temperature_by_the_transformers_rule():
-    """YaRN scales RoPE's cos / sin by 0.1 ln(factor) + 1 (GPT-OSS: factor 32, no mscale); DeepSeek-V3's
-    mscale = mscale_all_dim = 1 cancel to 1; an explicit attention_factor wins; other scalings give 1."""
+def test_yarn_rope_scaling_gives_megatrons_attention_temperature():
+    """YaRN scales RoPE's cos / sin by 0.1 ln(factor) + 1 when mscale / mscale_all_dim are not both given
+    (GPT-OSS: factor 32, neither), else by their ratio (DeepSeek-V3: 1.0 / 1.0 -> 1), as Megatron-Core's
+    _yarn_get_concentration_factor computes it from what Megatron-Bridge maps; attention_factor is not
+    mapped; transformers v5 spells the block rope_parameters; other scalings give 1."""
     import math
     assert load_hf_config(HF / "gpt-oss-120b.json").rope_mscale == pytest.approx(0.1 * math.log(32) + 1)
     assert load_hf_config(HF / "gpt-oss-120b.json").rope_mscale == pytest.approx(load_model("gpt-oss-120b").rope_mscale)
     assert load_hf_config(HF / "deepseek-v3.json").rope_mscale == 1.0
     ds = _ds(rope_scaling={"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 1.0})
     assert model_from_hf(ds).rope_mscale == pytest.approx((0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1))
-    assert model_from_hf(_llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.2})).rope_mscale == 1.2
+    only_mscale = {"rope_type": "yarn", "factor": 4.0, "mscale": 0.5, "attention_factor": 1.2}
+    assert model_from_hf(_llama(rope_scaling=only_mscale)).rope_mscale == pytest.approx(0.1 * math.log(4) + 1)
+    v5 = {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0}
+    assert model_from_hf(_llama(rope_parameters=v5)).rope_mscale == pytest.approx(0.1 * math.log(8) + 1)
+    assert model_from_hf(_llama(rope_scaling={"rope_type": "yarn", "factor": 1.0})).rope_mscale == 1.0
     llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     assert model_from_hf(_llama(rope_scaling=llama31)).rope_mscale == 1.0
 
@@ -92,7 +98,7 @@ def test_yarn_rope_scaling_gives_the_attention_temperature_by_the_transformers_r
 @pytest.mark.parametrize("scaling,expect", [
     ("yarn", "field 'rope_scaling' must be an object"),
     ({"rope_type": "yarn", "factor": -2}, "field 'rope_scaling.factor' must be in [0, 1e+06]"),
-    ({"rope_type": "yarn", "factor": 4, "attention_factor": 0}, "'rope_scaling.attention_factor' must be in (0, 100]"),
+    ({"rope_type": "yarn", "factor": 4, "mscale": "1", "mscale_all_dim": 1}, "field 'rope_scaling.mscale' must be a number"),
 ])
 def test_a_malformed_rope_scaling_is_a_one_line_error(tmp_path, capsys, scaling, expect):
     p = tmp_path / "config.json"

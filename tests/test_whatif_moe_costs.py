@@ -309,9 +309,14 @@ def test_yarn_rope_with_a_temperature_runs_as_eager_ops():
     fwd, bwd = _ops(model, _gpt_oss_plan()), _ops(model, _gpt_oss_plan(), "B")
     elems = 4096 * (64 + 8) * 64                          # tokens x (q heads + kv heads) x head width
     assert fwd["rope"]["bytes"] == elems * 2 * (6.5 + 5.5) and fwd["rope"]["launches"] == 24
-    assert bwd["rope_bwd"]["launches"] == 18
+    assert bwd["rope_bwd"]["launches"] == 14              # * cos, * sin, neg, cat, add, zero fill, add
     qwen = _ops(load_model("qwen3-30b-a3b"), _qwen30b_plan(micro_batch=1))
     assert qwen["rope"]["bytes"] == 4096 * (32 + 4) * 128 * 2 * 2 and "launches" not in qwen["rope"]
+    # MLA's fused RoPE takes the temperature in its cos / sin tables: a DeepSeek-V3 mscale stays fused
+    from dataclasses import replace
+    ds = replace(load_model("deepseek-v3"), rope_mscale=1.2)
+    ds_plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, seq_len=4096, micro_batch=1, global_batch=8, precision="bf16")
+    assert "launches" not in _ops(ds, ds_plan)["rope"]
 
 
 def test_expert_biases_are_added_expert_by_expert():
@@ -331,12 +336,17 @@ def test_gpt_oss_layers_pay_the_host_for_their_eager_ops():
     """A GPT-OSS MoE layer's host time is a Qwen3-style layer's plus its own eager calls, each at the mean
     host cost per call of the calibrated layer (10.9 ms over the 742 non-GEMM calls Megatron-Core makes
     with 16 local experts). Counted in the source: unfused RoPE 2 x (15 + 11) = 52 beyond the fused call,
-    the bias loop (2E + 6) + (5E + 5) = 123, the clamp 5 forward, 5 recomputed, 4 backward = 14."""
+    the bias loop (2E + 6) + (5E + 5) = 123, the clamp 5 forward, 5 recomputed (moe_act), 10 backward = 20;
+    recomputing the whole "moe" module also re-runs the bias loop's forward (2E + 6 = 38)."""
     from dataclasses import replace
     from estimators.parallelism.workload import moe_layer_host_us
+    per_call = 10900.0 / 742
     model = load_model("gpt-oss-120b")
     plain = replace(model, rope_mscale=1.0, bias=False, glu_clamp=0.0)
     extra = moe_layer_host_us(model, _gpt_oss_plan()) - moe_layer_host_us(plain, _gpt_oss_plan())
-    assert extra == pytest.approx((52 + 123 + 14) * 10900.0 / 742)
+    assert extra == pytest.approx((52 + 123 + 20) * per_call)
     no_recompute = moe_layer_host_us(model, _gpt_oss_plan(recompute="none", recompute_modules=()))
-    assert moe_layer_host_us(model, _gpt_oss_plan()) - no_recompute == pytest.approx(5 * 10900.0 / 742)
+    assert moe_layer_host_us(model, _gpt_oss_plan()) - no_recompute == pytest.approx(5 * per_call)
+    whole = moe_layer_host_us(model, _gpt_oss_plan(recompute_modules=("moe",)))
+    assert whole - no_recompute == pytest.approx((5 + 38) * per_call)
+    assert "recompute_expert_bias_add" in _ops(model, _gpt_oss_plan(recompute_modules=("moe",)), "S")

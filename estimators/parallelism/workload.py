@@ -163,7 +163,7 @@ MOE_LAYER_HOST_FWD_SHARE = 0.55
 # bookkeeping, the kernel launch when it has one), on average: MOE_LAYER_HOST_US["alltoall"] spread over the
 # layer's host calls other than the per-expert GEMMs, as counted in its source for the calibration run's
 # E = 16 local experts (198 + 34E = 742): 14.7 us, about twice LAUNCH_US (the launch path alone). It prices
-# the eager ops some architectures add to that layer (ArchitectureOps).
+# the eager ops some architectures add to that layer (architecture_host_calls).
 MOE_HOST_US_PER_CALL = MOE_LAYER_HOST_US["alltoall"] / (198 + 34 * 16)
 
 
@@ -179,14 +179,22 @@ class EagerOps:
 
 
 # RoPE of one rotated tensor (q or k) when Megatron-Core cannot use Transformer Engine's fused kernel
-# (ModelConfig.rope_mscale != 1), read in _apply_rotary_pos_emb_bshd (rope_utils.py, core_dev_r0.15 as
-# Megatron-Bridge 25.11 pins it, unchanged through 26.04). Forward: slices t / t_pass, then cos, x mscale,
-# cast and sin, x mscale, cast over the [s, 1, 1, d] table (6 small kernels), t * cos, the chunk, negation and
-# cat of rotate_half, * sin, the add, the cat with the empty t_pass (6 passes over the tensor: 6.5 reads,
-# 5.5 writes). Backward (autograd): * cos, * sin, the negation, the chunk's cat, the add of t's two
-# gradients, the slices' zero fill and copy and the add of their gradients. The fused kernel: one pass.
+# (unfused_rope), read in _apply_rotary_pos_emb_bshd (rope_utils.py, core_dev_r0.15 as Megatron-Bridge 25.11
+# pins it, unchanged through 2026-04). Forward: slices t / t_pass, then cos, x mscale, cast and sin, x mscale,
+# cast over the [s, 1, 1, d] table (6 small kernels), t * cos, the chunk, negation and cat of rotate_half,
+# * sin, the add, the cat with the empty t_pass (6 passes over the tensor: 6.5 reads, 5.5 writes).
+# Backward (autograd): * cos, * sin, the negation, the chunk's cat, the add of t's two gradients, the
+# empty t_pass slice's zero fill and the add of the slices' gradients (t[..., :d] is an alias: no copy).
+# The fused kernel: one pass.
 ROPE_UNFUSED_FWD = EagerOps(reads=6.5, writes=5.5, kernels=12, calls=16)
-ROPE_UNFUSED_BWD = EagerOps(reads=8.5, writes=8.5, kernels=9, calls=12)
+ROPE_UNFUSED_BWD = EagerOps(reads=7.5, writes=6.5, kernels=7, calls=12)
+
+
+def unfused_rope(model: ModelConfig) -> bool:
+    """Megatron-Core rotates q and k with eager ops: a YaRN temperature other than 1, which Transformer
+    Engine's fused RoPE does not take (rope_utils.apply_rotary_pos_emb falls back). MLA's fused RoPE
+    (fused_apply_mla_rope_for_q / _kv) reads cos / sin with the temperature in them, so MLA stays fused."""
+    return model.position == "rope" and model.rope_mscale != 1.0 and model.mla is None
 
 
 def expert_bias_ops(local_experts: int, backward: bool) -> EagerOps:
@@ -203,10 +211,13 @@ def expert_bias_ops(local_experts: int, backward: bool) -> EagerOps:
 
 
 # The clamped gated activation (ModelConfig.glu_clamp) as Megatron-Core runs it (fused_bias_geglu
-# weighted_bias_quick_geglu_impl): forward chunk, two clamps, cat and torch.tensor(offset, device=cuda), a
-# blocking host-to-device copy (5 calls, in a recompute of the activation again); backward the two clamps'
-# gradient masks and the chunk's cat (4 calls). Its GPU passes are the _glu_clamp nodes.
-GLU_CLAMP_FWD_CALLS, GLU_CLAMP_BWD_CALLS = 5, 4
+# weighted_bias_quick_geglu_impl), per element of the FFN input: forward the chunk, the two clamps and the
+# cat, then torch.tensor(offset, device=cuda) for the activation, a synchronous host-to-device copy (the
+# stream drains; the GPU then waits for the host's next call), again in a recompute of the activation;
+# backward the clamps' gradient masks (one-sided: fill, compare, where; two-sided: fill, two compares, and,
+# where) and the chunk's cat: about 9 B read and 6 B written per element.
+GLU_CLAMP_FWD = EagerOps(reads=2.0, writes=2.0, kernels=4, calls=5)
+GLU_CLAMP_BWD = EagerOps(reads=4.5, writes=3.0, kernels=9, calls=10)
 
 
 def architecture_host_calls(model: ModelConfig, plan: ParallelPlan) -> int:
@@ -214,14 +225,15 @@ def architecture_host_calls(model: ModelConfig, plan: ParallelPlan) -> int:
     MOE_LAYER_HOST_US prices (a Qwen3-style layer: fused RoPE, no biases, plain SwiGLU): unfused RoPE of q
     and k, the per-expert bias loop, the activation clamp (and its recompute)."""
     calls = 0
-    if model.position == "rope" and model.rope_mscale != 1.0:
+    if unfused_rope(model):
         calls += 2 * (ROPE_UNFUSED_FWD.calls - 1 + ROPE_UNFUSED_BWD.calls - 1)
+    selective = set(plan.recompute_modules or ()) if plan.recompute == "selective" else set()
     if model.bias and model.moe:
         local = max(model.moe.num_experts // plan.ep, 1)
-        calls += expert_bias_ops(local, False).calls + expert_bias_ops(local, True).calls
+        forward = expert_bias_ops(local, False).calls
+        calls += forward * (2 if "moe" in selective else 1) + expert_bias_ops(local, True).calls
     if model.glu_clamp:
-        recomputed = plan.recompute == "selective" and {"moe", "moe_act"} & set(plan.recompute_modules or ())
-        calls += GLU_CLAMP_FWD_CALLS * (2 if recomputed else 1) + GLU_CLAMP_BWD_CALLS
+        calls += GLU_CLAMP_FWD.calls * (2 if {"moe", "moe_act"} & selective else 1) + GLU_CLAMP_BWD.calls
     return calls
 
 
@@ -780,6 +792,7 @@ class _RankBuilder:
                 self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
                 self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
+                self._expert_bias(tpl, "recompute_expert_bias_add", backward=False)
             elif "moe_act" in mods:
                 self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE,
@@ -1023,7 +1036,7 @@ class _RankBuilder:
             return
         heads, kvh, qk, _ = self._attn_dims()
         elems = self.sh.T * (heads + kvh) * qk
-        if self.m.rope_mscale == 1.0:
+        if not unfused_rope(self.m):
             tpl.add(name, COMPUTE, elementwise(elems, 1, 1, flops_per=3))
             return
         tpl.add(name, COMPUTE, {**elementwise(elems, unfused.reads, unfused.writes, flops_per=3),
@@ -1043,13 +1056,13 @@ class _RankBuilder:
         """Clamped gated activation (`ModelConfig.glu_clamp`, GPT-OSS): Megatron-Core clamps the gate and
         linear halves of the FFN input (two kernels, each reading and writing its half) and concatenates
         them (read and write the whole) before the fused activation; the backward masks the gradient
-        where the clamps cut (read the gradient and the input, write the gradient)."""
+        where the clamps cut (GLU_CLAMP_FWD / _BWD)."""
         if not getattr(self.m, "glu_clamp", 0.0):
             return
-        if backward:
-            tpl.add(name, COMPUTE, {**elementwise(elems, 2, 1), "launches": GLU_CLAMP_BWD_CALLS - 1})
-        else:   # two clamps, the cat and the host-to-device copy of the offset
-            tpl.add(name, COMPUTE, {**elementwise(elems, 2, 2), "launches": GLU_CLAMP_FWD_CALLS - 1})
+        ops = GLU_CLAMP_BWD if backward else GLU_CLAMP_FWD
+        tpl.add(name, COMPUTE, {**elementwise(elems, ops.reads, ops.writes), "launches": ops.kernels})
+        if not backward:   # the offset's synchronous copy: the GPU waits for the host's next call
+            tpl.add(name + "_offset_sync", HOST_WAIT, host_wait(MOE_HOST_US_PER_CALL))
 
     def _sort_chunks(self, tpl: _Template, name: str, per: int, le: int) -> None:
         """Megatron-Core's all-to-all dispatcher receives tokens grouped by source EP rank, then by
