@@ -6,6 +6,7 @@ memory) and the mean / max |error| (the README table).
     python benchmarks/published_training.py --json out.json # rows as JSON
     python benchmarks/published_training.py --fit           # leave-one-model-out fit of the sustained clock
     python benchmarks/published_training.py --breakdown     # where each row's step goes (diagnosis)
+    python benchmarks/published_training.py --as-run        # also the rows whose script ran otherwise, as run
 
 Each row also shows the CPU seconds its estimate took (`time.process_time` around building the scenario and
 `evaluate.predict` in the default fast mode), and the last line names the slowest row. What every process
@@ -128,6 +129,32 @@ def run_all(path: Path, only=None, progress: bool = True, cpu: dict[int, float] 
     return out
 
 
+def as_run_table(path: Path, only=None) -> str:
+    """The rows whose release's script set a printed column otherwise (lumos_sim.published_training.
+    SCRIPT_RAN_OTHERWISE), predicted both as printed (what the check scores) and as the script ran them."""
+    from lumos_sim.published_training import SCRIPT_RAN_OTHERWISE, as_run_plan, row_model
+    lines = ["| # | release | model | as printed | error | as the script ran | error | memory GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in read_rows(path):
+        if only is not None and row.index not in only:
+            continue
+        try:
+            model = row_model(row)
+        except Exception:      # a row the check reports as failed
+            continue
+        if as_run_plan(row, model) is None:
+            continue
+        printed, ran = run_row(row), run_row(row, as_run=True)
+        changes = SCRIPT_RAN_OTHERWISE[(row.release.split(" (")[0], model.name)]
+        cols = ", ".join(f"{k} {v if v != () else 'none'}" for k, v in changes.items())
+        err = lambda r: "failed" if r.relative_error is None else f"{100 * r.relative_error:+.1f}%"   # noqa: E731
+        lines.append(f"| {row.index} | {row.release.split(' (')[0]} | {row.model_name} | "
+                     f"mb{row.mbs} VP{row.vp} PP{row.pp} EP{row.ep} | {err(printed)} | {cols} | {err(ran)} | "
+                     f"{fmt(printed.memory_gib, 1)}{' OOM' if printed.oom else ''} -> "
+                     f"{fmt(ran.memory_gib, 1)}{' OOM' if ran.oom else ''} |")
+    return "\n".join(lines)
+
+
 def breakdown(path: Path, only=None) -> str:
     """Per row: predicted vs published step time and the predicted step's parts (the slowest pipeline
     stage's compute, exposed communication by kind, the GPU waiting for the host at MoE token-count syncs
@@ -209,6 +236,8 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--fit", action="store_true", help="leave-one-model-out fit of the sustained clock")
     ap.add_argument("--breakdown", action="store_true", help="where each row's predicted step goes")
+    ap.add_argument("--as-run", action="store_true",
+                    help="also the rows whose release's script ran a printed column otherwise, as it ran them")
     args = ap.parse_args()
     path = csv_path(args.csv)
     if args.fit:
@@ -225,6 +254,9 @@ def main() -> int:
     results = run_all(path, only, cpu=cpu)
     print(table(results, cpu))
     print(f"(loaded once per process before the rows: {once:.2f} s CPU)")
+    if args.as_run:
+        print("\nRows whose release's script ran a printed column otherwise (scored as printed):\n")
+        print(as_run_table(path, only))
     if args.json:
         Path(args.json).write_text(json.dumps([dict(r.to_json(), cpu_s=cpu.get(r.row.index)) for r in results],
                                               indent=1))

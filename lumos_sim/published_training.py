@@ -22,7 +22,7 @@ Reading the columns (facts of the releases, not fitted):
   balanced routing.
 
 Where the release's own scripts ran something else than its table prints, the row still runs as printed
-(the check asks for the published layout). Read in Megatron-Bridge's history (r0.1.0 = 25.09, tag v0.2.0 =
+(the check asks for the published layout; `as_run_plan` gives the layout as run, SCRIPT_RAN_OTHERWISE). Read in Megatron-Bridge's history (r0.1.0 = 25.09, tag v0.2.0 =
 25.11, scripts/performance):
 - Qwen3-30B-A3B H100: both scripts run VP 12, the tables print 24; the 25.11 script runs micro-batch 1
   (commit 8aed9a229 replaced micro_batch_size=2 with moe_a2a_overlap=True), the table prints 2. Its
@@ -330,6 +330,28 @@ def row_scenario(row: PublishedRow) -> tuple[ModelConfig, ParallelPlan]:
     return model, row_plan(row, model)
 
 
+# Printed columns that the release's own H100 script set otherwise (read at its Megatron-Bridge tag; the
+# module docstring gives the commits). The check runs every row as printed; `as_run_plan` is the plan as
+# the script ran it, which `benchmarks/published_training.py --as-run` reports beside the printed one.
+SCRIPT_RAN_OTHERWISE: dict[tuple[str, str], dict[str, Any]] = {
+    ("NeMo 25.09", "qwen3-30b-a3b"): {"vp": 12},
+    ("NeMo 25.11", "qwen3-30b-a3b"): {"vp": 12, "micro_batch": 1},
+    ("NeMo 25.11", "gpt-oss-120b"): {"micro_batch": 1, "recompute": "none", "recompute_modules": ()},
+    ("NeMo 26.02.01", "qwen3-30b-a3b"): {"pp": 1, "vp": 1, "ep": 16},
+}
+
+
+def as_run_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan | None:
+    """The row's plan with the columns its release's script set otherwise (SCRIPT_RAN_OTHERWISE); None
+    when the script ran what the table prints."""
+    changes = SCRIPT_RAN_OTHERWISE.get((row.release.split(" (")[0], model.name))
+    if not changes:
+        return None
+    plan = row_plan(row, model)
+    pp = changes.get("pp", plan.pp)
+    return plan.with_(**changes, dp=plan.gpus // (plan.tp * pp * plan.cp))
+
+
 # ------------------------------------------------------------------------------ running rows
 @dataclass
 class RowResult:
@@ -379,13 +401,17 @@ def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float,
     return conv(model, row.seq) * tokens_per_gpu / 1e12
 
 
-def run_row(row: PublishedRow, hardware: Any = "h100-sxm") -> RowResult:
+def run_row(row: PublishedRow, hardware: Any = "h100-sxm", as_run: bool = False) -> RowResult:
+    """The row predicted with its printed layout (`as_run`: as its release's script ran it, where that
+    differs: SCRIPT_RAN_OTHERWISE)."""
     import time
 
     from estimators.parallelism.evaluate import predict
     t0 = time.perf_counter()
     try:
         model, plan = row_scenario(row)
+        if as_run:
+            plan = as_run_plan(row, model) or plan
         p = predict(model, plan, hardware)
     except TraceInputError as e:
         return RowResult(row, error=str(e.problem if hasattr(e, "problem") else e),

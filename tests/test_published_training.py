@@ -265,3 +265,24 @@ def test_gpt_oss_published_runs_are_within_5_percent():
         res = run_row(r)
         assert res.error is None and not res.oom
         assert res.predicted_tokens_per_gpu == pytest.approx(r.tokens_per_gpu, rel=0.05), r.label
+
+
+def test_rows_whose_script_ran_otherwise_keep_their_printed_layout_in_the_check(rows):
+    """Megatron-Bridge's 25.11 H100 scripts ran Qwen3-30B-A3B at micro-batch 1 and VP 12 (the table prints 2
+    and 24) and GPT-OSS-120B at micro-batch 1 without recompute (printed 4, selective); 26.02.01 ran
+    Qwen3-30B-A3B PP1 EP16 (printed PP2 VP12 EP8). The check scores the printed layout; as_run_plan is the
+    layout as run, the GPUs and global batch unchanged (DP follows PP)."""
+    from lumos_sim.published_training import as_run_plan, row_model
+    by_key = {(r.release.split(" (")[0], r.model_name): r for r in rows}
+    qwen = by_key[("NeMo 25.11", "Qwen3_30B_a3B")]
+    printed = row_scenario(qwen)[1]
+    ran = as_run_plan(qwen, row_model(qwen))
+    assert (printed.micro_batch, printed.vp) == (2, 24) and (ran.micro_batch, ran.vp) == (1, 12)
+    assert ran.gpus == printed.gpus == 16 and ran.global_batch == 512 and ran.micro_batches == 64
+    oss = by_key[("NeMo 25.11", "GPT OSS 120B")]
+    assert as_run_plan(oss, row_model(oss)).recompute == "none"
+    assert as_run_plan(rows[3], row_model(rows[3])) is None          # NeMo 24.07 Llama 2 7B ran as printed
+    held = [r for r in read_rows(ROOT / "tests" / "published" / "heldout_h100.csv")
+            if r.release == "NeMo 26.02.01" and r.model_name == "Qwen3_30B_a3B"][0]
+    ep16 = as_run_plan(held, row_model(held))
+    assert (ep16.pp, ep16.vp, ep16.ep, ep16.dp, ep16.gpus) == (1, 1, 16, 16, 16)
