@@ -351,12 +351,21 @@ def test_model_and_plan_values_set_in_code_are_checked():
 
 
 def test_plan_field_checks_stay_cheap():
+    """Building a checked plan costs at most 5x building an unchecked frozen dataclass of the same fields
+    (about 1.25x on the dev machine, 9 against 7 us), timed side by side: 5 interleaved runs of 5,000 each,
+    the garbage collector on as in real use, the best ratio, so a machine busy with other work slows both
+    alike instead of failing the test."""
+    import gc
     from estimators.parallelism.plan import ParallelPlan
-    # the best of 5 runs of 20,000 (with the garbage collector on, as in real use): a run slowed by the
-    # machine's other work does not count
-    runs = timeit.repeat(lambda: ParallelPlan(tp=8, pp=4, dp=16, global_batch=512), setup="gc.enable()",
-                         number=20000, repeat=5)
-    assert min(runs) / 20000 < 50e-6   # ~6 us on the dev machine
+    plain = dataclasses.make_dataclass("PlainPlan", [(f.name, object, dataclasses.field(default=None))
+                                                     for f in dataclasses.fields(ParallelPlan)], frozen=True)
+    gc.enable()
+    ratios = []
+    for _ in range(5):
+        checked = timeit.timeit(lambda: ParallelPlan(tp=8, pp=4, dp=16, global_batch=512), number=5000)
+        unchecked = timeit.timeit(lambda: plain(tp=8, pp=4, dp=16, global_batch=512), number=5000)
+        ratios.append(checked / unchecked)
+    assert min(ratios) < 5.0, ratios
 
 
 # ----------------------------------------------------------------------------------- 8. check suites
