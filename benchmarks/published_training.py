@@ -129,27 +129,26 @@ def run_all(path: Path, only=None, progress: bool = True, cpu: dict[int, float] 
     return out
 
 
-def as_run_table(path: Path, only=None) -> str:
-    """The rows whose release's script set a printed column otherwise (lumos_sim.published_training.
-    SCRIPT_RAN_OTHERWISE), predicted both as printed (what the check scores) and as the script ran them."""
-    from lumos_sim.published_training import SCRIPT_RAN_OTHERWISE, as_run_plan, row_model
+def _error(r: RowResult) -> str:
+    return "failed" if r.relative_error is None else f"{100 * r.relative_error:+.1f}%"
+
+
+def as_run_table(results: list[RowResult]) -> str:
+    """Of the rows predicted as printed (`results`, what the check scores), those whose release's script
+    set a printed column otherwise (lumos_sim.published_training.SCRIPT_RAN_OTHERWISE), predicted again as
+    the script ran them."""
+    from lumos_sim.published_training import SCRIPT_RAN_OTHERWISE
     lines = ["| # | release | model | as printed | error | as the script ran | error | memory GiB |",
              "|---|---|---|---|---|---|---|---|"]
-    for row in read_rows(path):
-        if only is not None and row.index not in only:
+    for printed in results:
+        row = printed.row
+        changes = SCRIPT_RAN_OTHERWISE.get((row.release.split(" (")[0], printed.model))
+        if printed.plan is None or not changes:
             continue
-        try:
-            model = row_model(row)
-        except Exception:      # a row the check reports as failed
-            continue
-        if as_run_plan(row, model) is None:
-            continue
-        printed, ran = run_row(row), run_row(row, as_run=True)
-        changes = SCRIPT_RAN_OTHERWISE[(row.release.split(" (")[0], model.name)]
+        ran = run_row(row, as_run=True)
         cols = ", ".join(f"{k} {v if v != () else 'none'}" for k, v in changes.items())
-        err = lambda r: "failed" if r.relative_error is None else f"{100 * r.relative_error:+.1f}%"   # noqa: E731
         lines.append(f"| {row.index} | {row.release.split(' (')[0]} | {row.model_name} | "
-                     f"mb{row.mbs} VP{row.vp} PP{row.pp} EP{row.ep} | {err(printed)} | {cols} | {err(ran)} | "
+                     f"mb{row.mbs} VP{row.vp} PP{row.pp} EP{row.ep} | {_error(printed)} | {cols} | {_error(ran)} | "
                      f"{fmt(printed.memory_gib, 1)}{' OOM' if printed.oom else ''} -> "
                      f"{fmt(ran.memory_gib, 1)}{' OOM' if ran.oom else ''} |")
     return "\n".join(lines)
@@ -256,7 +255,7 @@ def main() -> int:
     print(f"(loaded once per process before the rows: {once:.2f} s CPU)")
     if args.as_run:
         print("\nRows whose release's script ran a printed column otherwise (scored as printed):\n")
-        print(as_run_table(path, only))
+        print(as_run_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps([dict(r.to_json(), cpu_s=cpu.get(r.row.index)) for r in results],
                                               indent=1))

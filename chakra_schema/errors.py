@@ -72,6 +72,12 @@ def loads_toml(text: str, path: str | os.PathLike | None = None) -> dict:
         raise TraceInputError(path, f"not a valid TOML file: {e}") from None
 
 
+def printable(text: str) -> str:
+    """`text` without control characters (terminal escapes, newlines): a name read from an input file,
+    fit for a one-line message or a table title."""
+    return "".join(c for c in text if c.isprintable())
+
+
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,
                  low_open: bool = False, integer: bool = False) -> None:
     """Raise a one-line TraceInputError "{what} must be ..., got {value}" unless `value` is a finite

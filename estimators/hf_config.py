@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from chakra_schema.errors import MAX_CONFIG_BYTES, TraceInputError, check_number, with_path
+from chakra_schema.errors import MAX_CONFIG_BYTES, TraceInputError, check_number, printable, with_path
 from chakra_schema.safe_io import read_json_input
 
 _MISSING = object()
@@ -357,7 +357,7 @@ def hf_model_table(data: Any, path: str | os.PathLike = "<config.json>", name: s
 def _name(data: dict[str, Any], path: str | os.PathLike) -> str:
     given = data.get("_name_or_path")
     if isinstance(given, str):
-        given = "".join(c for c in given if c.isprintable()).strip()   # no terminal escapes in a table title
+        given = printable(given).strip()   # no terminal escapes in a table title
         if given.rstrip("/"):
             return given.rstrip("/").split("/")[-1][:80]
     p = Path(path)

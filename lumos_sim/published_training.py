@@ -22,8 +22,8 @@ Reading the columns (facts of the releases, not fitted):
   balanced routing.
 
 Where the release's own scripts ran something else than its table prints, the row still runs as printed
-(the check asks for the published layout; `as_run_plan` gives the layout as run, SCRIPT_RAN_OTHERWISE). Read in Megatron-Bridge's history (r0.1.0 = 25.09, tag v0.2.0 =
-25.11, scripts/performance):
+(the check asks for the published layout; `as_run_plan` gives the layout as run, SCRIPT_RAN_OTHERWISE).
+Read in Megatron-Bridge's history (r0.1.0 = 25.09, tag v0.2.0 = 25.11, scripts/performance):
 - Qwen3-30B-A3B H100: both scripts run VP 12, the tables print 24; the 25.11 script runs micro-batch 1
   (commit 8aed9a229 replaced micro_batch_size=2 with moe_a2a_overlap=True), the table prints 2. Its
   maintainers record the 25.11 row as a 2x regression of dropless against 25.09's token drop

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, printable
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 
 from .fabric import SharedLinkFabric
@@ -226,7 +226,7 @@ class ModelTiming(_ModelBase):
         of the trace's GPU to the target; when that GPU is unknown they stay as recorded, which the user is
         told once per run and GPU name (the first rank's figures)."""
         names = recorded_device_names(graph.metadata)
-        name = "".join(c for c in names[0] if c.isprintable())[:80] if names else ""
+        name = printable(names[0])[:80] if names else ""
         if name in self._warned_gpus:
             return
         self._warned_gpus.add(name)
@@ -238,7 +238,6 @@ class ModelTiming(_ModelBase):
                     "keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or TOML "
                     "with --source-hardware", graph_file(graph) or f"rank {graph.rank}", f"{len(kept):,}",
                     100 * share, self.hw.name, where)
-
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
         """An idle GPU starts a kernel `kernel_start_after_call_us` after its launch call starts; the
