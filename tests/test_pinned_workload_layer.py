@@ -717,9 +717,9 @@ def test_fp8_gemms_cast_their_input_and_update_the_amax_history_per_layer():
     assert brows[i + 1][4] == ("mlp_down_proj_dgrad",)      # the weight grad waits for the data grad
     cs = _RankBuilder(LLAMA, plan.with_(fp8_recipe="tensorwise", cuda_graphs=True), 0, 8)
     ops = {o[0]: o[2] for o in cs.layer_template(0, "F").ops}
-    # TE 2.x current scaling: amax reduction, scale computation and quantize are 3 kernels
+    # TE 2.7-2.11 current scaling: zeroing the amax, its reduction, the scale and the quantize are 4 launches
     assert ops["qkv_proj_fp8_cast"] == {"op": "fp8_cast", "dtype": "bf16", "flops": float(T * h),
-                                        "bytes": float(T * h * 6), "launches": 3}
+                                        "bytes": float(T * h * 6), "launches": 4}
     # bf16 layers roll no amax history
     assert "fp8_amax_scale_update" not in [o[0] for o in _RankBuilder(LLAMA, plan.with_(precision="bf16"), 0, 8).layer_template(0, "F").ops]
 

@@ -1,6 +1,6 @@
 """Costs of a Megatron-Core MoE layer and of Megatron-Bridge 25.x recipe settings that the parallelism what-if
 prices: the all-to-all dispatcher's regrouping of received tokens by local expert, FP8 current scaling's
-three kernels per cast, and the fused (bf16, in-place) cross entropy. Figures are written from the
+four kernels per cast, and the fused (bf16, in-place) cross entropy. Figures are written from the
 formulas in the tests, not read from the code."""
 from __future__ import annotations
 
@@ -43,14 +43,33 @@ def test_no_regrouping_with_one_local_expert_or_deepep():
     assert "moe_sort_chunks" not in _ops(model, _qwen30b_plan(ep=1))
 
 
-def test_fp8_current_scaling_launches_three_kernels_per_expert_cast():
+def test_fp8_current_scaling_launches_four_kernels_per_expert_cast_and_delayed_one_for_all_experts():
+    """Transformer Engine 2.7-2.11: a current-scaling quantize zeroes the amax, reduces it, computes the
+    scale and casts (four launches), expert by expert in GroupedLinear's C++ loop; delayed scaling casts
+    every expert's input in one multi-tensor cast-transpose (split_quantize -> nvte_multi_cast_transpose)."""
     model = load_model("qwen3-30b-a3b")
     cs = _ops(model, _qwen30b_plan(precision="fp8", fp8_recipe="tensorwise"))
     ds = _ops(model, _qwen30b_plan(precision="fp8", fp8_recipe="delayed"))
-    # 16 local experts: amax + scale + cast per expert under current scaling, one fused cast under delayed
-    assert cs["expert_up_gate_proj_fp8_cast"]["launches"] == 48
-    assert ds["expert_up_gate_proj_fp8_cast"]["launches"] == 16
-    assert cs["qkv_proj_fp8_cast"].get("launches", 1) == 3
+    bw = _ops(model, _qwen30b_plan(precision="fp8", fp8_recipe="blockwise"))
+    assert cs["expert_up_gate_proj_fp8_cast"]["launches"] == 16 * 4       # 16 local experts
+    assert ds["expert_up_gate_proj_fp8_cast"].get("launches", 1) == 1
+    assert bw["expert_up_gate_proj_fp8_cast"]["launches"] == 16
+    assert cs["qkv_proj_fp8_cast"].get("launches", 1) == 4
+
+
+def test_fp8_casts_add_their_launches_to_the_moe_layer_host_time():
+    """Four casts per expert and micro-batch (fc1 and fc2 inputs forward, their output gradients backward) at
+    8 us a launch: current scaling 4 launches each, expert by expert; delayed scaling one launch for all
+    experts at once."""
+    from estimators.parallelism.workload import moe_layer_host_us
+    model = load_model("qwen3-30b-a3b")
+    bf16 = moe_layer_host_us(model, _qwen30b_plan())
+    assert moe_layer_host_us(model, _qwen30b_plan(precision="fp8", fp8_recipe="tensorwise")) - bf16 == \
+        pytest.approx(16 * 4 * 4 * 8.0)
+    assert moe_layer_host_us(model, _qwen30b_plan(precision="fp8", fp8_recipe="blockwise")) - bf16 == \
+        pytest.approx(16 * 4 * 1 * 8.0)
+    assert moe_layer_host_us(model, _qwen30b_plan(precision="fp8", fp8_recipe="delayed")) - bf16 == \
+        pytest.approx(4 * 1 * 8.0)
 
 
 def test_fused_cross_entropy_keeps_bf16_logits_instead_of_an_fp32_copy():

@@ -77,11 +77,16 @@ FP8_AMAX_HISTORY = 1024
 # tensor once (the amax is recorded on the way); current (tensorwise) scaling first reduces the amax of
 # the tensor (one more read), then casts; blockwise / mxfp8 compute each block's scale inside the cast.
 FP8_CAST_READS = {"delayed": 2.0, "tensorwise": 4.0, "blockwise": 2.0, "mxfp8": 2.0}
-# Kernels the host launches per FP8 cast, by recipe: current (tensorwise) scaling runs the amax reduction,
-# the scale computation and the cast as three kernels (Transformer Engine 2.x: compute_amax,
-# compute_scale_from_amax, quantize); the other recipes one fused cast (their scales come from the amax
-# history or are computed inside the cast)
-FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
+# Kernels the host launches per FP8 cast, by recipe: current (tensorwise) scaling zeroes the amax, reduces
+# it, computes the scale and casts, four operations (Transformer Engine 2.7-2.11
+# Float8CurrentScalingQuantizer::quantize_impl: a memset (2.7) or zero_amax_kernel (2.8+), the amax kernel,
+# nvte_compute_scale_from_amax, nvte_quantize_v2); the other recipes one fused cast (their scales come from
+# the amax history or are computed inside the cast)
+FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 4, "blockwise": 1, "mxfp8": 1}
+# Recipes whose GroupedLinear casts every expert's input in one multi-tensor launch (TE's split_quantize
+# takes nvte_multi_cast_transpose only for delayed-scaling quantizers); the others quantize expert by expert
+# in a C++ loop, one cast per local expert
+FP8_MULTI_TENSOR_CAST = ("delayed",)
 # CPU time to issue one kernel from eager PyTorch (Python module code + ATen dispatch + cudaLaunchKernel),
 # which bounds how fast a GPU can run a sequence of short kernels; CUDA graphs replay the captured layer
 # without it. hardware.md: the launch call alone takes 3-6 us of CPU; Megatron-Core's Python around each
@@ -259,12 +264,14 @@ def moe_layer_host_us(model: ModelConfig, plan: ParallelPlan) -> float:
     if plan.cuda_graphs or not model.moe:
         return 0.0
     local = model.moe.num_experts // plan.ep
-    per_expert = 6 * TE_GEMM_HOST_US
+    per_expert, casts = 6 * TE_GEMM_HOST_US, 0.0
     if plan.precision == "fp8":   # a cast of each GEMM input: fc1 and fc2 forward, their two data gradients
-        per_expert += 4 * FP8_CAST_KERNELS[plan.fp8_recipe] * LAUNCH_US
+        casts = 4 * FP8_CAST_KERNELS[plan.fp8_recipe] * LAUNCH_US
+        if plan.fp8_recipe not in FP8_MULTI_TENSOR_CAST:
+            per_expert, casts = per_expert + casts, 0.0
     family = "flex" if plan.moe_a2a in FUSED_DISPATCH else "alltoall"
     graphed = MOE_ROUTER_PREPROCESS_HOST_US if {"moe_router", "moe_preprocess"} <= set(plan.cuda_graph_scope) else 0.0
-    return (MOE_LAYER_HOST_US[family] + local * per_expert - graphed
+    return (MOE_LAYER_HOST_US[family] + local * per_expert + casts - graphed
             + architecture_host_calls(model, plan) * MOE_HOST_US_PER_CALL)
 
 
@@ -390,9 +397,10 @@ class _Template:
     run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
 
     def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
-                 attention_kernel: str = "fa2", fp8_cast_kernels: int = 1) -> None:
+                 attention_kernel: str = "fa2", fp8_cast_kernels: int = 1, fp8_cast_per_expert: bool = True) -> None:
         self.attention_kernel = attention_kernel
         self.fp8_cast_kernels = fp8_cast_kernels
+        self.fp8_cast_per_expert = fp8_cast_per_expert   # GroupedLinear casts expert by expert (FP8_MULTI_TENSOR_CAST)
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
         self.fp8_cast_reads = fp8_cast_reads
@@ -440,7 +448,8 @@ class _Template:
             cast["bytes"] = float(elems * (self.fp8_cast_reads + 2.0))   # read bf16 (+ amax pass), write fp8 + fp8^T
             if self.launch_us:
                 cast["launch_us"] = self.launch_us
-            casts = int(attrs.get("launches", 1)) * self.fp8_cast_kernels   # GroupedLinear: per expert
+            experts = int(attrs.get("launches", 1)) if self.fp8_cast_per_expert else 1
+            casts = experts * self.fp8_cast_kernels
             if casts > 1:
                 cast["launches"] = casts
             self.ops.append((name + "_fp8_cast", slot, cast, d))
@@ -585,7 +594,7 @@ class _RankBuilder:
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
         return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel,
-                         FP8_CAST_KERNELS[self.p.fp8_recipe])
+                         FP8_CAST_KERNELS[self.p.fp8_recipe], self.p.fp8_recipe not in FP8_MULTI_TENSOR_CAST)
 
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True,
                 split_gemm: bool = True) -> int | None:
