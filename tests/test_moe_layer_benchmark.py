@@ -27,6 +27,16 @@ def test_blockwise_fp8_backward_of_the_one_expert_layer_matches_the_benchmark():
         assert r.backward_ms == pytest.approx(r.case.backward_ms, rel=0.10), r.case.case
 
 
+def test_held_out_four_expert_layer_backward_in_fp8_is_within_the_measured_spread():
+    """The DeepSeek proxy (four 8,192-token experts of FFN 2048 per GPU, a shared expert, group-limited
+    routing), whose cases set no constant: its FP8 blockwise backward, 7.69-10.13 ms measured over the three
+    dispatchers, is predicted within 20% each and 12% on average (+4.8% to +17.3% as built)."""
+    errors = [r.backward_error for r in _results("deepseek", "fp8")]
+    assert len(errors) == 3
+    assert max(abs(e) for e in errors) <= 0.20
+    assert sum(abs(e) for e in errors) / 3 <= 0.12
+
+
 def test_blockwise_fp8_is_slower_than_tensorwise_by_the_measured_factor_and_no_more_under_the_power_cap():
     """An FP8 GEMM scaled by blocks takes BLOCK_SCALED_FP8_GEMM_TIME (1.30) its tensorwise time at the full
     clock; a long run's power-capped clock (1 / 0.80 = 1.25 slower) and block scaling do not compound: the
