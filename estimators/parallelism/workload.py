@@ -978,9 +978,15 @@ class _RankBuilder:
     def _deepep(self, tpl: _Template, name: str, size: float, hidden: bool) -> None:
         """DeepEP's fused dispatch / combine: a token bound for another node crosses the network once per
         destination node (to the GPU of the same local index there), then NVLink forwards it to the GPUs
-        holding its experts. Two transfers in flight together: RDMA over the EP group's rail peers with
-        each token counted once per distinct remote node, NVLink inside the node with every (token,
-        expert) pair."""
+        holding its experts. Two transfers: RDMA over the EP group's rail peers with each token counted
+        once per distinct remote node, NVLink inside the node with every (token, expert) pair. Both go on
+        the EP stream, one after the other. DeepEP pipelines the two legs in one kernel, but the measured
+        dispatch across nodes is slower than its RDMA leg alone: Megatron-Bridge PR #5094's profile
+        (Qwen3-30B-A3B, EP16 over two H100 nodes, HybridEP) spends about 8.3 s of communication on 3,072
+        layer passes, 675 us per dispatch or combine, where the RDMA leg takes 400 us and the two legs
+        756 us. DeepEP sends a token once per destination GPU, not per expert, which Megatron-LM's layer
+        benchmark bears out inside a node; counted so, that profile's GPU-busy time reads -5.8% and PR
+        #5728's FP8 run +12.7%, so the pair count stays until the cost it stands in for is found."""
         mo, gpn = self.m.moe, self.p.gpus_per_node
         ep_nodes = sorted({r // gpn for r in self.ep_g})
         n = len(ep_nodes)
