@@ -7,7 +7,7 @@ proxy layers with each token dispatcher, in BF16 and FP8 blockwise, model agains
 
 The forward carries the dropless token-count sync at its whole-run value (MOE_SYNC_IDLE_US, 616 us from a
 training step's idle time); in this benchmark, which queues a long GEMM ahead of each iteration, the GPU
-idles for less than that, so the forward reads slower than the backward.
+idles for less than that, so the forward's error is the larger.
 """
 from __future__ import annotations
 
@@ -19,14 +19,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lumos_sim.published_moe_layer import read_cases, run_cases  # noqa: E402
+from chakra_schema.errors import TraceInputError  # noqa: E402
+from lumos_sim.published_moe_layer import DEFAULT_CSV, read_cases, run_cases  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--csv", default=str(DEFAULT_CSV), help="the benchmark's cases (default: %(default)s)")
     args = ap.parse_args(argv)
-    results = run_cases(read_cases())
+    try:
+        results = run_cases(read_cases(args.csv))
+    except TraceInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([{"case": r.case.case, "measured_forward_ms": r.case.forward_ms,
                            "measured_backward_ms": r.case.backward_ms, "forward_ms": r.forward_ms,

@@ -19,7 +19,7 @@ from pathlib import Path
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig, MoEConfig
 from estimators.parallelism.moe_layer import moe_layer_times
-from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.plan import MOE_A2A, PRECISIONS, ParallelPlan
 
 DEFAULT_CSV = Path(__file__).resolve().parent.parent / "tests" / "published" / "megatron_moe_layer_h100.csv"
 
@@ -65,17 +65,52 @@ class LayerResult:
         return self.backward_ms / self.case.backward_ms - 1.0
 
 
+COLUMNS = ("case", "proxy", "dispatcher", "precision", "forward_ms", "backward_ms")
+
+
+def _case(path: str, line: int, row: dict) -> LayerCase:
+    def bad(what: str) -> TraceInputError:
+        return TraceInputError(path, f"line {line}: {what}")
+
+    if None in row or any(row.get(k) is None for k in COLUMNS):
+        raise bad(f"needs exactly the columns {', '.join(COLUMNS)}")
+    if row["proxy"] not in PROXIES:
+        raise bad(f"unknown proxy {row['proxy']!r} (known: {', '.join(PROXIES)})")
+    if row["dispatcher"] not in MOE_A2A:
+        raise bad(f"unknown dispatcher {row['dispatcher']!r} (known: {', '.join(MOE_A2A)})")
+    if row["precision"] not in PRECISIONS:
+        raise bad(f"unknown precision {row['precision']!r} (known: {', '.join(PRECISIONS)})")
+    times = []
+    for key in ("forward_ms", "backward_ms"):
+        try:
+            t = float(row[key])
+        except ValueError:
+            raise bad(f"{key} {row[key]!r} is not a number") from None
+        if not (math.isfinite(t) and t > 0):
+            raise bad(f"{key} must be a positive time, got {row[key]!r}")
+        times.append(t)
+    return LayerCase(row["case"], row["proxy"], row["dispatcher"], row["precision"], *times)
+
+
 def read_cases(path: str | Path = DEFAULT_CSV) -> list[LayerCase]:
+    """The benchmark's cases; a malformed table is a one-line TraceInputError naming the file and line."""
+    path = str(path)
     try:
         with open(path, newline="") as f:
-            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-        cases = [LayerCase(r["case"], r["proxy"], r["dispatcher"], r["precision"], float(r["forward_ms"]),
-                           float(r["backward_ms"])) for r in rows]
-    except (OSError, KeyError, ValueError, TypeError) as e:
-        raise TraceInputError(str(path), f"not a MoE-layer benchmark table ({e})") from None
-    for c in cases:
-        if c.proxy not in PROXIES or not (math.isfinite(c.forward_ms) and math.isfinite(c.backward_ms)):
-            raise TraceInputError(str(path), f"case {c.case!r}: unknown proxy {c.proxy!r} or bad times")
+            lines = [(n, text) for n, text in enumerate(f, 1) if text.strip() and not text.startswith("#")]
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceInputError(path, f"cannot read the MoE-layer benchmark table ({e.__class__.__name__})") from None
+    if not lines:
+        raise TraceInputError(path, "no header and no cases")
+    try:
+        reader = csv.DictReader(text for _, text in lines)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise TraceInputError(path, f"line {lines[0][0]}: the header must be {','.join(COLUMNS)}")
+        cases = [_case(path, n, row) for (n, _), row in zip(lines[1:], reader)]
+    except csv.Error as e:
+        raise TraceInputError(path, f"not a CSV table ({e})") from None
+    if not cases:
+        raise TraceInputError(path, "no cases below the header")
     return cases
 
 

@@ -27,14 +27,20 @@ def test_blockwise_fp8_backward_of_the_one_expert_layer_matches_the_benchmark():
         assert r.backward_ms == pytest.approx(r.case.backward_ms, rel=0.10), r.case.case
 
 
-def test_held_out_four_expert_layer_backward_in_fp8_is_within_the_measured_spread():
+def test_held_out_four_expert_layer_gains_what_was_measured_from_blockwise_fp8_over_bf16():
     """The DeepSeek proxy (four 8,192-token experts of FFN 2048 per GPU, a shared expert, group-limited
-    routing), whose cases set no constant: its FP8 blockwise backward, 7.69-10.13 ms measured over the three
-    dispatchers, is predicted within 20% each and 12% on average (+4.8% to +17.3% as built)."""
-    errors = [r.backward_error for r in _results("deepseek", "fp8")]
-    assert len(errors) == 3
-    assert max(abs(e) for e in errors) <= 0.20
-    assert sum(abs(e) for e in errors) / 3 <= 0.12
+    routing) sets no constant. Its BF16 layer reads 18-21% slow in the backward, so its FP8 cases are compared
+    as the time FP8 blockwise takes over BF16, per dispatcher: measured 0.87-0.97 backward, 0.95-1.07
+    forward; predicted within 12% / 15% (-3..-11% / -4..-13% as built; at per-tensor FP8 rates, without
+    BLOCK_SCALED_FP8_GEMM_TIME, -19..-25% / -13..-22%)."""
+    fp8 = {r.case.dispatcher: r for r in _results("deepseek", "fp8")}
+    bf16 = {r.case.dispatcher: r for r in _results("deepseek", "bf16")}
+    assert sorted(fp8) == sorted(bf16) == ["alltoall", "deepep", "hybridep"]
+    for d in fp8:
+        measured_bwd = fp8[d].case.backward_ms / bf16[d].case.backward_ms
+        measured_fwd = fp8[d].case.forward_ms / bf16[d].case.forward_ms
+        assert fp8[d].backward_ms / bf16[d].backward_ms == pytest.approx(measured_bwd, rel=0.12), d
+        assert fp8[d].forward_ms / bf16[d].forward_ms == pytest.approx(measured_fwd, rel=0.15), d
 
 
 def test_blockwise_fp8_is_slower_than_tensorwise_by_the_measured_factor_and_no_more_under_the_power_cap():
@@ -53,16 +59,44 @@ def test_blockwise_fp8_is_slower_than_tensorwise_by_the_measured_factor_and_no_m
 
 
 def test_a_training_plan_marks_only_its_fp8_gemms_block_scaled():
+    """Forward and backward (data and weight gradients), TP-overlapped chunked GEMMs included; the router's
+    BF16 GEMM never."""
     from estimators.parallelism.workload import _RankBuilder
     model = load_model("qwen3-30b-a3b")
     for recipe, marked in (("blockwise", True), ("tensorwise", False)):
-        plan = ParallelPlan(dp=8, ep=8, seq_len=4096, global_batch=8, precision="fp8", fp8_recipe=recipe)
-        tpl = _RankBuilder(model, plan, 0, 8).layer_template(0, "F")
-        gemms = [(name, attrs) for name, _, attrs, _ in tpl.ops if attrs.get("op") in ("gemm", "grouped_gemm")]
-        assert {a.get("fp8_block_scaled", False) for _, a in gemms if a["dtype"] == "fp8"} == {marked}
-        assert not any(a.get("fp8_block_scaled") for _, a in gemms if a["dtype"] != "fp8")   # the BF16 router
+        plan = ParallelPlan(tp=2, dp=4, ep=4, seq_len=4096, global_batch=4, precision="fp8", fp8_recipe=recipe,
+                            tp_comm_overlap=True)
+        for pas in ("F", "B"):
+            tpl = _RankBuilder(model, plan, 0, 8).layer_template(0, pas)
+            gemms = [a for _, _, a, _ in tpl.ops if a.get("op") in ("gemm", "grouped_gemm")]
+            assert {a.get("fp8_block_scaled", False) for a in gemms if a["dtype"] == "fp8"} == {marked}
+            assert not any(a.get("fp8_block_scaled") for a in gemms if a["dtype"] != "fp8")
+            assert any(a["dtype"] != "fp8" for a in gemms)                       # the router is there
+        assert any(a.get("chunks", 1) > 1 for _, _, a, _ in _RankBuilder(model, plan, 0, 8).layer_template(0, "F").ops)
 
 
 def test_timing_a_layer_of_a_model_without_experts_is_a_one_line_error():
     with pytest.raises(TraceInputError, match="has no MoE layer"):
         moe_layer_times(load_model("llama3-8b"), ParallelPlan(dp=8, seq_len=4096, global_batch=8))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,mixtral,alltoall,fp16,1,2\n", "unknown precision 'fp16'"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,mixtral,nccl,bf16,1,2\n", "unknown dispatcher 'nccl'"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,llama,alltoall,bf16,1,2\n", "unknown proxy 'llama'"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,mixtral,alltoall,bf16,0,2\n", "positive time"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,mixtral,alltoall,bf16,nan,2\n", "positive time"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\nx,mixtral,alltoall,bf16,1\n", "needs exactly the columns"),
+    ("case,proxy,dispatcher,precision,forward_ms,backward_ms\n", "no cases"),
+    ("", "no header"),
+    ("name,proxy\nx,mixtral\n", "the header must be"),
+])
+def test_a_malformed_layer_benchmark_table_is_a_one_line_error_naming_the_file(tmp_path, capsys, text, message):
+    from benchmarks.moe_layer_megatron import main
+    path = tmp_path / "cases.csv"
+    path.write_text(text)
+    with pytest.raises(TraceInputError, match=message):
+        read_cases(path)
+    assert main(["--csv", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err and message.split("'")[0] in err and "\n" not in err

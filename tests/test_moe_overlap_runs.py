@@ -1,7 +1,7 @@
 """The four published H100 training runs that overlapped the EP all-to-all with another micro-batch's compute
 (Megatron-Core overlap_moe_expert_parallel_comm), predicted with `moe_a2a_overlap`: each within 7%. The
 overlap's hidden share (workload.EP_OVERLAP_HIDDEN) is measured in another run's profile (Megatron-Bridge
-PR #5094, Qwen3-30B-A3B), not fitted on these, so they are held out (largest error 6.2%).
+PR #5094, Qwen3-30B-A3B), not fitted on these, so they are held out (largest error 6.4% as built).
 - Megatron-Bridge performance tables (shared/reference/training-throughput.csv): DeepSeek-V3 25.09 and
   Qwen3-235B-A22B 25.11, with their published layouts.
 - Megatron-Core MoE report (Yan et al., arXiv:2603.07685, Table 11 with the Table 17 / 20 layouts and App.
