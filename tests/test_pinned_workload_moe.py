@@ -335,6 +335,9 @@ def test_gelu_moe_shared_experts_and_fp8_expert_casts():
     ops = {o[0]: o[2] for o in rb.layer_template(0, "F").ops}
     assert "launches" not in ops["expert_up_gate_proj_fp8_cast"]
     assert ops["expert_up_gate_proj_fp8_cast"]["flops"] == 64 * 256 * 2
+    # the amax histories: 3 tensors per FP8 GEMM, each of the 2 local experts' GEMMs its own (qkv, proj,
+    # 2 shared expert GEMMs, 2 x 2 expert GEMMs), 1024 entries each
+    assert ops["fp8_amax_scale_update"]["flops"] == 3 * (4 + 2 * 2) * 1024
     current = {o[0]: o[2] for o in _RankBuilder(gelu, plan.with_(fp8_recipe="tensorwise"), 0, 8).layer_template(0, "F").ops}
     assert current["expert_up_gate_proj_fp8_cast"]["launches"] == 2 * 4
     assert "launches" not in ops["shared_expert_up_gate_proj_fp8_cast"]

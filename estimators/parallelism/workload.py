@@ -264,14 +264,15 @@ def moe_layer_host_us(model: ModelConfig, plan: ParallelPlan) -> float:
     if plan.cuda_graphs or not model.moe:
         return 0.0
     local = model.moe.num_experts // plan.ep
-    per_expert, casts = 6 * TE_GEMM_HOST_US, 0.0
+    gemm_calls = local * 6 * TE_GEMM_HOST_US
+    casts = 0.0
     if plan.precision == "fp8":   # a cast of each GEMM input: fc1 and fc2 forward, their two data gradients
         casts = 4 * FP8_CAST_KERNELS[plan.fp8_recipe] * LAUNCH_US
         if plan.fp8_recipe not in FP8_MULTI_TENSOR_CAST:
-            per_expert, casts = per_expert + casts, 0.0
+            casts *= local        # expert by expert
     family = "flex" if plan.moe_a2a in FUSED_DISPATCH else "alltoall"
     graphed = MOE_ROUTER_PREPROCESS_HOST_US if {"moe_router", "moe_preprocess"} <= set(plan.cuda_graph_scope) else 0.0
-    return (MOE_LAYER_HOST_US[family] + local * per_expert + casts - graphed
+    return (MOE_LAYER_HOST_US[family] + gemm_calls + casts - graphed
             + architecture_host_calls(model, plan) * MOE_HOST_US_PER_CALL)
 
 
@@ -769,9 +770,11 @@ class _RankBuilder:
             self._layer_fwd(tpl, moe)
         else:
             self._layer_bwd(tpl, moe)
-        if self.sh.dtype == "fp8":
+        if self.sh.dtype == "fp8" and self.p.fp8_recipe == "delayed":
             # delayed scaling: roll the amax history and recompute the scale of every FP8 tensor of the layer
-            tensors = sum(1 for _, _, a, _ in tpl.ops if a.get("op") == "gemm" and a.get("dtype") == "fp8") * 3
+            # (three per GEMM, each expert's GEMM its own; the other recipes keep no history)
+            tensors = 3 * sum(int(a.get("launches", 1)) for _, _, a, _ in tpl.ops
+                              if a.get("op") in ("gemm", "grouped_gemm") and a.get("dtype") == "fp8")
             tpl.add("fp8_amax_scale_update", COMPUTE,
                     elementwise(tensors * FP8_AMAX_HISTORY, 1, 1, op="fp8_scale", elem_bytes=4))
         return tpl
