@@ -52,7 +52,8 @@ def _moe_rows(tpl):
 def test_moe_forward_with_ep4_tp2_balanced_routing():
     """TP2 SP DP4 EP4, s = 128: 64 tokens per rank into the router; 2 local experts of
     64 x 2 x 4 / 8 = 64 tokens each; expert FFN 128 (SwiGLU up 256); shared expert 64 (up 128).
-    Each all-to-all: 64 x 2 x 256 x 2 B = 65,536 B over the EP group of ranks 0-3."""
+    Each all-to-all: 64 x 2 x 256 x 2 B = 65,536 B over the EP group of ranks 0-3. Transformer Engine's fused
+    permute reads each token once and writes its 2 copies; the unpermute reads the 2 and writes 1."""
     rb = _RankBuilder(MOE, ParallelPlan(tp=2, dp=4, ep=4, seq_len=128, global_batch=4), 0, 8)
     tpl = rb.layer_template(0, "F")
     a2a = 64 * 2 * 256 * 2
@@ -61,7 +62,7 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
         ("router_topk", C, E(64 * 8, 1, 1, 5), ["router"]),
         # dropless: the host blocks on the token counts, the GPU waits for it (no GPU work)
         ("moe_host_sync_wait", HOST_WAIT, (0.0, 0.0), ["router_topk"]),
-        ("moe_permute", C, E(64 * 2 * 256, 1, 1), ["moe_host_sync_wait"]),
+        ("moe_permute", C, E(64 * 2 * 256, 1 / 2, 1), ["moe_host_sync_wait"]),
         ("moe_dispatch_alltoall", EPS, a2a, ["moe_permute"]),
         ("moe_sort_chunks", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall"]),
         ("expert_up_gate_proj", C, G(64, 256, 256, batch=2), ["moe_sort_chunks"]),
@@ -69,7 +70,7 @@ def test_moe_forward_with_ep4_tp2_balanced_routing():
         ("expert_down_proj", C, G(64, 256, 128, batch=2), ["expert_act"]),
         ("moe_unsort_chunks", C, E(64 * 2 * 256, 1, 1), ["expert_down_proj"]),
         ("moe_combine_alltoall", EPS, a2a, ["moe_unsort_chunks"]),
-        ("moe_unpermute", C, E(64 * 2 * 256, 1, 1), ["moe_combine_alltoall"]),
+        ("moe_unpermute", C, E(64 * 2 * 256, 1, 1 / 2), ["moe_combine_alltoall"]),
         ("shared_expert_up_gate_proj", C, G(64, 128, 256), ["moe_unpermute"]),
         ("shared_expert_act", C, E(64 * 64, 2, 1, 8), ["shared_expert_up_gate_proj"]),
         ("shared_expert_down_proj", C, G(64, 256, 64), ["shared_expert_act"]),
@@ -95,7 +96,7 @@ def test_moe_backward_with_ep4_tp2_balanced_routing():
         ("shared_expert_act_bwd", C, E(64 * 64, 3, 2, 12), ["shared_expert_down_proj_dgrad"]),
         ("shared_expert_up_gate_proj_dgrad", C, G(64, 256, 128), ["shared_expert_act_bwd"]),
         ("shared_expert_up_gate_proj_wgrad", C, G(256, 128, 64), ["shared_expert_up_gate_proj_dgrad"]),
-        ("moe_unpermute_bwd", C, E(64 * 2 * 256, 1, 1), ["shared_expert_up_gate_proj_dgrad"]),
+        ("moe_unpermute_bwd", C, E(64 * 2 * 256, 1 / 2, 1), ["shared_expert_up_gate_proj_dgrad"]),
         ("moe_combine_alltoall_bwd", EPS, a2a, ["moe_unpermute_bwd"]),
         ("moe_unsort_chunks_bwd", C, E(64 * 2 * 256, 1, 1), ["moe_combine_alltoall_bwd"]),
         ("expert_down_proj_dgrad", C, G(64, 128, 256, batch=2), ["moe_unsort_chunks_bwd"]),
@@ -105,7 +106,7 @@ def test_moe_backward_with_ep4_tp2_balanced_routing():
         ("expert_up_gate_proj_wgrad", C, G(256, 256, 64, batch=2), ["expert_up_gate_proj_dgrad"]),
         ("moe_sort_chunks_bwd", C, E(64 * 2 * 256, 1, 1), ["expert_up_gate_proj_dgrad"]),
         ("moe_dispatch_alltoall_bwd", EPS, a2a, ["moe_sort_chunks_bwd"]),
-        ("moe_permute_bwd", C, E(64 * 2 * 256, 1, 1), ["moe_dispatch_alltoall_bwd"]),
+        ("moe_permute_bwd", C, E(64 * 2 * 256, 1, 1 / 2), ["moe_dispatch_alltoall_bwd"]),
         ("router_bwd", C, G(64, 256, 8), ["moe_permute_bwd"]),
         ("router_wgrad", C, G(256, 8, 64), ["router_bwd"]),
     )

@@ -1110,7 +1110,11 @@ class _RankBuilder:
             # dropless: the host blocks on the token counts before dispatching (MOE_SYNC_IDLE_US), in a
             # full recompute's re-run of the forward too
             tpl.add("moe_host_sync_wait", HOST_WAIT, host_wait(MOE_SYNC_IDLE_US))
-        tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        # Transformer Engine's fused permute (Megatron's moe_permute_fusion) reads each token once and
+        # writes its top-k copies; the unpermute reads the k expert outputs of a token and writes their
+        # weighted sum (permutation.cu, moe_permute_kernel / moe_unpermute_kernel; the backward the mirror)
+        fan_out, fan_in = (1.0 / mo.top_k, 1.0), (1.0, 1.0 / mo.top_k)
+        tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, *fan_out))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)
         self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
@@ -1120,7 +1124,7 @@ class _RankBuilder:
         self._expert_bias(tpl, "expert_bias_add", backward=False)
         self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
-        tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, *fan_in))
         if mo.shared_experts:
             S, fs = mo.shared_experts, self._shared_ffn()
             fs_in = 2 * fs if m.activation == "swiglu" else fs
@@ -1140,7 +1144,8 @@ class _RankBuilder:
             tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * fs * S, *act_io(m.activation, backward=True), flops_per=12))
             tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, fs_in * S, dt))
             tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, fs_in * S, tok, dt), chain=False)
-        tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        fan_out, fan_in = (1.0 / mo.top_k, 1.0), (1.0, 1.0 / mo.top_k)   # as in _moe_fwd
+        tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *fan_out))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_unsort_chunks_bwd", per, le)
         self._expert_bias(tpl, "expert_bias_add_bwd", backward=True)
@@ -1155,7 +1160,7 @@ class _RankBuilder:
         tpl.head = dg
         self._sort_chunks(tpl, "moe_sort_chunks_bwd", per, le)
         self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES, transpose=True)
-        tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, 1, 1))
+        tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *fan_in))
         tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
         tpl.add("router_wgrad", COMPUTE, gemm(h, mo.num_experts, tok, "bf16"), chain=False)
 

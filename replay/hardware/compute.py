@@ -66,7 +66,7 @@ SUSTAINED_CLOCK_FRACTION = {"H100": 0.80}
 # GPU, in 6.57-6.83 ms backward with the blockwise recipe against 7.68-7.85 ms in BF16; this factor makes the
 # model's backward (no host sync, GEMMs nearly all of it) match the three FP8 cases' mean. The DeepSeek proxy's
 # FP8 cases (four smaller experts and a shared one) are held out: FP8 over BF16 time, measured 0.87-0.97
-# backward, predicted 3-11% below (19-25% below without this factor; tests/test_moe_layer_benchmark.py).
+# backward, predicted 4-11% below (20-26% below without this factor; tests/test_moe_layer_benchmark.py).
 # The power limit caps the tensor rate of a long run (SUSTAINED_CLOCK_FRACTION), and a block-scaled GEMM
 # already runs below the capped rate, so a training run pays the larger of the two slowdowns, not both.
 # Every Hopper part has the same tensor cores (one scale per operand); the clock derating above is H100's.
