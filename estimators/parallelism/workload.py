@@ -300,6 +300,14 @@ def apply_host_pacing(graph: ExecutionGraph, durations: np.ndarray) -> np.ndarra
 
 
 # ----------------------------------------------------------------------------- op attribute helpers
+def permute_io(top_k: int, fan_out: bool) -> tuple[float, float]:
+    """(reads, writes) of Transformer Engine's fused MoE permute, in tensors of the permuted (tokens x top-k)
+    size (permutation.cu): fanning out (the permute, the unpermute's gradient) reads each token once and
+    writes its top-k copies; fanning in (the unpermute, the permute's gradient) reads the k copies and
+    writes their (weighted) sum."""
+    return (1.0 / top_k, 1.0) if fan_out else (1.0, 1.0 / top_k)
+
+
 def act_io(activation: str, backward: bool = False) -> tuple[int, int]:
     """(reads, writes) of an MLP activation, in tensors of the activation's output size: a gated unit
     (SwiGLU) reads gate and up (2) and writes 1, its backward reads both and the output grad (3) and
@@ -393,20 +401,20 @@ class MoELoads:
 class _Template:
     """Op specs of one pass: (name, stream slot, attrs, deps as template indices; ENTRY = pass entry).
 
-    `fp8_cast_reads`: bytes read per element by the cast of an FP8 GEMM's input (recipe-dependent);
+    `fp8_recipe`: how an FP8 GEMM's input is cast (FP8_CAST_READS / _KERNELS, FP8_MULTI_TENSOR_CAST) and
+    whether the GEMM scales by blocks (BLOCK_SCALED_FP8_GEMM_TIME);
     `frozen`: weight-gradient GEMMs of the base weights are not emitted (LoRA); `join`: collectives that
     run beside the next GEMM (TP communication overlap) and that the op after it waits for."""
 
-    def __init__(self, fp8_cast_reads: float = 2.0, frozen: bool = False, launch_us: float = 0.0,
-                 attention_kernel: str = "fa2", fp8_cast_kernels: int = 1, fp8_block_scaled: bool = False,
-                 fp8_cast_per_expert: bool = True) -> None:
+    def __init__(self, fp8_recipe: str = "delayed", frozen: bool = False, launch_us: float = 0.0,
+                 attention_kernel: str = "fa2") -> None:
         self.attention_kernel = attention_kernel
-        self.fp8_block_scaled = fp8_block_scaled   # FP8 GEMMs scale by blocks (recipe "blockwise")
-        self.fp8_cast_kernels = fp8_cast_kernels
-        self.fp8_cast_per_expert = fp8_cast_per_expert   # GroupedLinear casts expert by expert (FP8_MULTI_TENSOR_CAST)
+        self.fp8_block_scaled = fp8_recipe == "blockwise"
+        self.fp8_cast_reads = FP8_CAST_READS[fp8_recipe]
+        self.fp8_cast_kernels = FP8_CAST_KERNELS[fp8_recipe]
+        self.fp8_cast_per_expert = fp8_recipe not in FP8_MULTI_TENSOR_CAST   # GroupedLinear's loop over experts
         self.ops: list[tuple[str, int, dict, tuple[int, ...]]] = []
         self.head = ENTRY
-        self.fp8_cast_reads = fp8_cast_reads
         self.frozen = frozen
         self.launch_us = launch_us
         self.join: list[int] = []          # collectives the next chained op must also wait for
@@ -518,7 +526,6 @@ class _RankBuilder:
         self.pacing_attrs = {**host_wait(0.0), "host_floor_us": host_us} if host_us > 0 else None
         self.pacing_attrs_recomputed = ({**host_wait(0.0), "host_floor_us": host_us * (1 + MOE_LAYER_HOST_FWD_SHARE)}
                                         if host_us > 0 else None)
-        self.fp8_cast_reads = FP8_CAST_READS[plan.fp8_recipe]
         # SFT on packed sequences: attention runs per document (THD layout, no cross-document scores)
         self.doc_len = plan.packed_doc_len if plan.finetune != "none" and plan.packed_doc_len else 0
         self.layer_index = 0          # the layer whose template is being built (sliding windows)
@@ -598,10 +605,7 @@ class _RankBuilder:
 
     # -------------------------------------------------------------- templates
     def _template(self) -> _Template:
-        return _Template(self.fp8_cast_reads, self.frozen, self.launch_us, self.p.attention_kernel,
-                         FP8_CAST_KERNELS[self.p.fp8_recipe],
-                         self.p.precision == "fp8" and self.p.fp8_recipe == "blockwise",
-                         self.p.fp8_recipe not in FP8_MULTI_TENSOR_CAST)
+        return _Template(self.p.fp8_recipe, self.frozen, self.launch_us, self.p.attention_kernel)
 
     def tp_coll(self, tpl: _Template, name: str, ctype: CommType, size: float, deps=None, chain=True,
                 split_gemm: bool = True) -> int | None:
@@ -1110,11 +1114,7 @@ class _RankBuilder:
             # dropless: the host blocks on the token counts before dispatching (MOE_SYNC_IDLE_US), in a
             # full recompute's re-run of the forward too
             tpl.add("moe_host_sync_wait", HOST_WAIT, host_wait(MOE_SYNC_IDLE_US))
-        # Transformer Engine's fused permute (Megatron's moe_permute_fusion) reads each token once and
-        # writes its top-k copies; the unpermute reads the k expert outputs of a token and writes their
-        # weighted sum (permutation.cu, moe_permute_kernel / moe_unpermute_kernel; the backward the mirror)
-        fan_out, fan_in = (1.0 / mo.top_k, 1.0), (1.0, 1.0 / mo.top_k)
-        tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, *fan_out))
+        tpl.add("moe_permute", COMPUTE, elementwise(tok * mo.top_k * h, *permute_io(mo.top_k, fan_out=True)))
         self._a2a(tpl, "moe_dispatch_alltoall", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_sort_chunks", per, le)
         self._expert_gemm(tpl, "expert_up_gate_proj", per, f_in, h, le)
@@ -1124,7 +1124,7 @@ class _RankBuilder:
         self._expert_bias(tpl, "expert_bias_add", backward=False)
         self._sort_chunks(tpl, "moe_unsort_chunks", per, le)
         self._a2a(tpl, "moe_combine_alltoall", tok * mo.top_k * h * ACT_BYTES, transpose=True)
-        tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, *fan_in))
+        tpl.add("moe_unpermute", COMPUTE, elementwise(tok * mo.top_k * h, *permute_io(mo.top_k, fan_out=False)))
         if mo.shared_experts:
             S, fs = mo.shared_experts, self._shared_ffn()
             fs_in = 2 * fs if m.activation == "swiglu" else fs
@@ -1144,8 +1144,7 @@ class _RankBuilder:
             tpl.add("shared_expert_act_bwd", COMPUTE, elementwise(tok * fs * S, *act_io(m.activation, backward=True), flops_per=12))
             tpl.add("shared_expert_up_gate_proj_dgrad", COMPUTE, gemm(tok, h, fs_in * S, dt))
             tpl.add("shared_expert_up_gate_proj_wgrad", COMPUTE, gemm(h, fs_in * S, tok, dt), chain=False)
-        fan_out, fan_in = (1.0 / mo.top_k, 1.0), (1.0, 1.0 / mo.top_k)   # as in _moe_fwd
-        tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *fan_out))
+        tpl.add("moe_unpermute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *permute_io(mo.top_k, fan_out=True)))
         self._a2a(tpl, "moe_combine_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES)
         self._sort_chunks(tpl, "moe_unsort_chunks_bwd", per, le)
         self._expert_bias(tpl, "expert_bias_add_bwd", backward=True)
@@ -1160,7 +1159,7 @@ class _RankBuilder:
         tpl.head = dg
         self._sort_chunks(tpl, "moe_sort_chunks_bwd", per, le)
         self._a2a(tpl, "moe_dispatch_alltoall_bwd", tok * mo.top_k * h * ACT_BYTES, transpose=True)
-        tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *fan_in))
+        tpl.add("moe_permute_bwd", COMPUTE, elementwise(tok * mo.top_k * h, *permute_io(mo.top_k, fan_out=False)))
         tpl.add("router_bwd", COMPUTE, gemm(tok, h, mo.num_experts, "bf16"))
         tpl.add("router_wgrad", COMPUTE, gemm(h, mo.num_experts, tok, "bf16"), chain=False)
 

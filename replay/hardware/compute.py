@@ -170,10 +170,10 @@ class ComputeModel:
         self._pageable = self.hw.gpu.pcie_bw_gbs * c.pageable_copy_efficiency * 1e3
         self._min = c.min_kernel_us
         names = [str(n).upper() for n in (self.hw.gpu.device_names or [self.hw.gpu.model])]
-        self.sustained_clock_fraction = next((v for k, v in SUSTAINED_CLOCK_FRACTION.items()
-                                              if any(k in n for n in names)), 1.0)
-        self.block_scaled_fp8_gemm_time = next((v for k, v in BLOCK_SCALED_FP8_GEMM_TIME.items()
-                                                if any(k in n for n in names)), 1.0)
+        def for_this_gpu(table: dict[str, float]) -> float:   # keyed by a part of the device name
+            return next((v for k, v in table.items() if any(k in n for n in names)), 1.0)
+        self.sustained_clock_fraction = for_this_gpu(SUSTAINED_CLOCK_FRACTION)
+        self.block_scaled_fp8_gemm_time = for_this_gpu(BLOCK_SCALED_FP8_GEMM_TIME)
         self._gpu_key = next((k for k in CUDNN_ATTENTION_EFFICIENCY if any(k == n for n in names)), "")
 
     # ------------------------------------------------------------------ primitives
