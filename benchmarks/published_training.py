@@ -85,7 +85,7 @@ def table(results: list[RowResult], cpu: dict[int, float] | None = None) -> str:
             (f" EP{w.ep}" if w.ep > 1 else "") + f" mb{w.mbs} gb{w.gbs} s{w.seq} {w.precision}" + \
             (" (no SP)" if no_sp else "") + ("*" if vp != w.vp or no_sp else "") + _moe_script(r)
         err = r.relative_error
-        lines.append(f"| {w.index} | {w.release.split(' (')[0]} | {w.model_name} | {w.gpus} | {lay} | "
+        lines.append(f"| {w.index} | {w.container} | {w.model_name} | {w.gpus} | {lay} | "
                      f"{fmt(w.tokens_per_gpu)} | {fmt(r.predicted_tokens_per_gpu)} | {fmt(w.tflops)} | "
                      f"{fmt(r.predicted_tflops)} | "
                      + ("failed: " + (r.error or "") if r.error else f"{100 * err:+.1f}% ({r.metric})") +
@@ -137,17 +137,17 @@ def as_run_table(results: list[RowResult]) -> str:
     """Of the rows predicted as printed (`results`, what the check scores), those whose release's script
     set a printed column otherwise (lumos_sim.published_training.SCRIPT_RAN_OTHERWISE), predicted again as
     the script ran them."""
-    from lumos_sim.published_training import SCRIPT_RAN_OTHERWISE
+    from lumos_sim.published_training import script_ran_otherwise
     lines = ["| # | release | model | as printed | error | as the script ran | error | memory GiB |",
              "|---|---|---|---|---|---|---|---|"]
     for printed in results:
         row = printed.row
-        changes = SCRIPT_RAN_OTHERWISE.get((row.release.split(" (")[0], printed.model))
+        changes = script_ran_otherwise(row, printed.model)
         if printed.plan is None or not changes:
             continue
         ran = run_row(row, as_run=True)
         cols = ", ".join(f"{k} {v if v != () else 'none'}" for k, v in changes.items())
-        lines.append(f"| {row.index} | {row.release.split(' (')[0]} | {row.model_name} | "
+        lines.append(f"| {row.index} | {row.container} | {row.model_name} | "
                      f"mb{row.mbs} VP{row.vp} PP{row.pp} EP{row.ep} | {_error(printed)} | {cols} | {_error(ran)} | "
                      f"{fmt(printed.memory_gib, 1)}{' OOM' if printed.oom else ''} -> "
                      f"{fmt(ran.memory_gib, 1)}{' OOM' if ran.oom else ''} |")

@@ -139,8 +139,13 @@ class PublishedRow:
     raw: dict[str, str] = field(default_factory=dict)
 
     @property
+    def container(self) -> str:
+        """The release without the table revision it was read at ("NeMo 24.07 (rev 9c5c5e9709)" -> "NeMo 24.07")."""
+        return self.release.split(" (")[0]
+
+    @property
     def label(self) -> str:
-        return f"{self.release.split(' (')[0]} {self.model_name} {self.gpus}x{self.gpu} seq{self.seq}"
+        return f"{self.container} {self.model_name} {self.gpus}x{self.gpu} seq{self.seq}"
 
 
 class _Cells:
@@ -261,7 +266,7 @@ def finetune_script_layout(row: PublishedRow, model: ModelConfig) -> dict[str, A
 def moe_script_settings(row: PublishedRow, model_name: str) -> tuple[str, bool, bool | None] | None:
     """(dispatcher, EP all-to-all overlap, TP overlap or None) the row's release scripts set for this MoE
     model (`MOE_SCRIPT_SETTINGS`), None when the table has no such entry."""
-    return MOE_SCRIPT_SETTINGS.get((row.release.split(" (")[0], model_name))
+    return MOE_SCRIPT_SETTINGS.get((row.container, model_name))
 
 
 def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
@@ -341,10 +346,16 @@ SCRIPT_RAN_OTHERWISE: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+def script_ran_otherwise(row: PublishedRow, model_name: str) -> dict[str, Any]:
+    """The printed columns the row's release's script set otherwise, as plan fields (SCRIPT_RAN_OTHERWISE;
+    empty when it ran what the table prints)."""
+    return SCRIPT_RAN_OTHERWISE.get((row.container, model_name), {})
+
+
 def as_run_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan | None:
     """The row's plan with the columns its release's script set otherwise (SCRIPT_RAN_OTHERWISE); None
     when the script ran what the table prints."""
-    changes = SCRIPT_RAN_OTHERWISE.get((row.release.split(" (")[0], model.name))
+    changes = script_ran_otherwise(row, model.name)
     if not changes:
         return None
     plan = row_plan(row, model)
