@@ -288,12 +288,13 @@ def test_rope_model_holds_no_position_table_even_with_max_seq_set():
     assert est.weights_gib * GIB == pytest.approx(2 * LLAMA_PARAMS, rel=1e-12)
 
 
-def test_zero3_moe_working_buffer_is_two_whole_layers_per_tp_shard():
-    """ZeRO-3 with TP2 on a MoE model (first layer dense): the two gathered layers are the largest layer's
-    total parameters (all experts) / t, 2 B each, on top of the sharded weights. Megatron-Core's MoE parallel
-    folding: the 8 ranks (TP2 x DP4) hold EP4 x ETP1 expert shards, each replicated over the expert-data-
-    parallel group of 8 / 4 = 2 ranks, so ZeRO-3 shards expert weights over 2 ranks and the dense ones over
-    DP 4."""
+def test_zero3_moe_working_buffer_is_two_layers_as_one_rank_gathers_them():
+    """ZeRO-3 with TP2 on a MoE model (first layer dense): the two gathered layers (running, prefetched) are
+    what one rank gathers of the largest layer, 2 B each, on top of the sharded weights: its TP shard of the
+    dense weights and its EP share of the experts (FSDP gathers expert weights over the expert-data-parallel
+    group only, never another rank's experts). Megatron-Core's MoE parallel folding: the 8 ranks (TP2 x DP4)
+    hold EP4 x ETP1 expert shards, each replicated over the expert-data-parallel group of 8 / 4 = 2 ranks, so
+    ZeRO-3 shards expert weights over 2 ranks and the dense ones over DP 4."""
     h, f = 512, 256
     m = model_from_dict(dict(name="moe", layers=2, hidden=h, heads=8, ffn=1024, vocab=1000,
                              moe=dict(num_experts=8, top_k=2, expert_ffn=f, first_dense_layers=1)))
@@ -303,5 +304,6 @@ def test_zero3_moe_working_buffer_is_two_whole_layers_per_tp_shard():
     moe_layer = 4 * h * h + 2 * h + h * 8 + experts
     dense_held = dense_layer / 2 + (moe_layer - experts) / 2 + 2 * 1000 * h / 2     # TP-sharded, over DP 4
     expert_held = experts / 4                                                     # EP4 x ETP1, over EDP 2
-    expected = dense_held * 2 / 4 + expert_held * 2 / 2 + 2 * max(dense_layer, moe_layer) / 2 * 2
+    gathered = max(dense_layer / 2, (moe_layer - experts) / 2 + experts / 4)      # one layer, as one rank holds it
+    expected = dense_held * 2 / 4 + expert_held * 2 / 2 + 2 * gathered * 2
     assert est.weights_gib * GIB == pytest.approx(expected, rel=1e-12)

@@ -15,7 +15,7 @@ Flash attention stores no s^2 scores, like selective recomputation.
 States follow Megatron-LM's mixed precision (Korthikanti et al.; Megatron distributed optimizer docs):
 bf16 weights 2 B, fp32 gradient accumulation buffer 4 B, Adam fp32 master weights + two moments 12 B
 per parameter; ZeRO-1 shards the 12 B over the data-parallel group, ZeRO-2 also the gradients,
-ZeRO-3/FSDP also the weights (plus one gathered layer as a working buffer).
+ZeRO-3/FSDP also the weights (plus two gathered layers, this rank's part of each, as working buffers).
 """
 from __future__ import annotations
 
@@ -176,7 +176,9 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
         g += ge
         o += oe
         if plan.zero >= 3:
-            biggest = max((model.layer_params(i)[0] / t for i in layers), default=0.0)
+            # two gathered layers (the one running, the one prefetched); a layer gathers what this rank
+            # holds of it: its TP shard of the dense weights and its EP share of the experts, not all experts
+            biggest = max((sum(layer_params_local(model, plan, i)) for i in layers), default=0.0)
             w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + 2 * biggest * WEIGHT_BYTES
         if lora:
             g = o = 0.0

@@ -381,21 +381,28 @@ class StageTable:
     shardable: np.ndarray     # parameters split by TP (dense layers; attention / router / norms of MoE layers)
     shared: np.ndarray        # shared-expert parameters (not tensor-parallel)
     experts: np.ndarray       # routed-expert parameters (split by EP)
-    biggest: np.ndarray       # largest layer's total parameters (ZeRO-3 working buffer, before /tp)
+    # largest layer's parameters by kind (ZeRO-3 working buffer: what a rank gathers of one layer), per stage:
+    # dense layers' total (before /tp); MoE layers' TP-sharded, shared-expert and routed-expert parts
+    biggest_dense: np.ndarray
+    biggest_moe: np.ndarray   # [stage, (sharded, shared, routed)]
     dense_layers: np.ndarray
     moe_layers: np.ndarray
 
 
 def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     chunks = stage_layers(model, ParallelPlan(pp=pp, vp=vp))
-    out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest", "dense_layers", "moe_layers")}
+    out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest_dense", "dense_layers", "moe_layers")}
+    out["biggest_moe"] = np.zeros((pp, 3))
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
         if s == pp - 1:   # MTP modules (one more last layer each) sit on the last stage, as estimate_memory has them
             layers = layers + [model.layers - 1] * mtp_layers(model)
         for i in layers:
             sharded, shared, experts = _layer_split(model, i)
-            out["biggest"][s] = max(out["biggest"][s], model.layer_params(i)[0])
+            if model.is_moe_layer(i):
+                out["biggest_moe"][s] = np.maximum(out["biggest_moe"][s], (sharded, shared, experts))
+            else:
+                out["biggest_dense"][s] = max(out["biggest_dense"][s], sharded)
             out["shardable"][s] += sharded
             out["shared"][s] += shared
             out["experts"][s] += experts
@@ -456,7 +463,9 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
             w = (dense + expert) * WEIGHT_BYTES
             g = np.where(zz >= 2, dense / sh + expert / esh, dense + expert) * GRAD_BYTES
             o = np.where(zz >= 1, dense / sh + expert / esh, dense + expert) * OPTIM_BYTES
-            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * st.biggest[s] / t) * WEIGHT_BYTES, w)
+            b_sharded, b_shared, b_routed = st.biggest_moe[s]
+            biggest = np.maximum(st.biggest_dense[s] / t, b_sharded / t + b_shared + b_routed / ep)
+            w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
             act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
             if s == 0:
