@@ -426,6 +426,12 @@ RELEASE_FLOP_CONVENTION = {
     "NeMo 24.03": "nemo-24.07",   # long-sequence table: TFLOP/s only; inferred (4K row = the 24.07 7B figure)
     "NeMo 24.07": "nemo-24.07",   # NVIDIA/NeMo docs/source/performance/performance_summary.md (rev 9c5c5e9709)
 }   # and "megatron" for every Megatron-Bridge table (`megatron_bridge_release`)
+# NeMo's own tables before Megatron-Bridge count with NeMo's flops_formulas, the 24.07 convention: besides
+# 24.07's H100 rows, the NeMo Framework performance summaries of 25.02, 25.04 and 25.07 (docs.nvidia.com/
+# nemo-framework/user-guide, performance-summary and archive/25.04-performance-summary) reproduce it within
+# 0.1% on their B200 / GB200 rows (Llama 3 8B / 70B / 405B, Nemotron-4 15B / 340B, Mixtral 8x7B, GPT-3 175B;
+# tests/test_model_configs.py), Megatron-Core's count being 1.4-11% lower. A NeMo release before 25.09 that
+# the table above does not name takes it too.
 FLOP_CONVENTION_NOTES = (
     "Megatron-Bridge 25.11 counts GPT-OSS 120B with every layer as full causal attention (no window) and "
     "its experts as 2-matrix FFNs (its clamped GLU is not recognised as SwiGLU): published 153 TFLOP/s at "
@@ -433,14 +439,21 @@ FLOP_CONVENTION_NOTES = (
 )
 
 
+def nemo_release_version(release: str) -> tuple[int, int] | None:
+    """(year, month) of a NeMo container release string ("NeMo 25.04", "NeMo 24.07 (rev ...)"); None for
+    anything else."""
+    v = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
+    return (int(v.group(1)), int(v.group(2))) if v else None
+
+
 def megatron_bridge_release(release: str) -> bool:
     """A table from Megatron-Bridge's performance scripts (Transformer Engine 2.x, Megatron-Core): its
     docs/performance-summary*.md names releases 'NeMo 25.09' onwards ('NeMo 26.04.01 SFT', ...); earlier
-    NeMo releases ran NeMo 1.x."""
+    NeMo releases ran NeMo 1.x or NeMo 2.x's own scripts."""
     if release.startswith("Megatron-Bridge"):
         return True
-    v = re.match(r"\s*NeMo\s+(\d+)\.(\d+)", release)
-    return bool(v) and (int(v.group(1)), int(v.group(2))) >= (25, 9)
+    v = nemo_release_version(release)
+    return v is not None and v >= (25, 9)
 
 
 def release_flop_convention(release: str) -> str:
@@ -450,8 +463,10 @@ def release_flop_convention(release: str) -> str:
             return name
     if megatron_bridge_release(release):
         return "megatron"     # Megatron-Bridge docs/performance-summary-archive.md count as Megatron-Core
+    if nemo_release_version(release) is not None:
+        return "nemo-24.07"   # NeMo's tables before Megatron-Bridge (see RELEASE_FLOP_CONVENTION)
     raise TraceInputError(None, f"no known FLOP convention for release {release!r} "
-                                f"(known: {', '.join(RELEASE_FLOP_CONVENTION)}, NeMo 25.09 and later)")
+                                f"(known: NeMo releases: before 25.09 NeMo's, from 25.09 Megatron-Core's)")
 
 
 # ------------------------------------------------------------------ loading

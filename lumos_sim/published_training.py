@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from chakra_schema.errors import TraceInputError
-from estimators.model_config import ModelConfig, load_model, megatron_bridge_release
+from estimators.model_config import ModelConfig, load_model, megatron_bridge_release, nemo_release_version
 from estimators.parallelism.plan import ParallelPlan
 
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
@@ -234,10 +234,36 @@ def _fp8_recipe(row: PublishedRow) -> str:
         return "tensorwise"
     if "BLOCK" in p:
         return "blockwise"
-    # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling
-    if megatron_bridge_release(row.release):
+    # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling, and so did NeMo 25.04 and
+    # 25.07 (their performance summaries: "per-tensor FP8 quantization, leveraging scaling factors computed in
+    # the current step"); NeMo 25.02's scripts default to delayed scaling (--fp8_recipe ds)
+    v = nemo_release_version(row.release)
+    if megatron_bridge_release(row.release) or (v is not None and v >= (25, 4)):
         return "tensorwise"
     return "delayed"
+
+
+# NeMo 2.x's own performance scripts (NVIDIA/NeMo scripts/llm/performance at v2.2.0 = NeMo 25.02,
+# scripts/performance at v2.3.0 = 25.04 and v2.4.0 = 25.07), before Megatron-Bridge took them over
+NEMO2_SCRIPTS = ((25, 2), (25, 9))
+
+
+def nemo2_script_settings(row: PublishedRow, precision: str) -> dict[str, Any]:
+    """What NeMo 2.x's performance scripts set that the tables do not print (empty for other releases):
+    - cuDNN fused attention: the executors export NVTE_FUSED_ATTN=1 and NVTE_FLASH_ATTN=1, and Transformer
+      Engine prefers FusedAttention over FlashAttention on Hopper when both are enabled;
+    - bf16 gradient reduction (`grad_reduce_in_fp32 = False`): for FP8 runs in 25.02 and 25.04, for every run
+      in 25.07 (helpers.set_precision_configs);
+    - Transformer Engine's fused cross entropy (`cross_entropy_fusion_impl = "te"`) from 25.04 on."""
+    v = nemo_release_version(row.release)
+    if v is None or not NEMO2_SCRIPTS[0] <= v < NEMO2_SCRIPTS[1]:
+        return {}
+    kw: dict[str, Any] = {"attention_kernel": "cudnn"}
+    if precision == "fp8" or v >= (25, 7):
+        kw["grad_bytes"] = 2
+    if v >= (25, 4):
+        kw["fused_cross_entropy"] = True
+    return kw
 
 
 def _recompute(row: PublishedRow) -> dict[str, Any]:
@@ -288,6 +314,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # `ddp.grad_reduce_in_fp32 = False`; utils/overrides.py `cross_entropy_fusion_impl = "te"`) keep
         # bf16 gradient buffers, reduce gradients in bf16, and run TE's fused cross entropy
         kw.update(grad_bytes=2, fused_cross_entropy=True)
+    kw.update(nemo2_script_settings(row, prec))
     if row.release.startswith("NeMo 24."):
         # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
         # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:

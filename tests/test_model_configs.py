@@ -209,6 +209,38 @@ def test_nemo_2407_sft_and_lora_rows_count_short_packed_attention_and_frozen_wei
         assert got == pytest.approx(published, rel=0.015), row["model"]
 
 
+# NeMo Framework performance summaries (docs.nvidia.com/nemo-framework/user-guide/latest/performance/
+# performance-summary.html for 25.07, archive/25.04-performance-summary.html, and the 25.02 summary), rows that
+# print both tokens/s and model TFLOP/s per GPU: (release, zoo model, sequence, tokens/s/GPU, TFLOP/s/GPU)
+NEMO2_TABLE_PAIRS = [
+    ("NeMo 25.02", "llama3-8b", 8192, 26006, 1506),        # DGX-B200
+    ("NeMo 25.02", "llama3-70b", 8192, 3062, 1474),
+    ("NeMo 25.02", "nemotron4-15b", 4096, 14760, 1387),
+    ("NeMo 25.02", "nemotron4-340b", 4096, 602, 1268),
+    ("NeMo 25.02", "mixtral-8x7b", 4096, 15457, 1282),
+    ("NeMo 25.04", "llama3-8b", 8192, 33099, 1917),        # DGX-GB200
+    ("NeMo 25.04", "llama3-70b", 8192, 4035, 1943),
+    ("NeMo 25.04", "nemotron4-15b", 4096, 17809, 1674),
+    ("NeMo 25.04", "nemotron4-340b", 4096, 737, 1551),
+    ("NeMo 25.04", "mixtral-8x7b", 4096, 19275, 1598),
+    ("NeMo 25.04", "gpt3-175b", 2048, 1804, 1942),
+    ("NeMo 25.07", "llama3-8b", 8192, 31737, 1838),        # DGX-GB200
+    ("NeMo 25.07", "llama3-70b", 8192, 4066, 1957),
+]
+
+
+@pytest.mark.parametrize("release,name,seq,tokens,tflops", NEMO2_TABLE_PAIRS)
+def test_nemo_tables_before_megatron_bridge_count_flops_with_nemos_formulas(release, name, seq, tokens, tflops):
+    """NeMo 2.x's own tables (25.02 - 25.07) publish TFLOP/s / tokens/s = the full-square attention count of
+    NeMo's flops_formulas (the 24.07 convention) within 0.2%; Megatron-Core's count is 1.4-11% lower."""
+    assert release_flop_convention(release) == "nemo-24.07"
+    m = load_model(name)
+    published = tflops * 1e12 / tokens
+    vocab = _NEMO_VOCAB["gpt3"] if name.startswith("gpt3") else None
+    assert nemo_2407_flops_per_token(m, seq, vocab) == pytest.approx(published, rel=0.002)
+    assert megatron_flops_per_token(m, seq) < 0.987 * published
+
+
 def test_unknown_release_has_no_convention():
     with pytest.raises(TraceInputError):
         release_flop_convention("SomeFramework 1.0")

@@ -286,3 +286,38 @@ def test_rows_whose_script_ran_otherwise_keep_their_printed_layout_in_the_check(
             if r.release == "NeMo 26.02.01" and r.model_name == "Qwen3_30B_a3B"][0]
     ep16 = as_run_plan(held, row_model(held))
     assert (ep16.pp, ep16.vp, ep16.ep, ep16.dp, ep16.gpus) == (1, 1, 16, 16, 16)
+
+
+def _row_of_release(rows, index: int, release: str, precision: str):
+    import dataclasses
+    return dataclasses.replace(rows[index], release=release, precision=precision)
+
+
+@pytest.mark.parametrize("release,precision,fp8_recipe,grad_bytes,fused_ce", [
+    ("NeMo 25.02", "FP8", "delayed", 2, False),      # v2.2.0 scripts/llm/performance: bf16_with_fp8_mixed
+    ("NeMo 25.02", "BF16", "delayed", 4, False),     # grad_reduce_in_fp32 = False only under FP8
+    ("NeMo 25.04", "FP8", "tensorwise", 2, True),    # v2.3.0 scripts/performance/utils.py; table: current scaling
+    ("NeMo 25.04", "BF16", "delayed", 4, True),
+    ("NeMo 25.07", "BF16", "delayed", 2, True),      # v2.4.0 helpers.set_precision_configs: every run
+    ("NeMo 25.07", "FP8", "tensorwise", 2, True),
+])
+def test_nemo2_rows_take_their_scripts_attention_gradients_cross_entropy_and_fp8_recipe(
+        rows, release, precision, fp8_recipe, grad_bytes, fused_ce):
+    """A row of NeMo 2.x's own tables (25.02 - 25.07) runs as those releases' performance scripts set the
+    columns the tables do not print: cuDNN fused attention (NVTE_FUSED_ATTN=1 with NVTE_FLASH_ATTN=1; TE
+    prefers it on Hopper), bf16 gradient reduction, TE's fused cross entropy from 25.04, FP8 with current
+    scaling from 25.04 (delayed scaling in 25.02, the scripts' default)."""
+    row = _row_of_release(rows, 24, release, precision)     # Llama 3 70B, TP4 PP8 VP5
+    _, plan = row_scenario(row)
+    assert plan.attention_kernel == "cudnn"
+    assert plan.grad_bytes == grad_bytes and plan.fused_cross_entropy is fused_ce
+    assert plan.master_weight_bytes == 4                      # Megatron-Core's fp32 masters, not NeMo 1.x's
+    if precision == "FP8":
+        assert plan.fp8_recipe == fp8_recipe
+
+
+def test_nemo_24_rows_keep_nemo_1_settings(rows):
+    _, plan = row_scenario(rows[3])                            # NeMo 24.07 Llama 2 7B
+    _, plan2 = row_scenario(_row_of_release(rows, 3, "NeMo 24.12", "FP8"))
+    for p in (plan, plan2):
+        assert (p.grad_bytes, p.master_weight_bytes, p.fp8_recipe, p.fused_cross_entropy) == (2, 2, "delayed", False)
