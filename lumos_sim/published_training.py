@@ -110,7 +110,10 @@ FINETUNE_SCRIPT_LAYOUTS: dict[tuple[str, str], dict[str, Any]] = {
 FINETUNE_SCRIPT_RELEASE = "NeMo 24.07"
 # Zoo names of the CSV's model names where they differ (NeMo 24.07's "Nemotron-340B" is Nemotron-4 340B;
 # Llama 3.1 405B has Llama 3 405B's architecture, its longer RoPE context aside)
-ALIASES = {"nemotron340b": "nemotron4-340b", "llama31405b": "llama3-405b"}
+# the tables' names for zoo models ("Nemotron-15B" is Nemotron-4 15B in NeMo 25.x's tables: their TFLOP/s over
+# tokens/s is its FLOP count; NeMo 25.x names Llama 4's language model "LLAMA4-Scout-LLM" / "LLAMA4-Maverick-LLM")
+ALIASES = {"nemotron340b": "nemotron4-340b", "llama31405b": "llama3-405b", "nemotron15b": "nemotron4-15b",
+           "llama4scoutllm": "llama4-scout", "llama4maverickllm": "llama4-maverick"}
 
 
 @dataclass
@@ -248,13 +251,18 @@ def _fp8_recipe(row: PublishedRow) -> str:
 NEMO2_SCRIPTS = ((25, 2), (25, 9))
 
 
-def nemo2_script_settings(row: PublishedRow, precision: str) -> dict[str, Any]:
+def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig) -> dict[str, Any]:
     """What NeMo 2.x's performance scripts set that the tables do not print (empty for other releases):
     - cuDNN fused attention: the executors export NVTE_FUSED_ATTN=1 and NVTE_FLASH_ATTN=1, and Transformer
       Engine prefers FusedAttention over FlashAttention on Hopper when both are enabled;
     - bf16 gradient reduction (`grad_reduce_in_fp32 = False`): for FP8 runs in 25.02 and 25.04, for every run
       in 25.07 (helpers.set_precision_configs);
-    - Transformer Engine's fused cross entropy (`cross_entropy_fusion_impl = "te"`) from 25.04 on."""
+    - Transformer Engine's fused cross entropy (`cross_entropy_fusion_impl = "te"`) from 25.04 on;
+    - MoE pre-training with token drop, capacity factor 1 padded (MegatronTokenDropCallback: the Mixtral and
+      Llama 4 recipes' performance mode, the DeepSeek-V3 and Qwen3 scripts), except DeepSeek-V3 on H100 in
+      25.07, which dispatches dropless with DeepEP (pretrain_deepseek_v3.py at v2.4.0); a row whose name or
+      notes say "dropless" stays dropless;
+    - Llama 4 with its layers as CUDA graphs (the H100 configs' cuda_graphs column, 25.04 and 25.07)."""
     v = nemo_release_version(row.release)
     if v is None or not NEMO2_SCRIPTS[0] <= v < NEMO2_SCRIPTS[1]:
         return {}
@@ -263,6 +271,14 @@ def nemo2_script_settings(row: PublishedRow, precision: str) -> dict[str, Any]:
         kw["grad_bytes"] = 2
     if v >= (25, 4):
         kw["fused_cross_entropy"] = True
+    dropless = "dropless" in f"{row.model_name} {row.notes}".lower()   # a row that says otherwise keeps it
+    if model.moe is not None and _finetune(row) == "none" and not dropless:
+        if model.name == "deepseek-v3" and v >= (25, 7):
+            kw["moe_a2a"] = "deepep"
+        else:
+            kw["moe_capacity_factor"] = 1.0
+    if model.name.startswith("llama4"):
+        kw["cuda_graphs"] = True     # recommended_model_configs/model_configs_h100.csv: cuda_graphs 1 (Llama 4)
     return kw
 
 
@@ -314,7 +330,7 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
         # `ddp.grad_reduce_in_fp32 = False`; utils/overrides.py `cross_entropy_fusion_impl = "te"`) keep
         # bf16 gradient buffers, reduce gradients in bf16, and run TE's fused cross entropy
         kw.update(grad_bytes=2, fused_cross_entropy=True)
-    kw.update(nemo2_script_settings(row, prec))
+    kw.update(nemo2_script_settings(row, prec, model))
     if row.release.startswith("NeMo 24."):
         # NeMo 1.x (megatron_amp_O2 + distributed_fused_adam): bf16 gradients, fp32 masters kept as 16-bit
         # remainders of the bf16 weights (NeMo megatron_base_model.setup_optimization:

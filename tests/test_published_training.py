@@ -387,3 +387,33 @@ def test_megatron_lm_deepseek_v3_proxy_runs_are_within_the_issue_bound():
         assert p.memory.total_gib * 2 ** 10 == pytest.approx(peak_mb, rel=0.10), changes
         steps.append(p.step_time_s)
     assert steps[1] > steps[0] and steps[2] < steps[1]
+
+
+@pytest.mark.parametrize("release,model,notes,want", [
+    ("NeMo 25.04", "Mixtral-8x7B", "", {"moe_capacity_factor": 1.0, "moe_a2a": "alltoall", "moe_force_balance": True}),
+    ("NeMo 25.02", "Mixtral-8x22B", "", {"moe_capacity_factor": 1.0}),
+    ("NeMo 25.04", "DeepSeekV3", "", {"moe_capacity_factor": 1.0, "moe_a2a": "alltoall"}),
+    ("NeMo 25.07", "DeepSeekV3", "", {"moe_capacity_factor": 0.0, "moe_a2a": "deepep"}),
+    ("NeMo 25.07", "Qwen3-30B-A3B", "", {"moe_capacity_factor": 1.0}),
+    ("NeMo 25.04", "LLAMA4-Scout-LLM", "", {"moe_capacity_factor": 1.0, "cuda_graphs": True}),
+    ("NeMo 25.07", "Qwen3-30B-A3B", "a token-dropless run", {"moe_capacity_factor": 0.0}),
+    ("NeMo 25.09", "Qwen3_30B_a3B", "", {"moe_capacity_factor": 0.0, "cuda_graphs": False}),
+])
+def test_nemo2_moe_rows_run_token_drop_or_deepep_as_their_scripts_set(rows, release, model, notes, want):
+    """NeMo 2.x's MoE pre-training runs drop tokens at capacity factor 1, padded (MegatronTokenDropCallback in
+    the Mixtral / Llama 4 recipes' performance mode and the DeepSeek-V3 / Qwen3 scripts), except DeepSeek-V3 on
+    H100 in 25.07, which dispatches dropless with DeepEP; Llama 4 runs its layers as CUDA graphs. A row that
+    says it ran dropless stays dropless; Megatron-Bridge rows are untouched (their own scripts' table)."""
+    import dataclasses
+    row = dataclasses.replace(rows[26], release=release, model_name=model, notes=notes)   # an MoE row to re-label
+    _, plan = row_scenario(row)
+    for key, value in want.items():
+        assert getattr(plan, key) == value, (key, getattr(plan, key))
+
+
+def test_nemo_25_table_names_reach_the_zoo():
+    from lumos_sim.published_training import zoo_name
+    from estimators.model_config import load_model
+    assert load_model(zoo_name("Nemotron-15B")).name == "nemotron4-15b"
+    assert load_model(zoo_name("LLAMA4-Scout-LLM")).name == "llama4-scout"
+    assert load_model(zoo_name("LLAMA4-Maverick-LLM")).name == "llama4-maverick"
