@@ -45,7 +45,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,11 @@ def zoo_name(model_name: str) -> str:
 
 
 def row_model(row: PublishedRow) -> ModelConfig:
-    return load_model(zoo_name(row.model_name))
+    model = load_model(zoo_name(row.model_name))
+    if nemo2_release(row) and getattr(model, "mtp_layers", 0):
+        # NeMo 2.x builds DeepSeek-V3 without its MTP module (DeepSeekV3Config.mtp_num_layers = None)
+        model = replace(model, mtp_layers=0)
+    return model
 
 
 def _finetune(row: PublishedRow) -> str:
@@ -249,6 +253,20 @@ def _fp8_recipe(row: PublishedRow) -> str:
 # NeMo 2.x's own performance scripts (NVIDIA/NeMo scripts/llm/performance at v2.2.0 = NeMo 25.02,
 # scripts/performance at v2.3.0 = 25.04 and v2.4.0 = 25.07), before Megatron-Bridge took them over
 NEMO2_SCRIPTS = ((25, 2), (25, 9))
+# DeepSeek-V3's pipeline layout in NeMo 25.07's script (pretrain_deepseek_v3.py at v2.4.0, map_pp_vp_to_layout):
+# transformer layers per chunk by (pp, vp); 25.04's (v2.3.0) gives the first stage 64 / pp - 1 layers and the
+# last 64 / pp - 2 instead
+DEEPSEEK_V3_NEMO_2507_LAYOUT = {
+    (4, 1): (16, 16, 16, 13),
+    (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+    (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,),
+}
+
+
+def nemo2_release(row: PublishedRow) -> tuple[int, int] | None:
+    """The row's NeMo version when its table comes from NeMo 2.x's own performance scripts (25.02 - 25.07)."""
+    v = nemo_release_version(row.release)
+    return v if v is not None and NEMO2_SCRIPTS[0] <= v < NEMO2_SCRIPTS[1] else None
 
 
 def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig) -> dict[str, Any]:
@@ -262,9 +280,11 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
       Llama 4 recipes' performance mode, the DeepSeek-V3 and Qwen3 scripts), except DeepSeek-V3 on H100 in
       25.07, which dispatches dropless with DeepEP (pretrain_deepseek_v3.py at v2.4.0); a row whose name or
       notes say "dropless" stays dropless;
-    - Llama 4 with its layers as CUDA graphs (the H100 configs' cuda_graphs column, 25.04 and 25.07)."""
-    v = nemo_release_version(row.release)
-    if v is None or not NEMO2_SCRIPTS[0] <= v < NEMO2_SCRIPTS[1]:
+    - Llama 4 with its layers as CUDA graphs (the H100 configs' cuda_graphs column, 25.04 and 25.07);
+    - DeepSeek-V3's uneven pipeline stages as the scripts lay them out (DEEPSEEK_V3_NEMO_2507_LAYOUT), and
+      without its MTP module (`row_model`)."""
+    v = nemo2_release(row)
+    if v is None:
         return {}
     kw: dict[str, Any] = {"attention_kernel": "cudnn"}
     if precision == "fp8" or v >= (25, 7):
@@ -279,6 +299,11 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
             kw["moe_capacity_factor"] = 1.0
     if model.name.startswith("llama4"):
         kw["cuda_graphs"] = True     # recommended_model_configs/model_configs_h100.csv: cuda_graphs 1 (Llama 4)
+    if model.name == "deepseek-v3":
+        if v >= (25, 7) and (row.pp, row.vp) in DEEPSEEK_V3_NEMO_2507_LAYOUT:
+            kw["pipeline_layout"] = DEEPSEEK_V3_NEMO_2507_LAYOUT[row.pp, row.vp]
+        elif v < (25, 7) and row.pp > 1 and row.vp == 1 and 64 % row.pp == 0:
+            kw.update(first_stage_layers=64 // row.pp - 1, last_stage_layers=64 // row.pp - 2)
     return kw
 
 

@@ -417,3 +417,21 @@ def test_nemo_25_table_names_reach_the_zoo():
     assert load_model(zoo_name("Nemotron-15B")).name == "nemotron4-15b"
     assert load_model(zoo_name("LLAMA4-Scout-LLM")).name == "llama4-scout"
     assert load_model(zoo_name("LLAMA4-Maverick-LLM")).name == "llama4-maverick"
+
+
+@pytest.mark.parametrize("release,pp,vp,sizes", [
+    ("NeMo 25.04", 16, 1, [3] + [4] * 14 + [2]),   # v2.3.0: first stage 64 / pp - 1, last 64 / pp - 2
+    ("NeMo 25.04", 8, 1, [7] + [8] * 6 + [6]),
+    ("NeMo 25.07", 16, 1, [4] * 15 + [1]),         # v2.4.0 map_pp_vp_to_layout
+    ("NeMo 25.07", 4, 2, [8] * 7 + [5]),
+])
+def test_nemo2_deepseek_v3_rows_take_their_scripts_pipeline_stages_and_no_mtp(rows, release, pp, vp, sizes):
+    import dataclasses
+
+    from estimators.parallelism.plan import stage_layers
+    row = dataclasses.replace(rows[25], release=release, model_name="DeepSeekV3", notes="", pp=pp, vp=vp, tp=2,
+                              gpus=1024, ep=64)
+    model, plan = row_scenario(row)
+    assert model.mtp_layers == 0 and sum(sizes) == model.layers
+    assert [len(c) for c in stage_layers(model, plan)] == sizes
+    assert row_scenario(rows[25])[0].mtp_layers == 1            # Megatron-Bridge's DeepSeek-V3 keeps its MTP
