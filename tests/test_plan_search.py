@@ -25,6 +25,9 @@ from replay.hardware.network import NetworkModel
 SMALL = model_from_dict(dict(name="small", layers=8, hidden=1024, heads=16, kv_heads=4, ffn=3584, vocab=32000))
 MOE = model_from_dict(dict(name="moe", layers=4, hidden=512, heads=8, ffn=0, vocab=8000,
                            moe=dict(num_experts=8, top_k=2, expert_ffn=1024)))
+# DeepSeek-like: a dense first layer, a shared expert, an MTP module on the last stage
+DEEP = model_from_dict(dict(name="deep", layers=5, hidden=512, heads=8, ffn=2048, vocab=8000, mtp_layers=1,
+                            moe=dict(num_experts=8, top_k=2, expert_ffn=512, shared_experts=1, first_dense_layers=1)))
 GPT = model_from_dict(dict(name="gpt", layers=6, hidden=1024, heads=16, ffn=4096, vocab=50257, activation="gelu",
                            norm="layernorm", position="learned", max_seq=2048, tied_embeddings=True, bias=True))
 
@@ -83,12 +86,14 @@ def test_candidates_are_exactly_the_valid_plans_up_to_equivalent_duplicates():
 
 
 @pytest.mark.parametrize("model,gpus,seq,gb", [(load_model("llama3-70b"), 256, 8192, 256), (MOE, 16, 1024, 32),
-                                               (GPT, 16, 2048, 32)])
+                                               (GPT, 16, 2048, 32), (DEEP, 16, 1024, 32)])
 def test_vectorized_memory_equals_estimate_memory(model, gpus, seq, gb):
     space = SearchSpace(attention="unfused") if model is GPT else SearchSpace()
     cols = enumerate_candidates(model, gpus, seq, gb, 8, space)
     mem = memory_gib(model, cols, seq, gb, space.attention)
     rows = np.random.default_rng(1).choice(len(mem), 40, replace=False)
+    if model is DEEP:   # every ZeRO-3 plan too: the gathered working layers (experts by EP, a dense first layer)
+        rows = np.union1d(rows, np.flatnonzero(cols["zero"] == 3))
     for i in rows:
         plan = plan_of_row(cols, int(i), seq, gb, "bf16", 8, space.attention)
         assert mem[i] == pytest.approx(estimate_memory(model, plan).total_gib, rel=1e-9), plan

@@ -385,18 +385,21 @@ class StageTable:
     # dense layers' total (before /tp); MoE layers' TP-sharded, shared-expert and routed-expert parts
     biggest_dense: np.ndarray
     biggest_moe: np.ndarray   # [stage, (sharded, shared, routed)]
-    dense_layers: np.ndarray
+    dense_layers: np.ndarray  # layers of each kind, MTP modules (one more last layer each) included
     moe_layers: np.ndarray
+    mtp_layers: np.ndarray    # of which MTP modules (on the last stage; never recomputed)
 
 
 def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
     chunks = stage_layers(model, ParallelPlan(pp=pp, vp=vp))
-    out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest_dense", "dense_layers", "moe_layers")}
+    out = {k: np.zeros(pp) for k in ("shardable", "shared", "experts", "biggest_dense", "dense_layers", "moe_layers",
+                                     "mtp_layers")}
     out["biggest_moe"] = np.zeros((pp, 3))
     for s in range(pp):
         layers = [i for j in range(s, pp * vp, pp) for i in chunks[j]]
         if s == pp - 1:   # MTP modules (one more last layer each) sit on the last stage, as estimate_memory has them
             layers = layers + [model.layers - 1] * mtp_layers(model)
+            out["mtp_layers"][s] = mtp_layers(model)
         for i in layers:
             sharded, shared, experts = _layer_split(model, i)
             if model.is_moe_layer(i):
@@ -411,19 +414,21 @@ def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
 
 
 def _activation_bytes(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int,
-                      attention: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per candidate: bytes one dense / one MoE layer keeps per micro-batch (memory.layer_activation_bytes
-    evaluated once per distinct (tp, cp, micro-batch, SP, recompute))."""
+                      attention: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per candidate: bytes one dense / one MoE layer / one MTP module (never fully recomputed) keeps per
+    micro-batch (memory.layer_activation_bytes evaluated once per distinct (tp, cp, micro-batch, SP,
+    recompute))."""
     uniq, inv = _unique_rows(cols["tp"], cols["cp"], cols["micro_batch"], cols["sequence_parallel"], cols["recompute"])
     dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
     moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
-    d, m = np.zeros(len(uniq)), np.zeros(len(uniq))
+    d, m, t = np.zeros(len(uniq)), np.zeros(len(uniq)), np.zeros(len(uniq))
     for u, (tp, cp, mb, sp, rc) in enumerate(uniq):
         p = ParallelPlan(tp=int(tp), cp=int(cp), micro_batch=int(mb), seq_len=seq_len, sequence_parallel=bool(sp),
                          recompute=RECOMPUTE[int(rc)], attention=attention)
         d[u] = layer_activation_bytes(model, p, dense_i) if dense_i is not None else 0.0
         m[u] = layer_activation_bytes(model, p, moe_i) if moe_i is not None else 0.0
-    return d[inv], m[inv]
+        t[u] = layer_activation_bytes(model, p, model.layers - 1, False) if mtp_layers(model) else 0.0
+    return d[inv], m[inv], t[inv]
 
 
 def in_flight(m: np.ndarray, pp: int, vp: int, stage: int) -> np.ndarray:
@@ -438,7 +443,8 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
     """Peak memory per GPU (GiB) of every candidate: `estimate_memory`'s most loaded stage, vectorized."""
     n = len(cols["tp"])
     out = np.zeros(n)
-    act_d, act_m = _activation_bytes(model, cols, seq_len, attention)
+    act_d, act_m, act_mtp = _activation_bytes(model, cols, seq_len, attention)
+    last_is_moe = model.is_moe_layer(model.layers - 1)
     tp = cols["tp"].astype(np.float64)
     shard = np.where(cols["dp_shard"] > 0, cols["dp_shard"], cols["dp"]) * cols["cp"]
     z = cols["zero"]
@@ -450,7 +456,8 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
     for (pp, vp), idx in _groups(cols["pp"], cols["vp"]):
         st = tables.setdefault((pp, vp), stage_table(model, pp, vp))
         t, ep = tp[idx], cols["ep"][idx]
-        # expert parameters shard their ZeRO states over the expert-data-parallel ranks (tp*cp*dp/ep)
+        # expert parameters shard their ZeRO states over the expert-data-parallel ranks (tp*cp*dp/ep; the search
+        # enumerates ETP 1 only, so an expert grid is EP alone here)
         esh = np.maximum(cols["tp"][idx] * cols["cp"][idx] * cols["dp"][idx] // ep, 1)
         for s in range(pp):
             dense = st.shardable[s] / t + st.shared[s]
@@ -467,7 +474,10 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
             biggest = np.maximum(st.biggest_dense[s] / t, b_sharded / t + b_shared + b_routed / ep)
             w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
-            act = fl * (st.dense_layers[s] * act_d[idx] + st.moe_layers[s] * act_m[idx]) / vp
+            # an MTP module is one more last layer, kept whole (estimate_memory); counted apart from its kind
+            nd = st.dense_layers[s] - (0 if last_is_moe else st.mtp_layers[s])
+            nm = st.moe_layers[s] - (st.mtp_layers[s] if last_is_moe else 0)
+            act = fl * (nd * act_d[idx] + nm * act_m[idx] + st.mtp_layers[s] * act_mtp[idx]) / vp
             if s == 0:
                 act = act + fl * 2 * s_tok[idx] * model.hidden / t
             if s == pp - 1:
@@ -532,15 +542,8 @@ class CostModel:
 
 
 def _layer_split(model: ModelConfig, i: int) -> tuple[float, float, float]:
-    """(TP-sharded, shared-expert, routed-expert) parameters of layer i (as `estimate_memory` splits them)."""
-    total, _ = model.layer_params(i)
-    if not model.is_moe_layer(i):
-        return float(total), 0.0, 0.0
-    mo = model.moe
-    e = model.ffn_params(mo.expert_ffn)
-    routed = mo.num_experts * e
-    shared = mo.shared_experts * model.ffn_params(getattr(mo, "shared_ffn", mo.expert_ffn))
-    return float(total - routed - shared), float(shared), float(routed)
+    """(TP-sharded, shared-expert, routed-expert) parameters of layer i (`ModelConfig.layer_param_split`)."""
+    return tuple(float(x) for x in model.layer_param_split(i))
 
 
 def _layer_params(model: ModelConfig, moe: bool) -> tuple[float, float, float]:

@@ -1301,14 +1301,8 @@ def representative_ranks(plan: ParallelPlan) -> list[int]:
 
 def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tuple[float, float]:
     """(dense, expert) parameters of one layer held by one rank."""
-    total, _ = model.layer_params(layer)
-    if not model.is_moe_layer(layer):
-        return total / plan.tp, 0.0
-    mo = model.moe
-    e = model.ffn_params(mo.expert_ffn)
-    shared = mo.shared_experts * model.ffn_params(getattr(mo, "shared_ffn", mo.expert_ffn))
-    dense = (total - mo.num_experts * e - shared) / plan.tp + shared
-    return dense, mo.num_experts * e / (plan.ep * plan.etp)
+    sharded, shared, routed = model.layer_param_split(layer)
+    return sharded / plan.tp + shared, routed / (plan.ep * plan.etp)
 
 
 def lora_layer_params(model: ModelConfig, plan: ParallelPlan) -> float:
