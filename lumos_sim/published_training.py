@@ -15,6 +15,9 @@ Reading the columns (facts of the releases, not fitted):
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
 - Megatron-Bridge 25.x rows: cuDNN fused attention (TE 2.x on Hopper); NeMo 24.x rows: FlashAttention-2.
 - NeMo 24.x rows: bf16 gradients and 16-bit master-weight remainders (NeMo 1.x distributed Adam).
+- NeMo 25.02 - 25.07 rows (NeMo 2.x's own performance scripts): what those scripts set, `nemo2_script_settings`
+  (cuDNN attention, bf16 gradients, fused cross entropy and FP8 current scaling from 25.04, MoE token drop,
+  DeepSeek-V3's stages without MTP, Llama 4 as CUDA graphs).
 - TP > 1 runs overlap TP communication with GEMMs (the recipes' `tp_comm_overlap`), except where a MoE
   script turns it off (`MOE_SCRIPT_SETTINGS`).
 - notes naming DeepEP: the run dispatched tokens with DeepEP's fused kernels.
@@ -50,7 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from chakra_schema.errors import TraceInputError
-from estimators.model_config import ModelConfig, load_model, megatron_bridge_release, nemo_release_version
+from estimators.model_config import (MEGATRON_BRIDGE_FIRST, ModelConfig, load_model, megatron_bridge_release,
+                                     nemo_release_version)
 from estimators.parallelism.plan import ParallelPlan
 
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
@@ -244,7 +248,7 @@ def _fp8_recipe(row: PublishedRow) -> str:
     # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling, and so did NeMo 25.04 and
     # 25.07 (their performance summaries: "per-tensor FP8 quantization, leveraging scaling factors computed in
     # the current step"); NeMo 25.02's scripts default to delayed scaling (--fp8_recipe ds)
-    v = nemo_release_version(row.release)
+    v = nemo2_release(row)
     if megatron_bridge_release(row.release) or (v is not None and v >= (25, 4)):
         return "tensorwise"
     return "delayed"
@@ -252,7 +256,7 @@ def _fp8_recipe(row: PublishedRow) -> str:
 
 # NeMo 2.x's own performance scripts (NVIDIA/NeMo scripts/llm/performance at v2.2.0 = NeMo 25.02,
 # scripts/performance at v2.3.0 = 25.04 and v2.4.0 = 25.07), before Megatron-Bridge took them over
-NEMO2_SCRIPTS = ((25, 2), (25, 9))
+NEMO2_SCRIPTS = ((25, 2), MEGATRON_BRIDGE_FIRST)
 # DeepSeek-V3's pipeline layout in NeMo 25.07's script (pretrain_deepseek_v3.py at v2.4.0, map_pp_vp_to_layout):
 # transformer layers per chunk by (pp, vp); 25.04's (v2.3.0) gives the first stage 64 / pp - 1 layers and the
 # last 64 / pp - 2 instead
@@ -279,8 +283,8 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
     - MoE pre-training with token drop, capacity factor 1 padded (MegatronTokenDropCallback: the Mixtral and
       Llama 4 recipes' performance mode, the DeepSeek-V3 and Qwen3 scripts), except DeepSeek-V3 on H100 in
       25.07, which dispatches dropless with DeepEP (pretrain_deepseek_v3.py at v2.4.0); a row whose name or
-      notes say "dropless" stays dropless;
-    - Llama 4 with its layers as CUDA graphs (the H100 configs' cuda_graphs column, 25.04 and 25.07);
+      notes say "dropless" stays dropless, one saying "token drop" drops tokens;
+    - Llama 4 on H100 with its layers as CUDA graphs (the H100 configs' cuda_graphs column, 25.04 and 25.07);
     - DeepSeek-V3's uneven pipeline stages as the scripts lay them out (DEEPSEEK_V3_NEMO_2507_LAYOUT), and
       without its MTP module (`row_model`)."""
     v = nemo2_release(row)
@@ -291,18 +295,20 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
         kw["grad_bytes"] = 2
     if v >= (25, 4):
         kw["fused_cross_entropy"] = True
-    dropless = "dropless" in f"{row.model_name} {row.notes}".lower()   # a row that says otherwise keeps it
-    if model.moe is not None and _finetune(row) == "none" and not dropless:
-        if model.name == "deepseek-v3" and v >= (25, 7):
+    text = f"{row.model_name} {row.notes}".lower()
+    h100 = row.gpu.upper().startswith("H100")
+    if model.moe is not None and _finetune(row) == "none" and "dropless" not in text:   # a row saying so keeps it
+        if model.name == "deepseek-v3" and v >= (25, 7) and h100 and not _TOKEN_DROP.search(text):
             kw["moe_a2a"] = "deepep"
         else:
             kw["moe_capacity_factor"] = 1.0
-    if model.name.startswith("llama4"):
+    if model.name.startswith("llama4") and v >= (25, 4) and h100:
         kw["cuda_graphs"] = True     # recommended_model_configs/model_configs_h100.csv: cuda_graphs 1 (Llama 4)
     if model.name == "deepseek-v3":
         if v >= (25, 7) and (row.pp, row.vp) in DEEPSEEK_V3_NEMO_2507_LAYOUT:
             kw["pipeline_layout"] = DEEPSEEK_V3_NEMO_2507_LAYOUT[row.pp, row.vp]
-        elif v < (25, 7) and row.pp > 1 and row.vp == 1 and 64 % row.pp == 0:
+        elif v < (25, 7) and row.vp == 1 and row.pp in (2, 4, 8, 16):
+            # 25.04 sets the first / last pipeline stage's layers for any VP; only without VP are they chunks here
             kw.update(first_stage_layers=64 // row.pp - 1, last_stage_layers=64 // row.pp - 2)
     return kw
 
@@ -470,8 +476,8 @@ class RowResult:
 
 def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float, default: float) -> float:
     """Model TFLOP/s per GPU as the row's release counts them (estimators.model_config
-    RELEASE_FLOP_CONVENTION: NeMo 24.x full-square attention, Megatron-Bridge's causal half), so that rows
-    publishing only TFLOP/s compare like with like."""
+    RELEASE_FLOP_CONVENTION: NeMo's own tables up to 25.07 full-square attention, Megatron-Bridge's causal
+    half), so that rows publishing only TFLOP/s compare like with like."""
     try:
         from estimators.model_config import FLOP_CONVENTIONS, release_flop_convention
         conv = FLOP_CONVENTIONS[release_flop_convention(row.release)]

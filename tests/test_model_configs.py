@@ -242,8 +242,9 @@ def test_nemo_tables_before_megatron_bridge_count_flops_with_nemos_formulas(rele
 
 
 def test_unknown_release_has_no_convention():
-    with pytest.raises(TraceInputError):
-        release_flop_convention("SomeFramework 1.0")
+    for release in ("SomeFramework 1.0", "NeMo 2.0", "NeMo"):     # a framework version is not a container release
+        with pytest.raises(TraceInputError):
+            release_flop_convention(release)
 
 
 def test_every_megatron_bridge_release_counts_flops_as_megatron_core():

@@ -397,6 +397,8 @@ def test_megatron_lm_deepseek_v3_proxy_runs_are_within_the_issue_bound():
     ("NeMo 25.07", "Qwen3-30B-A3B", "", {"moe_capacity_factor": 1.0}),
     ("NeMo 25.04", "LLAMA4-Scout-LLM", "", {"moe_capacity_factor": 1.0, "cuda_graphs": True}),
     ("NeMo 25.07", "Qwen3-30B-A3B", "a token-dropless run", {"moe_capacity_factor": 0.0}),
+    ("NeMo 25.07", "DeepSeekV3", "tokendrop", {"moe_capacity_factor": 1.0, "moe_a2a": "alltoall"}),
+    ("NeMo 25.02", "LLAMA4-Scout-LLM", "", {"cuda_graphs": False}),
     ("NeMo 25.09", "Qwen3_30B_a3B", "", {"moe_capacity_factor": 0.0, "cuda_graphs": False}),
 ])
 def test_nemo2_moe_rows_run_token_drop_or_deepep_as_their_scripts_set(rows, release, model, notes, want):
@@ -409,6 +411,17 @@ def test_nemo2_moe_rows_run_token_drop_or_deepep_as_their_scripts_set(rows, rele
     _, plan = row_scenario(row)
     for key, value in want.items():
         assert getattr(plan, key) == value, (key, getattr(plan, key))
+
+
+def test_nemo2_deepseek_v3_off_h100_drops_tokens_as_its_script_did(rows):
+    """25.07's DeepSeek-V3 script dispatches with DeepEP on H100 only; other GPUs drop tokens on all-to-all,
+    and only the H100 configs run Llama 4 as CUDA graphs."""
+    import dataclasses
+    for model, want in (("DeepSeekV3", {"moe_capacity_factor": 1.0, "moe_a2a": "alltoall"}),
+                        ("LLAMA4-Scout-LLM", {"cuda_graphs": False})):
+        row = dataclasses.replace(rows[26], release="NeMo 25.07", model_name=model, notes="", gpu="B200")
+        _, plan = row_scenario(row)
+        assert {k: getattr(plan, k) for k in want} == want
 
 
 def test_nemo_25_table_names_reach_the_zoo():
