@@ -77,6 +77,23 @@ def test_mtp_layer_runs_on_the_last_stage_only():
     assert any(n.endswith("mtp0.mtp_proj") for n in last.name)
 
 
+@pytest.mark.parametrize("recompute_layers,recomputed", [(0, True), (1, False)])
+def test_mtp_module_is_recomputed_under_uniform_full_recompute_only(recompute_layers, recomputed):
+    """Megatron-Core (since core 0.14) checkpoints an MTP module's projection and layer under full recompute by
+    the uniform method and leaves it eager under the block method: its forward runs again before its backward,
+    and it then keeps only its input for the backward."""
+    from estimators.parallelism.memory import layer_activation_bytes, mtp_recomputed
+    m = load_model("deepseek-v3")
+    plan = ParallelPlan(tp=2, pp=8, vp=4, dp=64, ep=64, seq_len=4096, global_batch=1024, recompute="full",
+                        recompute_layers=recompute_layers)
+    last = generate(m, plan, ranks=[plan.rank(7)])[0]
+    assert mtp_recomputed(plan) is recomputed
+    assert any(".mtp0.R.mtp_proj" in n for n in last.name) is recomputed
+    assert any(".mtp0.L.R." in n for n in last.name) is recomputed
+    kept = layer_activation_bytes(m, plan, m.layers - 1, mtp_recomputed(plan))
+    assert (kept == 2.0 * 4096 * m.hidden / 2) is recomputed        # the layer input only, sequence-parallel
+
+
 def test_token_drop_pads_every_expert_to_capacity():
     """Capacity factor cf with padding: each local expert computes ceil(cf * tokens * top_k * ep / E)
     rows (Megatron --moe-expert-capacity-factor + --moe-pad-expert-input-to-capacity)."""

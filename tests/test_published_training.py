@@ -367,9 +367,10 @@ DSV3_PROXY_H100 = [
 
 
 def test_megatron_lm_deepseek_v3_proxy_runs_are_within_the_issue_bound():
-    """Three held-out Megatron-LM runs of one DeepSeek-V3 proxy: throughput within 15% each (the issue's per-row
-    bound), full recompute costing throughput and the EP overlap winning part of it back, as measured, and peak
-    memory within 10% of the allocator's peak."""
+    """Three held-out Megatron-LM runs of one DeepSeek-V3 proxy: throughput and iteration time within 10% each
+    (+4.7%, +1.1%, +4.1% TFLOP/s; +9.6% and +12.8% for the recomputed runs while the MTP module was left out
+    of the recompute), full recompute costing throughput and the EP overlap winning part of it back, as
+    measured, and peak memory within 10% of the allocator's peak."""
     import dataclasses
 
     from estimators.model_config import load_model
@@ -381,9 +382,9 @@ def test_megatron_lm_deepseek_v3_proxy_runs_are_within_the_issue_bound():
     steps = []
     for changes, tflops, iter_ms, peak_mb in DSV3_PROXY_H100:
         p = predict(model, base.with_(**changes), "h100-sxm")
-        assert p.tflops_per_gpu == pytest.approx(tflops, rel=0.15), changes
+        assert p.tflops_per_gpu == pytest.approx(tflops, rel=0.10), changes
         if iter_ms:
-            assert p.step_time_s * 1e3 == pytest.approx(iter_ms, rel=0.15), changes
+            assert p.step_time_s * 1e3 == pytest.approx(iter_ms, rel=0.10), changes
         assert p.memory.total_gib * 2 ** 10 == pytest.approx(peak_mb, rel=0.10), changes
         steps.append(p.step_time_s)
     assert steps[1] > steps[0] and steps[2] < steps[1]

@@ -137,7 +137,7 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
     """Peak-state memory of the most loaded pipeline stage. Dense parameters shard their ZeRO states over
     the dp x cp ranks, expert parameters over their expert-data-parallel group (edp = tp*cp*dp/(ep*etp));
     LoRA keeps the frozen base weights only (no gradients, no optimizer states: the adapters' are
-    negligible); MTP layers sit on the last stage."""
+    negligible); MTP layers sit on the last stage (recomputed as `mtp_recomputed` says)."""
     chunks = stage_layers(model, plan)
     p, v, t = plan.pp, plan.vp, plan.tp
     m = plan.micro_batches
@@ -189,7 +189,7 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             return sum(layer_activation_bytes(model, plan, i, _full_recompute(plan, j)) for j, i in enumerate(c))
         per_mb_chunk = [chunk_bytes(c) for c in local]
         if stage == p - 1 and mtp:
-            per_mb_chunk[-1] += mtp * layer_activation_bytes(model, plan, model.layers - 1, False)
+            per_mb_chunk[-1] += mtp * layer_activation_bytes(model, plan, model.layers - 1, mtp_recomputed(plan))
         # each in-flight micro-batch (of one chunk) holds one chunk's activations
         act = in_flight * sum(per_mb_chunk) / v
         s_tok = plan.seq_len / plan.cp * plan.micro_batch
@@ -205,6 +205,14 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             best = est
     assert best is not None
     return best
+
+
+def mtp_recomputed(plan: ParallelPlan) -> bool:
+    """Whether the MTP modules are fully recomputed: under full recompute by the uniform method (every layer,
+    `recompute_layers` 0), as Megatron-Core does since core 0.14 (MultiTokenPredictionLayer checkpoints its
+    projection and transformer layer, commit 08abeedbfe); the block method (the first N layers of each
+    chunk) leaves them eager."""
+    return plan.recompute == "full" and not plan.recompute_layers
 
 
 def _full_recompute(plan: ParallelPlan, position: int) -> bool:

@@ -43,7 +43,8 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
-from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
+from estimators.parallelism.memory import (GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes,
+                                          mtp_recomputed)
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, stage_layers
 
@@ -387,7 +388,7 @@ class StageTable:
     biggest_moe: np.ndarray   # [stage, (sharded, shared, routed)]
     dense_layers: np.ndarray  # layers of each kind, MTP modules (one more last layer each) included
     moe_layers: np.ndarray
-    mtp_layers: np.ndarray    # of which MTP modules (on the last stage; never recomputed)
+    mtp_layers: np.ndarray    # of which MTP modules (on the last stage)
 
 
 def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
@@ -415,9 +416,9 @@ def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
 
 def _activation_bytes(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int,
                       attention: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per candidate: bytes one dense / one MoE layer / one MTP module (never fully recomputed) keeps per
-    micro-batch (memory.layer_activation_bytes evaluated once per distinct (tp, cp, micro-batch, SP,
-    recompute))."""
+    """Per candidate: bytes one dense / one MoE layer / one MTP module (recomputed with the rest: the search's
+    full recompute is the uniform method, memory.mtp_recomputed) keeps per micro-batch
+    (memory.layer_activation_bytes evaluated once per distinct (tp, cp, micro-batch, SP, recompute))."""
     uniq, inv = _unique_rows(cols["tp"], cols["cp"], cols["micro_batch"], cols["sequence_parallel"], cols["recompute"])
     dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
     moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
@@ -427,7 +428,7 @@ def _activation_bytes(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: 
                          recompute=RECOMPUTE[int(rc)], attention=attention)
         d[u] = layer_activation_bytes(model, p, dense_i) if dense_i is not None else 0.0
         m[u] = layer_activation_bytes(model, p, moe_i) if moe_i is not None else 0.0
-        t[u] = layer_activation_bytes(model, p, model.layers - 1, False) if mtp_layers(model) else 0.0
+        t[u] = layer_activation_bytes(model, p, model.layers - 1, mtp_recomputed(p)) if mtp_layers(model) else 0.0
     return d[inv], m[inv], t[inv]
 
 
@@ -474,7 +475,7 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
             biggest = np.maximum(st.biggest_dense[s] / t, b_sharded / t + b_shared + b_routed / ep)
             w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
             fl = in_flight(m[idx], pp, vp, s)
-            # an MTP module is one more last layer, kept whole (estimate_memory); counted apart from its kind
+            # an MTP module is one more last layer (its activations as estimate_memory has them), counted apart
             nd = st.dense_layers[s] - (0 if last_is_moe else st.mtp_layers[s])
             nm = st.moe_layers[s] - (st.mtp_layers[s] if last_is_moe else 0)
             act = fl * (nd * act_d[idx] + nm * act_m[idx] + st.mtp_layers[s] * act_mtp[idx]) / vp

@@ -44,6 +44,7 @@ import numpy as np
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
+from estimators.parallelism.memory import mtp_recomputed
 from estimators.parallelism.plan import FUSED_DISPATCH, ParallelPlan, mtp_layers, stage_layers, validate_plan
 
 # stream slots -> (stream id, name). HOST_WAIT stands in for no GPU work: its node, on a stream of its own
@@ -1513,6 +1514,9 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             if gch == n_chunks - 1:
                 for j in reversed(range(n_mtp)):
                     _, out = rb.run(rb.output_template(True), pre + f"mtp{j}.", entry)
+                    if mtp_recomputed(p):   # its projection and layer run again before their backward
+                        _, out = rb.run(rb.mtp_template(False), pre + f"mtp{j}.R.", [out])
+                        _, out = rb.run(rb.layer_template(model.layers - 1, "R", mb), pre + f"mtp{j}.L.R.", [out])
                     _, out = rb.run(rb.layer_template(model.layers - 1, "B", mb), pre + f"mtp{j}.L.B.", [out])
                     _, out = rb.run(rb.mtp_template(True), pre + f"mtp{j}.", [out])
                     entry = [out]
