@@ -486,14 +486,37 @@ def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float,
     return conv(model, row.seq) * tokens_per_gpu / 1e12
 
 
+def row_hardware(row: PublishedRow, hardware: Any):
+    """The hardware the row ran on: `hardware` (the case's) when the row's GPU column is empty or names that
+    GPU, else the preset the column names ("H100" -> h100-sxm, "DGX-B200" -> b200, "H100 SXM5 80GB" ->
+    h100-sxm: the longest leading part of the name that is a preset or alias). A GPU that no preset
+    describes is an error for the row, not a prediction on another GPU."""
+    from estimators.parallelism.timing import resolve_hardware
+    from replay.hardware.config import list_hardware
+    base = resolve_hardware(hardware)
+    words = [w for w in re.split(r"[\s_-]+", row.gpu.strip().lower()) if w]
+    if words and words[0] in ("dgx", "hgx"):
+        words = words[1:]
+    if not words or base.name.replace("-", "").startswith(words[0]):
+        return base
+    for k in range(len(words), 0, -1):
+        try:
+            return resolve_hardware("-".join(words[:k]))
+        except TraceInputError:
+            continue
+    raise TraceInputError(None, f"no hardware preset for the row's GPU {row.gpu!r} "
+                                f"(presets: {', '.join(list_hardware())})")
+
+
 def run_row(row: PublishedRow, hardware: Any = "h100-sxm", as_run: bool = False) -> RowResult:
     """The row predicted with its printed layout (`as_run`: as its release's script ran it, where that
-    differs: SCRIPT_RAN_OTHERWISE)."""
+    differs: SCRIPT_RAN_OTHERWISE), on the GPU its row names (`row_hardware`)."""
     import time
 
     from estimators.parallelism.evaluate import predict
     t0 = time.perf_counter()
     try:
+        hardware = row_hardware(row, hardware)
         model, plan = row_scenario(row)
         if as_run:
             plan = as_run_plan(row, model) or plan

@@ -259,7 +259,7 @@ def test_gpt_oss_published_runs_are_within_5_percent():
     global batch 1280, BF16, all-to-all; tests/published/heldout_h100.csv) as published: tokens/s per GPU
     within 5% of each. Its layers are host-bound: the unfused YaRN RoPE, the per-expert bias loop and the
     activation clamp are priced as eager host calls (workload.architecture_host_calls)."""
-    from lumos_sim.published_training import run_row
+    from lumos_sim.published_training import row_hardware, run_row
     held = [r for r in read_rows(ROOT / "tests" / "published" / "heldout_h100.csv") if r.model_name == "GPT OSS 120B"]
     assert len(held) == 4
     for r in held:
@@ -449,3 +449,20 @@ def test_nemo2_deepseek_v3_rows_take_their_scripts_pipeline_stages_and_no_mtp(ro
     assert model.mtp_layers == 0 and sum(sizes) == model.layers
     assert [len(c) for c in stage_layers(model, plan)] == sizes
     assert row_scenario(rows[25])[0].mtp_layers == 1            # Megatron-Bridge's DeepSeek-V3 keeps its MTP
+
+
+def test_a_row_runs_on_the_gpu_its_gpu_column_names(rows):
+    """A row's GPU column picks its hardware (Megatron-Bridge's tables mix DGX-H100, DGX-B200, DGX-GB200
+    rows): B200 runs on the b200 preset, an H100 row keeps the case's own H100 variant, and a GPU no preset
+    describes fails that row with a one-line reason instead of being predicted as another GPU."""
+    import dataclasses
+
+    from lumos_sim.published_training import row_hardware, run_row
+    h100 = run_row(rows[23], "h100-sxm")                                  # Llama 3 8B, 8 GPUs
+    b200 = run_row(dataclasses.replace(rows[23], gpu="DGX-B200"), "h100-sxm")
+    assert h100.error is None and b200.error is None
+    assert b200.predicted_tokens_per_gpu > 1.5 * h100.predicted_tokens_per_gpu   # 2.25 PFLOP/s dense FP8 vs 0.99
+    assert row_hardware(rows[23], "h100-sxm-roofline").name == "h100-sxm-roofline"
+    assert row_hardware(dataclasses.replace(rows[23], gpu="H100 SXM5 80GB"), "b200").name == "h100-sxm"
+    gb300 = run_row(dataclasses.replace(rows[23], gpu="DGX-GB300"), "h100-sxm")
+    assert gb300.error.startswith("no hardware preset for the row's GPU 'DGX-GB300'") and "\n" not in gb300.error
