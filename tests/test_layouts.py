@@ -82,7 +82,8 @@ def test_mtp_module_is_recomputed_under_uniform_full_recompute_only(recompute_la
     """Megatron-Core (since core 0.14) checkpoints an MTP module's projection and layer under full recompute by
     the uniform method and leaves it eager under the block method: its forward runs again before its backward,
     and it then keeps only its input for the backward."""
-    from estimators.parallelism.memory import layer_activation_bytes, mtp_recomputed
+    from estimators.parallelism.memory import layer_activation_bytes
+    from estimators.parallelism.plan import mtp_recomputed
     m = load_model("deepseek-v3")
     plan = ParallelPlan(tp=2, pp=8, vp=4, dp=64, ep=64, seq_len=4096, global_batch=1024, recompute="full",
                         recompute_layers=recompute_layers)

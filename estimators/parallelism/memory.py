@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import ParallelPlan, mtp_layers, stage_layers
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, stage_layers
 
 GIB = 1024 ** 3
 
@@ -205,14 +205,6 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             best = est
     assert best is not None
     return best
-
-
-def mtp_recomputed(plan: ParallelPlan) -> bool:
-    """Whether the MTP modules are fully recomputed: under full recompute by the uniform method (every layer,
-    `recompute_layers` 0), as Megatron-Core does since core 0.14 (MultiTokenPredictionLayer checkpoints its
-    projection and transformer layer, commit 08abeedbfe); the block method (the first N layers of each
-    chunk) leaves them eager."""
-    return plan.recompute == "full" and not plan.recompute_layers
 
 
 def _full_recompute(plan: ParallelPlan, position: int) -> bool:

@@ -307,6 +307,14 @@ def mtp_layers(model: ModelConfig) -> int:
     return int(getattr(model, "mtp_layers", 0) or 0)
 
 
+def mtp_recomputed(plan: ParallelPlan) -> bool:
+    """Whether the MTP modules are fully recomputed: under full recompute by the uniform method (every layer,
+    `recompute_layers` 0), as Megatron-Core does since core 0.14 (MultiTokenPredictionLayer checkpoints its
+    projection and transformer layer, commit 08abeedbfe); the block method (the first N layers of each
+    chunk) leaves them eager."""
+    return plan.recompute == "full" and not plan.recompute_layers
+
+
 def stage_layers(model: ModelConfig, plan: ParallelPlan) -> list[list[int]]:
     """Layer indices of each model chunk, chunk = virtual stage, in pipeline order (chunk j lives on stage
     j % pp, as its (j // pp)-th local chunk); sizes from `chunk_sizes`."""

@@ -43,10 +43,9 @@ import numpy as np
 
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import CommType
-from estimators.parallelism.memory import (GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes,
-                                          mtp_recomputed)
+from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_BYTES, layer_activation_bytes
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, stage_layers
+from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers
 
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 # The search holds plans as int64 numpy columns: a sequence length, batch or micro-batch past 2^31 (beyond any
@@ -417,7 +416,7 @@ def stage_table(model: ModelConfig, pp: int, vp: int) -> StageTable:
 def _activation_bytes(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int,
                       attention: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per candidate: bytes one dense / one MoE layer / one MTP module (recomputed with the rest: the search's
-    full recompute is the uniform method, memory.mtp_recomputed) keeps per micro-batch
+    full recompute is the uniform method, plan.mtp_recomputed) keeps per micro-batch
     (memory.layer_activation_bytes evaluated once per distinct (tp, cp, micro-batch, SP, recompute))."""
     uniq, inv = _unique_rows(cols["tp"], cols["cp"], cols["micro_batch"], cols["sequence_parallel"], cols["recompute"])
     dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)

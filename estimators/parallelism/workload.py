@@ -44,8 +44,8 @@ import numpy as np
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
-from estimators.parallelism.memory import mtp_recomputed
-from estimators.parallelism.plan import FUSED_DISPATCH, ParallelPlan, mtp_layers, stage_layers, validate_plan
+from estimators.parallelism.plan import (FUSED_DISPATCH, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers,
+                                         validate_plan)
 
 # stream slots -> (stream id, name). HOST_WAIT stands in for no GPU work: its node, on a stream of its own
 # chained into the compute ops, holds the compute stream empty for as long as the host, blocked on a
