@@ -159,7 +159,7 @@ def breakdown(path: Path, only=None) -> str:
     stage's compute, exposed communication by kind, the GPU waiting for the host at MoE token-count syncs
     and host-bound MoE layers, pipeline bubble), to see which cost a row's error sits in."""
     from estimators.parallelism.evaluate import predict
-    from lumos_sim.published_training import row_scenario
+    from lumos_sim.published_training import row_hardware, row_scenario
 
     lines = ["| # | model | published step s | predicted step s | compute | exposed EP | exposed TP | "
              "exposed PP | exposed DP | host wait | bubble |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -167,7 +167,7 @@ def breakdown(path: Path, only=None) -> str:
         if only is not None and row.index not in only:
             continue
         model, plan = row_scenario(row)
-        p = predict(model, plan, "h100-sxm")
+        p = predict(model, plan, row_hardware(row, "h100-sxm"))
         b = p.breakdown.mean
         kinds = b.exposed_comm_by_kind_us()
         pub = plan.global_batch * plan.seq_len / plan.gpus / row.tokens_per_gpu if row.tokens_per_gpu else None

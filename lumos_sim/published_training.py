@@ -152,7 +152,12 @@ class PublishedRow:
 
     @property
     def label(self) -> str:
-        return f"{self.container} {self.model_name} {self.gpus}x{self.gpu} seq{self.seq}"
+        return f"{self.container} {self.model_name} {self.gpus}x{self.gpu or 'H100'} seq{self.seq}"
+
+    @property
+    def h100(self) -> bool:
+        """The row names an H100 (or no GPU: the published record is H100's)."""
+        return not self.gpu or "H100" in self.gpu.upper()
 
 
 class _Cells:
@@ -204,7 +209,7 @@ def read_rows(path: str | Path) -> list[PublishedRow]:
         c = _Cells(p, i, r)
         rows.append(PublishedRow(
             index=i, source=r.get("source") or "", release=r.get("release") or "", model_name=r["model"] or "",
-            gpu=r.get("gpu") or "H100", gpus=c.int("gpus", 1), precision=(r["precision"] or "").strip(),
+            gpu=(r.get("gpu") or "").strip(), gpus=c.int("gpus", 1), precision=(r["precision"] or "").strip(),
             tp=c.int("tp", 1), pp=c.int("pp", 1), cp=c.int("cp", 1), vp=c.int("vp", 1),
             ep=c.int("ep", 1), etp=c.int("etp", 1), mbs=c.int("mbs", 1),
             gbs=c.int("gbs", 1), seq=c.int("seq", 2048), recompute=(r.get("recompute") or "").strip(),
@@ -296,7 +301,7 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
     if v >= (25, 4):
         kw["fused_cross_entropy"] = True
     text = f"{row.model_name} {row.notes}".lower()
-    h100 = row.gpu.upper().startswith("H100")
+    h100 = row.h100
     if model.moe is not None and _finetune(row) == "none" and "dropless" not in text:   # a row saying so keeps it
         if model.name == "deepseek-v3" and v >= (25, 7) and h100 and not _TOKEN_DROP.search(text):
             kw["moe_a2a"] = "deepep"
@@ -487,25 +492,32 @@ def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float,
 
 
 def row_hardware(row: PublishedRow, hardware: Any):
-    """The hardware the row ran on: `hardware` (the case's) when the row's GPU column is empty or names that
-    GPU, else the preset the column names ("H100" -> h100-sxm, "DGX-B200" -> b200, "H100 SXM5 80GB" ->
-    h100-sxm: the longest leading part of the name that is a preset or alias). A GPU that no preset
-    describes is an error for the row, not a prediction on another GPU."""
+    """The hardware the row ran on. Its GPU column is read as a preset name or alias ("H100", "DGX-B200",
+    "h200") or, failing that, by the presets' device names, the longest match winning ("H100 SXM5 80GB" ->
+    h100-sxm, "A100 80GB" -> a100-sxm-80gb). `hardware` (the case's, possibly a user's own preset) is kept
+    when the column is empty or names its GPU at least as specifically; a GPU that no preset describes is an
+    error for the row, not a prediction on another GPU."""
     from estimators.parallelism.timing import resolve_hardware
-    from replay.hardware.config import list_hardware
+    from replay.hardware.config import get_hardware, guess_hardware, list_hardware
     base = resolve_hardware(hardware)
-    words = [w for w in re.split(r"[\s_-]+", row.gpu.strip().lower()) if w]
-    if words and words[0] in ("dgx", "hgx"):
-        words = words[1:]
-    if not words or base.name.replace("-", "").startswith(words[0]):
+    name = row.gpu.strip()
+    if not name:
         return base
-    for k in range(len(words), 0, -1):
-        try:
-            return resolve_hardware("-".join(words[:k]))
-        except TraceInputError:
-            continue
-    raise TraceInputError(None, f"no hardware preset for the row's GPU {row.gpu!r} "
-                                f"(presets: {', '.join(list_hardware())})")
+
+    def match(hw) -> int:   # the longest of its device names the column holds as a word ("GB200" is no B200)
+        return max((len(d) for d in hw.gpu.device_names
+                    if re.search(rf"(?<![A-Z0-9]){re.escape(d.upper())}(?![0-9])", name.upper())), default=0)
+    try:
+        named = get_hardware(name.lower().replace(" ", "-"))
+    except TraceInputError:
+        named = guess_hardware(name)
+        named = named if named is not None and match(named) else None
+    if named is None:
+        raise TraceInputError(None, f"no hardware preset for the row's GPU {name!r} "
+                                    f"(presets: {', '.join(list_hardware())})")
+    if named.name == base.name or 0 < max(match(named), 1) <= match(base):
+        return base
+    return resolve_hardware(named)
 
 
 def run_row(row: PublishedRow, hardware: Any = "h100-sxm", as_run: bool = False) -> RowResult:
