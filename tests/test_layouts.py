@@ -82,7 +82,9 @@ def test_mtp_module_is_recomputed_under_uniform_full_recompute_only(recompute_la
     """Megatron-Core (since core 0.14) checkpoints an MTP module's projection and layer under full recompute by
     the uniform method and leaves it eager under the block method: its forward runs again before its backward,
     and it then keeps only its input for the backward."""
-    from estimators.parallelism.memory import layer_activation_bytes
+    import dataclasses
+
+    from estimators.parallelism.memory import estimate_memory
     from estimators.parallelism.plan import mtp_recomputed
     m = load_model("deepseek-v3")
     plan = ParallelPlan(tp=2, pp=8, vp=4, dp=64, ep=64, seq_len=4096, global_batch=1024, recompute="full",
@@ -91,8 +93,14 @@ def test_mtp_module_is_recomputed_under_uniform_full_recompute_only(recompute_la
     assert mtp_recomputed(plan) is recomputed
     assert any(".mtp0.R.mtp_proj" in n for n in last.name) is recomputed
     assert any(".mtp0.L.R." in n for n in last.name) is recomputed
-    kept = layer_activation_bytes(m, plan, m.layers - 1, mtp_recomputed(plan))
-    assert (kept == 2.0 * 4096 * m.hidden / 2) is recomputed        # the layer input only, sequence-parallel
+    # one stage, one micro-batch in flight: the MTP module adds its input (2 s h bytes, sequence-parallel over
+    # TP2) when recomputed, and far more when it keeps its activations
+    small = dataclasses.replace(m, layers=4)
+    one = ParallelPlan(tp=2, dp=1, ep=2, seq_len=4096, global_batch=1, recompute="full",
+                       recompute_layers=recompute_layers)
+    with_mtp = estimate_memory(small, one).activations_gib * 2 ** 30
+    without = estimate_memory(dataclasses.replace(small, mtp_layers=0), one).activations_gib * 2 ** 30
+    assert (with_mtp - without == pytest.approx(2.0 * 4096 * m.hidden / 2)) is recomputed
 
 
 def test_token_drop_pads_every_expert_to_capacity():
