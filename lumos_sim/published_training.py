@@ -55,7 +55,7 @@ from typing import Any
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import (MEGATRON_BRIDGE_FIRST, ModelConfig, load_model, megatron_bridge_release,
                                      nemo_release_version)
-from estimators.parallelism.plan import ParallelPlan
+from estimators.parallelism.plan import ParallelPlan, mtp_layers
 
 # NeMo 24.07 LoRA recipes (NeMo docs, "Performance" LoRA rows): adapters of rank 16 on the fused QKV
 # projection only (`target_modules: [attention_qkv]`, peft `adapter_dim: 16`)
@@ -229,7 +229,7 @@ def zoo_name(model_name: str) -> str:
 
 def row_model(row: PublishedRow) -> ModelConfig:
     model = load_model(zoo_name(row.model_name))
-    if nemo2_release(row) and getattr(model, "mtp_layers", 0):
+    if nemo2_release(row) and mtp_layers(model):
         # NeMo 2.x builds DeepSeek-V3 without its MTP module (DeepSeekV3Config.mtp_num_layers = None)
         model = replace(model, mtp_layers=0)
     return model
@@ -301,13 +301,12 @@ def nemo2_script_settings(row: PublishedRow, precision: str, model: ModelConfig)
     if v >= (25, 4):
         kw["fused_cross_entropy"] = True
     text = f"{row.model_name} {row.notes}".lower()
-    h100 = row.h100
     if model.moe is not None and _finetune(row) == "none" and "dropless" not in text:   # a row saying so keeps it
-        if model.name == "deepseek-v3" and v >= (25, 7) and h100 and not _TOKEN_DROP.search(text):
+        if model.name == "deepseek-v3" and v >= (25, 7) and row.h100 and not _TOKEN_DROP.search(text):
             kw["moe_a2a"] = "deepep"
         else:
             kw["moe_capacity_factor"] = 1.0
-    if model.name.startswith("llama4") and v >= (25, 4) and h100:
+    if model.name.startswith("llama4") and v >= (25, 4) and row.h100:
         kw["cuda_graphs"] = True     # recommended_model_configs/model_configs_h100.csv: cuda_graphs 1 (Llama 4)
     if model.name == "deepseek-v3":
         if v >= (25, 7) and (row.pp, row.vp) in DEEPSEEK_V3_NEMO_2507_LAYOUT:
