@@ -9,7 +9,10 @@ tokens/s per GPU (TFLOP/s where the row has no tokens/s). The `lumos-sim check` 
 Reading the columns (facts of the releases, not fitted):
 - precision "FP8" in NeMo 24.x = Transformer Engine delayed scaling; "FP8-CS" = current (tensorwise)
   scaling; "FP8" in Megatron-Bridge 25.09 rows = current scaling as well (its performance recipes'
-  default, `bf16_with_fp8_current_scaling_mixed`).
+  default, `bf16_with_fp8_current_scaling_mixed`); "FP8-MX" / "MXFP8" = MX block scaling, which only
+  Blackwell presets run (`row_precision`; FP4 formats are an error for the row).
+- the dispatcher, overlap and layout settings read from the releases' scripts (`MOE_SCRIPT_SETTINGS`,
+  `SCRIPT_RAN_OTHERWISE`, `FINETUNE_SCRIPT_LAYOUTS`) are their H100 scripts': rows on other GPUs take none.
 - recompute "full,block,N layers" = full recompute of N layers per chunk; "selective (a, b)" = those
   modules; fsdp N = Megatron-FSDP (ZeRO-3) over N GPUs.
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
@@ -244,12 +247,30 @@ def _finetune(row: PublishedRow) -> str:
     return "none"
 
 
-def _fp8_recipe(row: PublishedRow) -> str:
-    p = row.precision.upper()
-    if p == "FP8-CS" or "tensorwise" in p.lower():
-        return "tensorwise"
-    if "BLOCK" in p:
-        return "blockwise"
+def row_precision(row: PublishedRow) -> tuple[str, str]:
+    """(GEMM precision, FP8 recipe) of the row's precision cell. "BF16" and "FP16" run at the 16-bit tensor
+    rate; "FP8-CS" is current (tensorwise) scaling, "FP8-DS" delayed scaling, "FP8-MX" / "MXFP8" Blackwell's
+    MX block scaling, "blockwise" DeepSeek-style 1x128 / 128x128 scales; a plain "FP8" (or an empty cell) is
+    the recipe the row's release used by default (`_default_fp8_recipe`). A cell printing two precisions for
+    two figures ("FP8-CS (FP8-MX)") is read by its first, to which the first figures belong. FP4 formats
+    and anything else are bad input for the row: no GEMM model here prices them."""
+    cell = re.sub(r"\(.*?\)", "", row.precision).strip()
+    p = re.sub(r"[\s_-]+", "-", cell.upper())
+    if p in ("BF16", "FP16"):
+        return "bf16", "delayed"
+    if p in ("", "FP8"):
+        return "fp8", _default_fp8_recipe(row)
+    recipe = {"FP8-CS": "tensorwise", "FP8-TENSORWISE": "tensorwise", "FP8-DS": "delayed",
+              "FP8-DELAYED": "delayed", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "FP8-BLOCKWISE": "blockwise",
+              "FP8-BLOCK": "blockwise", "FP8-SB": "blockwise"}.get(p)
+    if recipe is None:
+        raise TraceInputError(None, f"row {row.index}: precision {row.precision!r} is not one this model "
+                                    "prices (BF16, FP16, FP8, FP8-CS, FP8-DS, FP8-MX / MXFP8, FP8-blockwise)")
+    return "fp8", recipe
+
+
+def _default_fp8_recipe(row: PublishedRow) -> str:
+    """The FP8 recipe of a row printed as plain "FP8": its release's default."""
     # Megatron-Bridge (25.09+) performance recipes train FP8 with current scaling, and so did NeMo 25.04 and
     # 25.07 (their performance summaries: "per-tensor FP8 quantization, leveraging scaling factors computed in
     # the current step"); NeMo 25.02's scripts default to delayed scaling (--fp8_recipe ds)
@@ -333,16 +354,20 @@ def _recompute(row: PublishedRow) -> dict[str, Any]:
 
 def finetune_script_layout(row: PublishedRow, model: ModelConfig) -> dict[str, Any]:
     """What the release's fine-tuning launch script set in the columns its table does not print
-    (`FINETUNE_SCRIPT_LAYOUTS`); empty for every other row."""
+    (`FINETUNE_SCRIPT_LAYOUTS`, its H100 scripts); empty for every other row."""
     ft = _finetune(row)
-    if ft == "none" or not row.release.startswith(FINETUNE_SCRIPT_RELEASE):
+    if ft == "none" or not row.release.startswith(FINETUNE_SCRIPT_RELEASE) or not row.h100:
         return {}
     return dict(FINETUNE_SCRIPT_LAYOUTS.get((ft, model.name), {}))
 
 
 def moe_script_settings(row: PublishedRow, model_name: str) -> tuple[str, bool, bool | None] | None:
     """(dispatcher, EP all-to-all overlap, TP overlap or None) the row's release scripts set for this MoE
-    model (`MOE_SCRIPT_SETTINGS`), None when the table has no such entry."""
+    model (`MOE_SCRIPT_SETTINGS`), None when the table has no such entry. Those entries are the H100
+    scripts' (other GPUs' presets set other dispatchers, overlaps and CUDA graphs): a row on another GPU
+    gets none of them."""
+    if not row.h100:
+        return None
     return MOE_SCRIPT_SETTINGS.get((row.container, model_name))
 
 
@@ -351,10 +376,10 @@ def row_plan(row: PublishedRow, model: ModelConfig) -> ParallelPlan:
     dp = row.gpus // (row.tp * row.pp * row.cp)
     if dp * row.tp * row.pp * row.cp != row.gpus:
         raise TraceInputError(None, f"row {row.index}: gpus {row.gpus} is not a multiple of tp*pp*cp")
-    prec = "bf16" if row.precision.upper().startswith("BF16") else "fp8"
+    prec, fp8_recipe = row_precision(row)
     kw: dict[str, Any] = dict(tp=row.tp, pp=row.pp, cp=row.cp, dp=dp, vp=row.vp, ep=row.ep, etp=row.etp,
                               seq_len=row.seq, global_batch=row.gbs, micro_batch=row.mbs, precision=prec,
-                              fp8_recipe=_fp8_recipe(row) if prec == "fp8" else "delayed")
+                              fp8_recipe=fp8_recipe)
     # NeMo / Megatron-Bridge H100 performance recipes pipeline the sequence-parallel all-gathers and
     # reduce-scatters with the GEMMs (TE userbuffers, `tp_comm_overlap=True`) whenever TP > 1
     kw["tp_comm_overlap"] = row.tp > 1
@@ -425,8 +450,10 @@ SCRIPT_RAN_OTHERWISE: dict[tuple[str, str], dict[str, Any]] = {
 
 
 def script_ran_otherwise(row: PublishedRow, model_name: str) -> dict[str, Any]:
-    """The printed columns the row's release's script set otherwise, as plan fields (SCRIPT_RAN_OTHERWISE;
-    empty when it ran what the table prints)."""
+    """The printed columns the row's release's H100 script set otherwise, as plan fields
+    (SCRIPT_RAN_OTHERWISE; empty when it ran what the table prints, and for rows on other GPUs)."""
+    if not row.h100:
+        return {}
     return SCRIPT_RAN_OTHERWISE.get((row.container, model_name), {})
 
 

@@ -47,6 +47,9 @@ def test_vendor_figures_from_the_reference():
     assert get_hardware("v100-sxm2").node.intra_topology == "hybrid_cube_mesh"
     assert not get_hardware("v100-sxm2").node.nvls and not get_hardware("a100-sxm-80gb").node.nvls
     assert get_hardware("b200").gpu.hbm_bw_gbs == 8000 and get_hardware("b200").node.nvls
+    # Blackwell's tensor cores scale MX blocks natively; Hopper's take one scale per operand
+    assert get_hardware("b200").gpu.block_scaled_formats == ("mxfp8", "nvfp4")
+    assert get_hardware("h100-sxm").gpu.block_scaled_formats == ()
 
 
 def test_a100_sxm_is_an_alias_of_the_80gb_preset():
@@ -71,6 +74,7 @@ def test_user_file_with_extends_overrides_one_number(tmp_path):
     ('name = "x"\n[gpu]\nmodel = "g"\n', "missing required [compute]"),
     ('name = "x"\nextends = "nope"\n', "unknown preset 'nope'"),
     ('name = "x\n', "not a valid TOML file"),
+    ('name = "x"\nextends = "h100-sxm"\n[gpu]\nblock_scaled_formats = ["mxfp6"]\n', "unknown 'mxfp6'"),
 ])
 def test_bad_user_file_gives_one_line_error_naming_the_key(tmp_path, body, message):
     f = tmp_path / "bad.toml"

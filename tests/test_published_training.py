@@ -483,3 +483,71 @@ def test_a_csv_without_a_gpu_column_runs_on_the_cases_hardware(tmp_path):
     row = read_rows(path)[0]
     assert row.gpu == "" and row.label.endswith("8xH100 seq8192")
     assert run_row(row, "b200").predicted_tokens_per_gpu > 1.5 * run_row(row, "h100-sxm").predicted_tokens_per_gpu
+
+@pytest.mark.parametrize("cell, release, want", [
+    ("BF16", "NeMo 25.11", ("bf16", "delayed")),
+    ("FP16", "NeMo 24.07", ("bf16", "delayed")),           # the 16-bit tensor rate
+    ("FP8", "NeMo 24.07", ("fp8", "delayed")),             # NeMo 1.x: delayed scaling
+    ("FP8", "NeMo 25.09", ("fp8", "tensorwise")),          # Megatron-Bridge scripts: current scaling
+    ("", "NeMo 25.09", ("fp8", "tensorwise")),             # 25.09's tables print no precision column
+    ("FP8-CS", "NeMo 25.11", ("fp8", "tensorwise")),
+    ("FP8-DS", "NeMo 25.11", ("fp8", "delayed")),
+    ("FP8-MX", "NeMo 25.11", ("fp8", "mxfp8")),
+    ("MXFP8", "NeMo 26.04", ("fp8", "mxfp8")),
+    ("FP8 blockwise", "NeMo 26.04", ("fp8", "blockwise")),
+    ("FP8-CS (FP8-MX)", "NeMo 25.11", ("fp8", "tensorwise")),   # two precisions for two figures: the first
+])
+def test_a_rows_precision_cell_names_its_gemm_precision_and_fp8_recipe(rows, cell, release, want):
+    import dataclasses
+
+    from lumos_sim.published_training import row_precision
+    assert row_precision(dataclasses.replace(rows[23], precision=cell, release=release)) == want
+
+
+@pytest.mark.parametrize("cell", ["NVFP4", "FP4", "INT8", "FP8-XYZ"])
+def test_a_precision_no_gemm_model_prices_fails_its_row_with_a_one_line_reason(rows, cell):
+    import dataclasses
+
+    from lumos_sim.published_training import run_row
+    err = run_row(dataclasses.replace(rows[23], precision=cell)).error
+    assert f"precision {cell!r}" in err and "\n" not in err
+
+
+def test_mxfp8_runs_on_blackwell_and_is_refused_on_hopper(rows):
+    """Hopper's tensor cores take one scale per operand, so Transformer Engine refuses MXFP8 there; an FP8-MX
+    row (Megatron-Bridge's B200 / GB200 rows) runs on B200 and fails on an H100 with the reason. The
+    parallelism what-if refuses the recipe on Hopper presets the same way (exit code 2 from the CLI)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from lumos_sim.published_training import run_row
+    mx = dataclasses.replace(rows[23], precision="FP8-MX", release="NeMo 25.11")
+    assert "mxfp8 recipe needs tensor cores with MX block scaling" in run_row(mx).error
+    assert run_row(dataclasses.replace(mx, gpu="DGX-B200")).error is None
+    cli = [sys.executable, "-m", "lumos_sim", "whatif", "parallelism", "--model", "llama3-8b", "--gpus", "8",
+           "--seq-len", "8192", "--global-batch", "128", "--precision", "fp8", "--fp8-recipe", "mxfp8"]
+    for extra in ([], ["--search"]):
+        out = subprocess.run(cli + extra, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "h100-sxm" in out.stderr and "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_script_settings_read_from_h100_scripts_stay_on_h100_rows(rows):
+    """MOE_SCRIPT_SETTINGS, SCRIPT_RAN_OTHERWISE and FINETUNE_SCRIPT_LAYOUTS were read from the releases' H100
+    scripts: a row of the same release and model on another GPU (whose presets set other dispatchers,
+    overlaps and layouts) takes none of them and runs with its printed columns and Megatron-Core's defaults."""
+    import dataclasses
+
+    from lumos_sim.published_training import as_run_plan, row_model
+    by_key = {(r.container, r.model_name): r for r in rows}
+    qwen = by_key[("NeMo 25.11", "Qwen3_235B_a22B")]
+    assert row_scenario(qwen)[1].moe_a2a_overlap                       # the H100 script's EP overlap
+    b200 = dataclasses.replace(qwen, gpu="DGX-B200")
+    plan = row_scenario(b200)[1]
+    assert plan.moe_a2a == "alltoall" and not plan.moe_a2a_overlap and plan.tp_comm_overlap
+    small = by_key[("NeMo 25.11", "Qwen3_30B_a3B")]
+    assert as_run_plan(small, row_model(small)) is not None
+    assert as_run_plan(dataclasses.replace(small, gpu="DGX-B200"), row_model(small)) is None
+    sft = by_key[("NeMo 24.07", "LLAMA2-13B SFT")]
+    assert row_scenario(sft)[1].vp == 10 and row_scenario(dataclasses.replace(sft, gpu="A100 80GB"))[1].vp == 1

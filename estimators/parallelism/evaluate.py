@@ -28,7 +28,7 @@ from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_c
 from replay.results import Breakdown
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import ParallelPlan, validate_plan
-from estimators.parallelism.timing import default_timing, resolve_hardware  # noqa: F401 (API)
+from estimators.parallelism.timing import check_precision_support, default_timing, resolve_hardware  # noqa: F401 (API)
 from estimators.parallelism.workload import MOE_SYNC_IDLE_US, generate, moe_layer_host_us
 
 
@@ -233,6 +233,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     validate_plan(model, plan)
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware) if hardware is not None else None
+    check_precision_support(hw, plan.precision, plan.fp8_recipe)
     gpn = hw.node.gpus_per_node if hw is not None else plan.gpus_per_node
     if timing is None:
         if hw is None:

@@ -828,7 +828,7 @@ class RankedPlans:
 def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_batch: int,
                precision: str = "bf16", space: SearchSpace = SearchSpace()) -> RankedPlans:
     """Enumerate every valid plan of `gpus`, estimate its memory and step time, rank those that fit."""
-    from estimators.parallelism.timing import resolve_hardware
+    from estimators.parallelism.timing import check_precision_support, resolve_hardware
     if gpus < 1 or seq_len < 1 or global_batch < 1:
         raise TraceInputError(None, "the search needs gpus, seq_len and global_batch >= 1")
     for flag, v in (("--seq-len", seq_len), ("--global-batch", global_batch)):
@@ -836,6 +836,7 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
             raise TraceInputError(None, f"{flag} must be at most {MAX_SEARCH_SIZE:,} with --search, got {v}")
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware)
+    check_precision_support(hw, precision, dict(space.carry).get("fp8_recipe", "delayed"))
     timings: dict[str, float] = {}
 
     def lap(name: str, since: float) -> float:

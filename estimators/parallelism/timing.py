@@ -14,3 +14,15 @@ def resolve_hardware(hardware):
     (`replay.hardware.config.for_generated_ops`)."""
     from replay.hardware.config import for_generated_ops
     return for_generated_ops(hardware)
+
+
+def check_precision_support(hw, precision: str, fp8_recipe: str) -> None:
+    """A plan's GEMM precision must be one the hardware runs: an MX block-scaled recipe needs tensor cores
+    that scale blocks natively (`[gpu] block_scaled_formats`; Blackwell). Transformer Engine refuses MXFP8 on
+    Hopper, so a prediction of one would be of a run that cannot happen."""
+    if hw is None or precision != "fp8" or fp8_recipe != "mxfp8":
+        return
+    if "mxfp8" not in hw.gpu.block_scaled_formats:
+        from chakra_schema.errors import TraceInputError
+        raise TraceInputError(None, f"the mxfp8 recipe needs tensor cores with MX block scaling (Blackwell); "
+                                    f"{hw.name} ({hw.gpu.model}) has none: use tensorwise, delayed or blockwise")

@@ -37,6 +37,9 @@ NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 
 
 # --------------------------------------------------------------------------------------------- specs
+BLOCK_SCALED_FORMATS = ("mxfp8", "nvfp4")
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One GPU: peaks and the memory system (vendor figures)."""
@@ -49,6 +52,9 @@ class GPUSpec:
     pcie_bw_gbs: float                      # host link, GB/s per direction (peak)
     kernel_start_after_call_us: float       # an idle GPU starts a kernel this long after the launch call starts
     device_names: tuple[str, ...] = ()      # substrings of Kineto `deviceProperties[].name` that mean this GPU
+    # block-scaled low-precision formats its tensor cores scale natively (Blackwell: "mxfp8", "nvfp4");
+    # Hopper's take one scale per operand, so an MX recipe cannot run there
+    block_scaled_formats: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_number("[gpu] sm_count", self.sm_count, 1, MAX_SMS, integer=True)
@@ -62,6 +68,10 @@ class GPUSpec:
             check_number(f"[gpu] peak_tflops.{dtype}", v, 0)   # 0: the GPU lacks the type (no fp8 on A100)
         if not any(v > 0 for v in self.peak_tflops.values()):
             raise TraceInputError(None, "[gpu] peak_tflops needs at least one dtype with a peak > 0")
+        unknown = [f for f in self.block_scaled_formats if f not in BLOCK_SCALED_FORMATS]
+        if unknown:
+            raise TraceInputError(None, f"[gpu] block_scaled_formats: unknown {', '.join(map(repr, unknown))} "
+                                        f"(known: {', '.join(BLOCK_SCALED_FORMATS)})")
 
 
 @dataclass(frozen=True)
