@@ -153,7 +153,9 @@ class ListAxis(Axis):
 class SearchAxis(Axis):
     """Every valid parallel plan of each GPU count that fits in memory, best-ranked first (the analytic
     ranking of `estimators.parallelism.evaluate.rank_candidate_plans`); `max_plans` keeps the top ones.
-    Sequence length, global batch and precision come from the scenario's plan."""
+    Sequence length, global batch, precision, attention and the options a search takes as given (dispatcher,
+    FP8 recipe, CUDA graphs, ...: `estimators.parallelism.search.carried_options`) come from the scenario's
+    plan."""
 
     gpus: tuple[int, ...]
     max_plans: int | None = None
@@ -166,7 +168,7 @@ class SearchAxis(Axis):
             raise TraceInputError(path, "a search axis needs 'model' and 'hardware' in the scenario")
         for gpus in self.gpus:
             plans = rank_candidate_plans(s.model, s.hardware, gpus, s.plan.seq_len, s.plan.global_batch,
-                                         s.plan.precision, self.max_plans)
+                                         s.plan.precision, self.max_plans, base=s.plan)
             yield from ((f"{gpus} GPUs {plan_label(p)}", dataclasses.replace(s, plan=p)) for p in plans)
 
 

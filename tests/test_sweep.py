@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from chakra_schema.errors import TraceInputError
 from lumos_sim.cli import main as cli_main
 from lumos_sim.sweeps import load_spec, sweep
 
@@ -383,3 +384,18 @@ def test_resumed_table_equals_an_uninterrupted_one(tmp_path):
     assert resumed.attrs["sweep"]["computed"] == 7 and resumed.attrs["sweep"]["cached"] == 13
     pd.testing.assert_frame_equal(without_timing(resumed), without_timing(fresh))
     pd.testing.assert_frame_equal(without_timing(pd.read_parquet(out)), without_timing(fresh))
+
+
+def test_search_axis_keeps_the_scenarios_given_options_and_refuses_what_the_hardware_cannot_run():
+    """A search axis ranks candidates with the scenario's FP8 recipe (and dispatcher, CUDA graphs, ...), as
+    `whatif parallelism --search` does; before, every candidate silently fell back to delayed scaling. An
+    MXFP8 scenario on an H100 is refused at expansion, a one-line input error."""
+    spec = {"scenario": {**BASE, "model": "llama3-8b",
+                         "plan": {"seq_len": 8192, "global_batch": 128, "precision": "fp8", "fp8_recipe": "tensorwise"}},
+            "axes": [{"search": {"gpus": [8], "max_plans": 3}}]}
+    pts = load_spec(spec).points()
+    assert len(pts) == 3 and all(p.scenario.plan.fp8_recipe == "tensorwise" for p in pts)
+    spec["scenario"]["plan"]["fp8_recipe"] = "mxfp8"
+    with pytest.raises(TraceInputError) as e:
+        load_spec(spec).points()
+    assert "mxfp8 recipe needs tensor cores with MX block scaling" in str(e.value) and "\n" not in str(e.value)

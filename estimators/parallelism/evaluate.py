@@ -298,10 +298,13 @@ def _sync_wait_us(model: ModelConfig, plan: ParallelPlan) -> float:
 
 # ------------------------------------------------------------------------------------ search
 def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: int, global_batch: int,
-                         precision: str = "bf16", max_plans: int | None = 24) -> list[ParallelPlan]:
+                         precision: str = "bf16", max_plans: int | None = 24,
+                         base: ParallelPlan | None = None) -> list[ParallelPlan]:
     """The `max_plans` most promising valid plans of `gpus` that fit in memory, best first (every one of
     them for `max_plans=None`): the whole plan space (TP, PP, VP, CP, DP, EP, micro-batch, recompute,
     ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.parallelism.search`'s analytic
-    step-time estimate."""
-    from estimators.parallelism.search import rank_plans
-    return rank_plans(model, hardware, gpus, seq_len, global_batch, precision).plans(max_plans)
+    step-time estimate. `base`: a plan whose attention and given options (dispatcher, FP8 recipe, CUDA graphs,
+    ...: `search.carried_options`) every candidate keeps, as `--search` keeps the command line's."""
+    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
+    space = SearchSpace() if base is None else SearchSpace(attention=base.attention, carry=carried_options(base))
+    return rank_plans(model, hardware, gpus, seq_len, global_batch, precision, space).plans(max_plans)
