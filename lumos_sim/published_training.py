@@ -12,7 +12,9 @@ Reading the columns (facts of the releases, not fitted):
   default, `bf16_with_fp8_current_scaling_mixed`); "FP8-MX" / "MXFP8" = MX block scaling, which only
   Blackwell presets run (`row_precision`; FP4 formats are an error for the row).
 - the dispatcher, overlap and layout settings read from the releases' scripts (`MOE_SCRIPT_SETTINGS`,
-  `SCRIPT_RAN_OTHERWISE`, `FINETUNE_SCRIPT_LAYOUTS`) are their H100 scripts': rows on other GPUs take none.
+  `SCRIPT_RAN_OTHERWISE`, `FINETUNE_SCRIPT_LAYOUTS`) are their H100 scripts': rows on other GPUs take none
+  of those three tables (the recipes' general settings below, TP overlap, cuDNN attention, bf16 gradients,
+  fused cross entropy, apply on every GPU). A row with an empty `gpu` column counts as H100, the record's.
 - recompute "full,block,N layers" = full recompute of N layers per chunk; "selective (a, b)" = those
   modules; fsdp N = Megatron-FSDP (ZeRO-3) over N GPUs.
 - release "SFT" / "LoRA" rows are fine-tuning (packed sequences; LoRA: frozen base).
@@ -247,25 +249,39 @@ def _finetune(row: PublishedRow) -> str:
     return "none"
 
 
+# FP8 recipe names a precision cell may print (spaces, dashes and underscores alike)
+FP8_RECIPE_CELLS = {"FP8-CS": "tensorwise", "FP8-TENSORWISE": "tensorwise", "FP8-DS": "delayed",
+                    "FP8-DELAYED": "delayed", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "FP8-BLOCKWISE": "blockwise",
+                    "FP8-BLOCK": "blockwise", "FP8-BLOCK-SCALED": "blockwise"}
+
+
 def row_precision(row: PublishedRow) -> tuple[str, str]:
     """(GEMM precision, FP8 recipe) of the row's precision cell. "BF16" and "FP16" run at the 16-bit tensor
     rate; "FP8-CS" is current (tensorwise) scaling, "FP8-DS" delayed scaling, "FP8-MX" / "MXFP8" Blackwell's
-    MX block scaling, "blockwise" DeepSeek-style 1x128 / 128x128 scales; a plain "FP8" (or an empty cell) is
-    the recipe the row's release used by default (`_default_fp8_recipe`). A cell printing two precisions for
-    two figures ("FP8-CS (FP8-MX)") is read by its first, to which the first figures belong. FP4 formats
-    and anything else are bad input for the row: no GEMM model here prices them."""
-    cell = re.sub(r"\(.*?\)", "", row.precision).strip()
-    p = re.sub(r"[\s_-]+", "-", cell.upper())
-    if p in ("BF16", "FP16"):
+    MX block scaling, "FP8 blockwise" / "block-scaled" DeepSeek-style 1x128 / 128x128 scales; a plain "FP8"
+    (or an empty cell) is the recipe the row's release used by default (`_default_fp8_recipe`). A cell
+    printing two precisions for two figures ("FP8-CS (FP8-MX)") is read by its first, to which the first
+    figures belong; a plain "FP8" qualified in parentheses ("FP8 (tensorwise)", "FP8 (MX)") by its recipe.
+    FP4 formats and anything else are bad input for the row: no GEMM model here prices them."""
+    def norm(text: str) -> str:
+        return re.sub(r"[\s_-]+", "-", text.strip().upper()).strip("-")
+
+    def recipe_of(p: str) -> str | None:
+        return FP8_RECIPE_CELLS.get(p) or FP8_RECIPE_CELLS.get("FP8-" + p)
+
+    outside = norm(re.sub(r"\(.*?\)", "", row.precision))
+    inside = [norm(x) for x in re.findall(r"\((.*?)\)", row.precision)]
+    if not outside and inside:          # "(FP8-MX)": the parentheses are all there is
+        outside, inside = inside[0], inside[1:]
+    if outside in ("BF16", "FP16"):
         return "bf16", "delayed"
-    if p in ("", "FP8"):
-        return "fp8", _default_fp8_recipe(row)
-    recipe = {"FP8-CS": "tensorwise", "FP8-TENSORWISE": "tensorwise", "FP8-DS": "delayed",
-              "FP8-DELAYED": "delayed", "FP8-MX": "mxfp8", "MXFP8": "mxfp8", "FP8-BLOCKWISE": "blockwise",
-              "FP8-BLOCK": "blockwise", "FP8-SB": "blockwise"}.get(p)
+    if outside in ("", "FP8"):
+        qualified = next((r for r in map(recipe_of, inside) if r), None)
+        return "fp8", qualified or _default_fp8_recipe(row)
+    recipe = recipe_of(outside)
     if recipe is None:
         raise TraceInputError(None, f"row {row.index}: precision {row.precision!r} is not one this model "
-                                    "prices (BF16, FP16, FP8, FP8-CS, FP8-DS, FP8-MX / MXFP8, FP8-blockwise)")
+                                    "prices (BF16, FP16, FP8, FP8-CS, FP8-DS, FP8-MX / MXFP8, FP8 blockwise)")
     return "fp8", recipe
 
 
