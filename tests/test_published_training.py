@@ -560,3 +560,12 @@ def test_script_settings_read_from_h100_scripts_stay_on_h100_rows(rows):
     assert as_run_plan(dataclasses.replace(small, gpu="DGX-B200"), row_model(small)) is None
     sft = by_key[("NeMo 24.07", "LLAMA2-13B SFT")]
     assert row_scenario(sft)[1].vp == 10 and row_scenario(dataclasses.replace(sft, gpu="A100 80GB"))[1].vp == 1
+
+
+def test_fp8_is_refused_on_gpus_without_fp8_tensor_cores():
+    """The A100 has no FP8 tensor cores (its preset has no fp8 peak): an FP8 row on it fails with the reason
+    instead of being predicted at the 16-bit rate; its BF16 twin runs."""
+    from lumos_sim.published_training import run_row
+    err = run_row(_llama3_8b_row("FP8", gpu="A100 80GB")).error
+    assert err.startswith("FP8 training needs FP8 tensor cores; a100-sxm-80gb") and "\n" not in err
+    assert run_row(_llama3_8b_row("BF16", gpu="A100 80GB")).error is None
