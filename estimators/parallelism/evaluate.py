@@ -304,7 +304,7 @@ def rank_candidate_plans(model: ModelConfig, hardware: Any, gpus: int, seq_len: 
     them for `max_plans=None`): the whole plan space (TP, PP, VP, CP, DP, EP, micro-batch, recompute,
     ZeRO / HSDP, sequence parallelism, overlap modes) ranked by `estimators.parallelism.search`'s analytic
     step-time estimate. `base`: a plan whose attention and given options (dispatcher, FP8 recipe, CUDA graphs,
-    ...: `search.carried_options`) every candidate keeps, as `--search` keeps the command line's."""
-    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
-    space = SearchSpace() if base is None else SearchSpace(attention=base.attention, carry=carried_options(base))
+    ...: `search.SearchSpace.keeping`) every candidate keeps, as `--search` keeps the command line's."""
+    from estimators.parallelism.search import SearchSpace, rank_plans
+    space = SearchSpace() if base is None else SearchSpace.keeping(base)
     return rank_plans(model, hardware, gpus, seq_len, global_batch, precision, space).plans(max_plans)

@@ -92,6 +92,12 @@ class SearchSpace:
     vp: tuple[int, ...] = ()
 
     @classmethod
+    def keeping(cls, plan: ParallelPlan) -> "SearchSpace":
+        """The whole space, every candidate keeping `plan`'s attention and its options a search takes as
+        given (`carried_options`: the dispatcher, FP8 recipe, CUDA graphs, ...)."""
+        return cls(attention=plan.attention, carry=carried_options(plan))
+
+    @classmethod
     def constrained(cls, base: "SearchSpace | None" = None, **fixed: Any) -> "SearchSpace":
         """`base` with some plan fields fixed to one value each: tp, pp, cp, dp, ep, vp, micro_batch,
         recompute, zero, sequence_parallel (None: left free). A value the search cannot take is a one-line
@@ -836,7 +842,7 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
             raise TraceInputError(None, f"{flag} must be at most {MAX_SEARCH_SIZE:,} with --search, got {v}")
     t0 = time.perf_counter()
     hw = resolve_hardware(hardware)
-    check_precision_support(hw, precision, dict(space.carry).get("fp8_recipe", "delayed"))
+    check_precision_support(hw, precision, dict(space.carry).get("fp8_recipe", ParallelPlan.fp8_recipe))
     timings: dict[str, float] = {}
 
     def lap(name: str, since: float) -> float:

@@ -76,10 +76,10 @@ def search_scenarios(base: Scenario, gpus: int, seq_len: int, global_batch: int,
     """Every valid plan of `gpus` for the base scenario's model, ranked by the analytic estimate
     (`estimators.parallelism.search`); the best `max_plans` that fit in memory are evaluated (through
     `evaluate`) and returned by simulated throughput."""
-    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
+    from estimators.parallelism.search import SearchSpace, rank_plans
 
     ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision,
-                        SearchSpace(attention=base.plan.attention, carry=carried_options(base.plan)))
+                        SearchSpace.keeping(base.plan))
     return simulate_ranked(base, ranked, max_plans, progress)
 
 

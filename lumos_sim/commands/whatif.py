@@ -132,7 +132,7 @@ def _carried_flags(args) -> dict:
 def _main_search(args) -> int:
     from estimators.model_config import load_model
     from estimators.scenario import Scenario
-    from estimators.parallelism.search import SearchSpace, carried_options, rank_plans
+    from estimators.parallelism.search import SearchSpace, rank_plans
     from estimators.parallelism.whatif import simulate_ranked
     from replay.hardware.config import get_hardware
 
@@ -148,7 +148,7 @@ def _main_search(args) -> int:
     # options the search does not enumerate (--moe-a2a, --moe-capacity-factor, --set plan.moe_a2a_overlap=...)
     # hold for every candidate
     carry = dataclasses.replace(base.plan, **_carried_flags(args))
-    space = SearchSpace.constrained(SearchSpace(attention=base.plan.attention, carry=carried_options(carry)), **fixed)
+    space = SearchSpace.constrained(SearchSpace.keeping(carry), **fixed)
     ranked = rank_plans(base.model, base.hardware, args.gpus, args.seq_len, args.global_batch, args.precision, space)
     given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if v is not None and k != "sequence_parallel")
     given += " --no-sequence-parallel" if args.no_sequence_parallel else ""
