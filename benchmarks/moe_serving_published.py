@@ -1,7 +1,10 @@
 """The MoE deployment what-if against published serving figures it was never fitted to: SGLang's DeepSeek-V3
 deployment on H100 (LMSYS blog, 2025-05-05, "Deploying DeepSeek with PD Disaggregation and Large-scale Expert
-Parallelism on 96 H100 GPUs": its profile runs with EPLB on real expert loads) and DeepSeek's own H800
-profile (deepseek-ai/profile-data, as that blog tabulates it).
+Parallelism on 96 H100 GPUs": its profile runs with EPLB on real expert loads, and one with simulated perfectly
+balanced routing) and DeepSeek's own H800 profile (deepseek-ai/profile-data, routing absolutely balanced, as
+that blog tabulates it). The what-if routes tokens with its seeded synthetic routing placed by EPLB (near
+balanced), so the balanced rows are its like-for-like comparison; real routing is what `--routing` or
+`--expert-load` bring.
 
     python benchmarks/moe_serving_published.py [--json out.json]
 
@@ -38,6 +41,8 @@ ROWS = [
                      ("--context", "2048"), 54543, SGLANG),
     PublishedServing("SGLang H100 prefill EP32, 4K prompts, 16K tokens/GPU", "deepseek-v3-prefill-ep32-h100-sglang.toml",
                      (), 50302, SGLANG),
+    PublishedServing("SGLang H100 prefill EP32, 4K prompts, simulated perfect EPLB", "deepseek-v3-prefill-ep32-h100-sglang.toml",
+                     (), 59337, SGLANG + ", expert choice drawn at random within the routed groups"),
     PublishedServing("SGLang H100 decode EP72, 256 seqs/GPU, 2K KV, no MTP", "deepseek-v3-decode-ep72-h100-sglang.toml",
                      (), 22282, SGLANG),
     PublishedServing("DeepSeek H800 profile prefill EP32, 4K prompts, 16K tokens/GPU", "deepseek-v3-prefill-ep32.toml",

@@ -91,3 +91,39 @@ def all_to_all_timer(network, ranks: Sequence[int]) -> AllToAllTimer:
             _TIMERS.clear()
         t = _TIMERS[key] = AllToAllTimer(network, ranks)
     return t
+
+
+# ------------------------------------------------------------------ DeepEP's node forwarding (normal mode)
+def expected_distinct_nodes(nodes: int, top_k: int, limit: int = 0) -> float:
+    """Distinct nodes among a token's top-k experts when each expert is on any of `nodes` nodes alike:
+    nodes x (1 - (1 - 1/nodes)^top_k); at most `limit` (node-limited routing: DeepSeek-V3 sends a token to
+    at most 4 nodes) when given."""
+    n, k = max(int(nodes), 1), max(int(top_k), 1)
+    d = n * (1.0 - (1.0 - 1.0 / n) ** k)
+    return min(d, float(limit)) if limit and limit > 0 else d
+
+
+def node_forwarded_legs(pairs: np.ndarray, gpus_per_node: int, top_k: int, node_limit: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """DeepEP's normal-mode dispatch of `pairs` [G, G] ((token, expert) pairs rank -> rank) as its two legs:
+    a token bound for another node crosses the network once per destination node, to the GPU of the same
+    local index there (its rail peer), which forwards it over NVLink to the GPUs holding its experts.
+    Returns (RDMA leg, NVLink leg) as [G, G] token counts. The RDMA leg carries each source's remote pairs
+    to a node x distinct / top_k (expected_distinct_nodes: distinct nodes per token over pairs per token);
+    the NVLink leg carries the node's own pairs and the forwarded ones, pair by pair (the parallelism
+    what-if's DeepEP model counts the same two legs)."""
+    G = pairs.shape[0]
+    gpn = gpus_per_node
+    n = G // gpn
+    B = np.asarray(pairs, float).reshape(n, gpn, n, gpn)
+    same = np.eye(n, dtype=bool)[:, None, :, None]
+    remote = np.where(same, 0.0, B)
+    share = expected_distinct_nodes(n, top_k, node_limit) / max(int(top_k), 1)
+    rdma = np.zeros_like(B)
+    idx = np.arange(gpn)
+    rdma[:, idx, :, idx] = share * remote.sum(3).transpose(1, 0, 2)     # [i, a, b] -> (a,i) -> (b,i)
+    nvl = np.where(same, B, 0.0)
+    fwd = remote.sum(0)                                                  # [i, b, j]: arriving at (b,i) for (b,j)
+    nvl[np.arange(n), :, np.arange(n), :] += fwd.transpose(1, 0, 2)      # (b,i) -> (b,j)
+    nvl[:, idx, :, idx] = np.where(same[:, 0, :, 0][None], 0.0, nvl[:, idx, :, idx])   # a rank's own stay
+    return rdma.reshape(G, G), nvl.reshape(G, G)

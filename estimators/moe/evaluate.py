@@ -141,6 +141,16 @@ def fit_stats(src: RoutingSource, start: int, stop: int, layout: Layout, experts
 
 # ---------------------------------------------------------------------------------------- costing
 @dataclass(frozen=True)
+class NodeForwarding:
+    """The all-to-all sends a token once per destination node and forwards it there over NVLink (DeepEP's
+    normal mode, what DeepSeek's and SGLang's prefill run: estimators.moe.a2a.node_forwarded_legs);
+    without it (DeepEP's low-latency mode in decode, a plain all-to-all) every (token, expert) pair
+    travels on its own."""
+    top_k: int
+    node_limit: int = 0               # node-limited routing: at most this many nodes per token (0: none)
+
+
+@dataclass(frozen=True)
 class ExpertShape:
     hidden: int
     expert_ffn: int
@@ -178,8 +188,8 @@ def hardware_models(hardware):
 class LayerTimer:
     """Expert GEMM and all-to-all times of one EP group on one hardware preset."""
 
-    def __init__(self, shape: ExpertShape, hardware, layout: Layout):
-        self.shape, self.layout = shape, layout
+    def __init__(self, shape: ExpertShape, hardware, layout: Layout, forwarding: NodeForwarding | None = None):
+        self.shape, self.layout, self.forwarding = shape, layout, forwarding
         self.compute, self.network = hardware_models(hardware)
         self.ranks = list(range(layout.gpus))
         self._expert_memo: dict[int, float] = {}
@@ -240,20 +250,28 @@ class LayerTimer:
     def fixed_us(self) -> float:
         return self.shared_us(self.layout.tokens_per_gpu)
 
-    def a2a_us(self, pairs: np.ndarray, elem_bytes: int, scale: float = 1.0) -> float:
-        """All-to-all of `pairs` (token pairs rank -> rank) x scale, `elem_bytes` per hidden element
-        (`NetworkModel.all_to_all_v_us`'s model through `estimators.moe.a2a`, fast at EP320)."""
-        if self._a2a is None:
-            from estimators.moe.a2a import all_to_all_timer
-            self._a2a = all_to_all_timer(self.network, self.ranks)
-        return self._a2a(pairs * (self.shape.hidden * elem_bytes), scale)
+    def a2a_us(self, pairs: np.ndarray, elem_bytes: int, scale: float = 1.0, combine: bool = False) -> float:
+        """All-to-all of `pairs` (token pairs rank -> rank, the dispatch's) x scale, `elem_bytes` per hidden
+        element; `combine`: the way back (`NetworkModel.all_to_all_v_us`'s model through
+        `estimators.moe.a2a`, fast at EP320)."""
+        lat, drain = self.a2a_parts(pairs, elem_bytes, combine)
+        return float((lat + scale * drain).min()) if drain.any() or lat.any() else 0.0
 
-    def a2a_parts(self, pairs: np.ndarray, elem_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-        """(latency, drain) per protocol of that all-to-all (time = min of latency + drain)."""
+    def a2a_parts(self, pairs: np.ndarray, elem_bytes: int, combine: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, drain) per protocol of the dispatch of `pairs` (rank -> rank), or of its combine
+        (time = min of latency + drain). With node forwarding (DeepEP's normal mode) the RDMA and NVLink
+        legs run one after the other: their latencies and drains add."""
         if self._a2a is None:
             from estimators.moe.a2a import all_to_all_timer
             self._a2a = all_to_all_timer(self.network, self.ranks)
-        return self._a2a.parts(pairs * (self.shape.hidden * elem_bytes))
+        per = self.shape.hidden * elem_bytes
+        f = self.forwarding
+        if f is None or self.layout.nodes <= 1:
+            return self._a2a.parts((pairs.T if combine else pairs) * per)
+        from estimators.moe.a2a import node_forwarded_legs
+        legs = node_forwarded_legs(pairs, self.layout.gpus_per_node, f.top_k, f.node_limit)
+        parts = [self._a2a.parts((leg.T if combine else leg) * per) for leg in legs]
+        return parts[0][0] + parts[1][0], parts[0][1] + parts[1][1]
 
 
 def slowest_gpu_us(timer: LayerTimer, slot_tokens: np.ndarray) -> float:
@@ -287,7 +305,7 @@ def moe_layer_parts(cost: "PlacementCost", timer: LayerTimer, scale: float = 1.0
                 combine[layer] += float((lat_c + scale * drain_c).min())
             else:
                 dispatch[layer] += timer.a2a_us(P[w, layer], timer.shape.dispatch_bytes, scale)
-                combine[layer] += timer.a2a_us(P[w, layer].T, timer.shape.combine_bytes, scale)
+                combine[layer] += timer.a2a_us(P[w, layer], timer.shape.combine_bytes, scale, combine=True)
     shared = np.full(L, timer.shared_us(timer.layout.tokens_per_gpu * scale))
     n = max(W, 1)
     return experts / n, dispatch / n, combine / n, shared
@@ -443,7 +461,7 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
         slot_tok = np.rint(served[se, gpu] / mult).astype(np.int64)
         slowest = slowest_gpu_us(timer, slot_tok.reshape(p.gpus, p.slots_per_gpu))
         dparts = timer.a2a_parts(pairs, timer.shape.dispatch_bytes)
-        cparts = timer.a2a_parts(pairs.T, timer.shape.combine_bytes)
+        cparts = timer.a2a_parts(pairs, timer.shape.combine_bytes, combine=True)
         d, c = float((dparts[0] + dparts[1]).min()), float((cparts[0] + cparts[1]).min())
         if pc.a2a_parts is None:
             pc.a2a_parts = [[None] * pc.pair_tokens.shape[1] for _ in range(pc.pair_tokens.shape[0])]

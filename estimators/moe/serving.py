@@ -15,14 +15,16 @@ Per MoE layer and GPU, the parts (all from `replay.hardware.compute.ComputeModel
 - routed experts: one grouped GEMM (up+gate, activation, down) over the GPU's expert slots with the
   per-slot token counts the placement gives (`PlacementCost.slot_tokens`); the slowest GPU sets the pace;
 - dispatch (FP8 with fp8 precision) and combine (BF16) all-to-alls of the per-pair token counts
-  (`PlacementCost.pair_tokens`).
+  (`PlacementCost.pair_tokens`); prefill sends a token once per destination node and forwards it there over
+  NVLink (DeepEP's normal mode, `estimators.moe.evaluate.NodeForwarding`), decode every pair on its own.
 Dense layers (DeepSeek's first 3, Maverick's interleaved ones) cost attention + the dense FFN; the logits
 GEMM runs once per forward (prefill: one token per prompt).
 
 Overlap (`overlap = "dual-batch"`, what DeepSeek does in prefill and, as a 5-stage pipeline, in decode):
 the batch is split into two micro-batches and one's all-to-all runs while the other computes, so a layer
 takes max(compute of both, communication of both), plus the first micro-batch's exposed part once per
-forward. `overlap = "none"`: compute + communication.
+forward; in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs while they run, so the compute beside
+them runs on the rest. `overlap = "none"`: compute + communication.
 
 Multi-token prediction (decode, `mtp_acceptance` a > 0 with the model's `mtp_layers` d draft tokens): each
 step verifies 1 + d tokens per sequence (so `tokens` = sequences x (1 + d)), runs the d MTP modules (one
@@ -139,10 +141,19 @@ class AttentionTimer:
         return self.c.gemm(T, self.m.vocab, self.m.hidden, dtype="bf16").time_us
 
 
-def _overlap(compute: float, comm: float, mode: str) -> float:
-    """One layer of two micro-batches (each `compute` / `comm` of a half batch) or one whole batch."""
+# SMs the prefill all-to-all kernels hold while they run (DeepEP's normal mode moves the tokens with its own
+# SMs; DeepSeek-V3 report, section 3.2.2: 20 of the H800's 132 SMs suffice to saturate IB and NVLink).
+# Decode's low-latency mode holds none: "after RDMA messages are issued, all GPU SMs are freed"
+# (deepseek-ai/profile-data README).
+PREFILL_COMM_SMS = 20
+
+
+def _overlap(compute: float, comm: float, mode: str, comm_sm_share: float = 0.0) -> float:
+    """One layer of two micro-batches (each `compute` / `comm` of a half batch) or one whole batch. Overlapped,
+    the compute runs on the SMs the communication leaves (a `comm_sm_share` of them are taken while it runs):
+    the layer takes the communication's time, or the compute's plus what it lost beside the communication."""
     if mode == "dual-batch":
-        return max(2 * compute, 2 * comm)
+        return max(2 * comm, 2 * compute + 2 * comm * comm_sm_share)
     return compute + comm
 
 
@@ -161,6 +172,7 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
     exposed_first = 0.0
     k = 0
     ar = at.tp_allreduce_us(T)
+    sm_share = PREFILL_COMM_SMS / at.c.hw.gpu.sm_count if spec.phase == "prefill" else 0.0
     for i in range(model.layers):
         attn = at.attention_us(T, i)
         if model.is_moe_layer(i):
@@ -177,7 +189,7 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
             parts["dense_ffn"] += ffn
         parts["attention"] += attn
         parts["attention_tp_allreduce"] += ar
-        total += _overlap(comp, comm, spec.overlap)
+        total += _overlap(comp, comm, spec.overlap, sm_share if comm > ar else 0.0)
         if dual and not exposed_first and comm > 0:
             exposed_first = min(comp, comm)                 # pipeline fill: the first half's exposed part
     if dual:  # parts per forward: both micro-batches

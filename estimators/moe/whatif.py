@@ -21,8 +21,8 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 from estimators.moe.grouped import GroupLimitedSource
-from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, PlacementCost, evaluate_expected,
-                                     evaluate_placements, fit_stats, moe_layer_parts)
+from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, NodeForwarding, PlacementCost,
+                                     evaluate_expected, evaluate_placements, fit_stats, moe_layer_parts)
 from estimators.moe.placement import (SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
                                       max_over_mean)
 from estimators.moe.serving import ServingSpec, serve, serving_memory
@@ -266,6 +266,18 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
                                                 "not expert loads")
 
 
+def layer_timer(scenario: Scenario, opts: MoEOptions, layout: Layout) -> LayerTimer:
+    """Expert and all-to-all timing of the deployment. Prefill sends a token once per destination node
+    and forwards it over NVLink (DeepEP's normal mode, as DeepSeek and SGLang serve it); decode's
+    low-latency mode and training's all-to-all send every (token, expert) pair."""
+    model = scenario.model
+    forwarding = None
+    if opts.phase == "prefill":
+        groups = expert_groups(model, opts)
+        forwarding = NodeForwarding(model.moe.top_k, groups_per_token(model, opts) if groups > 1 else 0)
+    return LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout, forwarding)
+
+
 def _placement_options(model: ModelConfig, opts: MoEOptions) -> PlacementOptions:
     return PlacementOptions(opts.redundant_experts, expert_groups(model, opts), opts.coactivation_weight)
 
@@ -328,7 +340,7 @@ def _load_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, stats: Rou
     popts = _placement_options(model, opts)
     placement = fit_placement(opts.placement, stats, popts)
     contiguous = _contiguous(stats, popts)
-    timer = LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout)
+    timer = layer_timer(scenario, opts, layout)
     timer.comparison = _eplb_side_by_side(stats, popts, opts)
     costs = evaluate_expected(loads, model.moe.top_k, layout, [placement] + ([contiguous] if contiguous else []),
                               timer)
@@ -342,7 +354,7 @@ def _placement_costs(scenario: Scenario, opts: MoEOptions, layout: Layout, split
                       coactivation_tokens=32768 if opts.placement == "locality" else 0)
     popts = _placement_options(scenario.model, opts)
     placement = fit_placement(opts.placement, stats, popts)
-    timer = LayerTimer(expert_shape(scenario.model, scenario.plan.precision), scenario.hardware, layout)
+    timer = layer_timer(scenario, opts, layout)
     timer.comparison = _eplb_side_by_side(stats, popts, opts)
     base_layout = dataclasses.replace(layout, group_by="none")
     contiguous = _contiguous(stats, popts)
