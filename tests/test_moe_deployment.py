@@ -30,6 +30,7 @@ SAMPLES = [
     ("deepseek-v3-decode-ep320.toml", 1, "decode"),       # 256 + 64 over EP320: one slot per GPU
     ("deepseek-v3-prefill-ep32-h100-sglang.toml", 9, "prefill"),   # SGLang on H100: 256 + 32 over EP32
     ("deepseek-v3-decode-ep72-h100-sglang.toml", 4, "decode"),     # SGLang on H100: 256 + 32 over EP72
+    ("deepseek-v3-decode-ep128-h800-profile.toml", 2, "decode"),  # DeepSeek's profile: 256 over EP128
     ("qwen3-235b-a22b-decode-tp4-ep4.toml", 32, "decode"),
     ("llama4-maverick-decode-ep8.toml", 16, "decode"),
 ]
