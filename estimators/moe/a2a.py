@@ -125,5 +125,6 @@ def node_forwarded_legs(pairs: np.ndarray, gpus_per_node: int, top_k: int, node_
     nvl = np.where(same, B, 0.0)
     fwd = remote.sum(0)                                                  # [i, b, j]: arriving at (b,i) for (b,j)
     nvl[np.arange(n), :, np.arange(n), :] += fwd.transpose(1, 0, 2)      # (b,i) -> (b,j)
-    nvl[:, idx, :, idx] = np.where(same[:, 0, :, 0][None], 0.0, nvl[:, idx, :, idx])   # a rank's own stay
-    return rdma.reshape(G, G), nvl.reshape(G, G)
+    nvl = nvl.reshape(G, G)
+    np.fill_diagonal(nvl, 0.0)               # a rank's own pairs, and those landing on the rail peer, stay
+    return rdma.reshape(G, G), nvl
