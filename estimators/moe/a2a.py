@@ -103,27 +103,52 @@ def expected_distinct_nodes(nodes: int, top_k: int, limit: int = 0) -> float:
     return min(d, float(limit)) if limit and limit > 0 else d
 
 
-def node_forwarded_legs(pairs: np.ndarray, gpus_per_node: int, top_k: int, node_limit: int = 0
+def node_limit(nodes: int, groups: int, groups_per_token: int) -> int:
+    """Most nodes one token's experts can be on under group-limited routing (a token picks its experts from
+    `groups_per_token` of `groups` expert groups), 0 when routing is not grouped. A group spans
+    nodes / groups nodes when the experts are spread over more nodes than there are groups (DeepSeek-V3's
+    8 groups at EP128 on 16 nodes: 4 groups reach 8 nodes, not 4)."""
+    if groups <= 1 or groups_per_token <= 0:
+        return 0
+    return groups_per_token * max(1, -(-int(nodes) // int(groups)))
+
+
+def node_forwarded_legs(pairs: np.ndarray, gpus_per_node: int, top_k: int, limit: int = 0
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """DeepEP's normal-mode dispatch of `pairs` [G, G] ((token, expert) pairs rank -> rank) as its two legs:
-    a token bound for another node crosses the network once per destination node, to the GPU of the same
-    local index there (its rail peer), which forwards it over NVLink to the GPUs holding its experts.
-    Returns (RDMA leg, NVLink leg) as [G, G] token counts. The RDMA leg carries each source's remote pairs
-    to a node x distinct / top_k (expected_distinct_nodes: distinct nodes per token over pairs per token);
-    the NVLink leg carries the node's own pairs and the forwarded ones, pair by pair (the parallelism
-    what-if's DeepEP model counts the same two legs)."""
+    """DeepEP's normal-mode dispatch of `pairs` [G, G] ((token, expert) pairs rank -> rank, a rank's own
+    included) as its two legs: a token bound for another node crosses the network once per destination node,
+    to the GPU of the same local index there (its rail peer), which forwards it over NVLink to the GPUs
+    holding its experts. Returns (RDMA leg, NVLink leg) as [G, G] token counts; the NVLink leg carries the
+    node's own pairs and the forwarded ones, pair by pair (the parallelism what-if's DeepEP model counts the
+    same two legs).
+
+    The RDMA leg counts tokens, not pairs. A source with T = pairs / top_k tokens that sends a share p of
+    its pairs to node b reaches it with 1 - (1 - p)^top_k of its tokens when a token's picks are independent,
+    so a hot node gets fewer tokens per pair than a cold one; with node-limited routing (`limit` nodes a
+    token, `node_limit`) the counts of a source shrink alike until they average `limit` nodes a token. A cell
+    never carries fewer tokens than pairs / top_k (a token brings at most top_k pairs) nor more than its
+    pairs or the source's tokens."""
     G = pairs.shape[0]
     gpn = gpus_per_node
     n = G // gpn
+    k = max(int(top_k), 1)
     B = np.asarray(pairs, float).reshape(n, gpn, n, gpn)
     same = np.eye(n, dtype=bool)[:, None, :, None]
-    remote = np.where(same, 0.0, B)
-    share = expected_distinct_nodes(n, top_k, node_limit) / max(int(top_k), 1)
+    to_node = B.sum(3)                                                   # [i, a, b]: pairs (i,a) -> node b
+    tokens = to_node.sum(2, keepdims=True) / k                           # [i, a, 1]: tokens of (i,a)
+    p = np.divide(to_node, tokens * k, out=np.zeros_like(to_node), where=tokens > 0)
+    reach = tokens * (1.0 - (1.0 - np.clip(p, 0.0, 1.0)) ** k)
+    if limit and limit > 0:
+        per_token = reach.sum(2, keepdims=True)
+        reach *= np.minimum(1.0, np.divide(limit * tokens, per_token, out=np.ones_like(tokens),
+                                           where=per_token > 0))
+    reach = np.clip(reach, to_node / k, np.minimum(to_node, tokens))
+    reach[np.arange(n), :, np.arange(n)] = 0.0                           # a node's own tokens stay on it
     rdma = np.zeros_like(B)
     idx = np.arange(gpn)
-    rdma[:, idx, :, idx] = share * remote.sum(3).transpose(1, 0, 2)     # [i, a, b] -> (a,i) -> (b,i)
+    rdma[:, idx, :, idx] = reach.transpose(1, 0, 2)                      # [i, a, b] -> (a,i) -> (b,i)
     nvl = np.where(same, B, 0.0)
-    fwd = remote.sum(0)                                                  # [i, b, j]: arriving at (b,i) for (b,j)
+    fwd = np.where(same, 0.0, B).sum(0)                                  # [i, b, j]: arriving at (b,i) for (b,j)
     nvl[np.arange(n), :, np.arange(n), :] += fwd.transpose(1, 0, 2)      # (b,i) -> (b,j)
     nvl = nvl.reshape(G, G)
     np.fill_diagonal(nvl, 0.0)               # a rank's own pairs, and those landing on the rail peer, stay

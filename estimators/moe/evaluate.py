@@ -147,7 +147,8 @@ class NodeForwarding:
     without it (DeepEP's low-latency mode in decode, a plain all-to-all) every (token, expert) pair
     travels on its own."""
     top_k: int
-    node_limit: int = 0               # node-limited routing: at most this many nodes per token (0: none)
+    node_limit: int = 0               # node-limited routing: at most this many nodes per token (0: none;
+                                      # estimators.moe.a2a.node_limit)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 from estimators.moe.grouped import GroupLimitedSource
+from estimators.moe.a2a import node_limit
 from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, NodeForwarding, PlacementCost,
                                      evaluate_expected, evaluate_placements, fit_stats, moe_layer_parts)
 from estimators.moe.placement import (SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
@@ -273,8 +274,8 @@ def layer_timer(scenario: Scenario, opts: MoEOptions, layout: Layout) -> LayerTi
     model = scenario.model
     forwarding = None
     if opts.phase == "prefill":
-        groups = expert_groups(model, opts)
-        forwarding = NodeForwarding(model.moe.top_k, groups_per_token(model, opts) if groups > 1 else 0)
+        limit = node_limit(layout.nodes, expert_groups(model, opts), groups_per_token(model, opts))
+        forwarding = NodeForwarding(model.moe.top_k, limit)
     return LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout, forwarding)
 
 

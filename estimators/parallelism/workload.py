@@ -44,7 +44,7 @@ import numpy as np
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
-from estimators.moe.a2a import expected_distinct_nodes
+from estimators.moe.a2a import expected_distinct_nodes, node_limit
 from estimators.parallelism.plan import (FUSED_DISPATCH, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers,
                                          validate_plan)
 
@@ -1006,7 +1006,7 @@ class _RankBuilder:
         if n > 1:
             # expected distinct nodes among a token's top-k experts (uniform routing), at most the
             # groups a token may use (node-limited routing)
-            limit = getattr(mo, "groups_per_token", n) if getattr(mo, "groups", 1) > 1 else n
+            limit = node_limit(n, getattr(mo, "groups", 1), getattr(mo, "groups_per_token", 1))
             distinct = expected_distinct_nodes(n, mo.top_k, limit)
             remote = distinct * (n - 1) / n
             rail = [r for r in self.ep_g if r % gpn == self.rank % gpn]
