@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chakra_schema.errors import TraceInputError, check_choice, check_number
+from estimators.moe.overlap import OVERLAP_CHOICES
 from estimators.moe.placement import PLACEMENTS, SLOTTED
 
 PHASES = ("prefill", "decode", "train")
 FITS = ("first-half", "prefill", "all")
 GROUP_BY = ("none", "domain")
-OVERLAPS = ("none", "dual-batch")
+OVERLAPS = OVERLAP_CHOICES
 
 
 # Caps that keep one estimate bounded in time and memory (a typo such as 1e9 is refused, not run for hours).
@@ -39,7 +40,7 @@ class MoEOptions:
     coactivation_weight: float = 0.1   # locality: weight of keeping co-activated experts on one node
     seed: int = 0
     attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
-    overlap: str = "none"              # inference: none | dual-batch (two micro-batches, all-to-all hidden)
+    overlap: str = "none"              # inference: none | dual-batch | dual-batch-ideal (estimators.moe.overlap)
     mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
     sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
                                        # counts of the evaluated tokens' expert loads, not token by token

@@ -20,11 +20,12 @@ Per MoE layer and GPU, the parts (all from `replay.hardware.compute.ComputeModel
 Dense layers (DeepSeek's first 3, Maverick's interleaved ones) cost attention + the dense FFN; the logits
 GEMM runs once per forward (prefill: one token per prompt).
 
-Overlap (`overlap = "dual-batch"`, what DeepSeek does in prefill and, as a 5-stage pipeline, in decode):
-the batch is split into two micro-batches and one's all-to-all runs while the other computes, so a layer
-takes max(compute of both, communication of both), plus the first micro-batch's exposed part once per
-forward; in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs while they run, so the compute beside
-them runs on the rest. `overlap = "none"`: compute + communication.
+Overlap (`overlap`, `estimators.moe.overlap`): "dual-batch" splits the batch into two micro-batches and runs
+the published stage schedule of the phase (DeepSeek's design as SGLang implements it: each all-to-all hides
+only behind the stages of the other micro-batch that run before it is received, and the stream waits for the
+rest); in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs while they run, so the compute beside them
+runs on the rest. "dual-batch-ideal": every all-to-all hidden behind any compute (an upper bound).
+"none": compute + communication.
 
 Multi-token prediction (decode, `mtp_acceptance` a > 0 with the model's `mtp_layers` d draft tokens): each
 step verifies 1 + d tokens per sequence (so `tokens` = sequences x (1 + d)), runs the d MTP modules (one
@@ -39,6 +40,7 @@ import numpy as np
 
 from chakra_schema.graph import CommType
 from estimators.model_config import ModelConfig
+from estimators.moe.overlap import LayerWork, schedule_for
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class ServingSpec:
     tokens: int                       # routed tokens per GPU per forward
     context: int                      # prompt length (prefill) / KV-cache length (decode)
     attention_tp: int = 1             # GPUs per attention group (1: attention data-parallel)
-    overlap: str = "dual-batch"       # dual-batch | none
+    overlap: str = "dual-batch"       # none | dual-batch | dual-batch-ideal (estimators.moe.overlap)
     mtp_acceptance: float = 0.0       # decode: acceptance rate of each draft token (0: no MTP)
     dtype: str = "bf16"               # GEMM precision (fp8: FP8 GEMMs and dispatch, BF16 combine)
     kv_bytes: int = 2                 # bytes per cached KV element
@@ -81,6 +83,12 @@ class AttentionTimer:
 
     def attention_us(self, tokens: float, layer: int) -> float:
         """Attention block of `tokens` routed tokens per GPU (the attention group holds tokens x tp)."""
+        return sum(self.attention_parts(tokens, layer))
+
+    def attention_parts(self, tokens: float, layer: int) -> tuple[float, float]:
+        """(prepare, core) of the attention block: the norms and Q / KV projections (MLA decode: and the
+        absorbed q_nope -> latent), then the attention kernel and output projection (MLA decode: latent ->
+        v first), where a two-micro-batch schedule cuts it (`estimators.moe.overlap`)."""
         m, s, c = self.m, self.spec, self.c
         tp = s.attention_tp
         T = max(1, int(round(tokens * tp)))
@@ -89,37 +97,39 @@ class AttentionTimer:
         ctx = m.attention_span(layer, s.context)
         # decode with MTP: each sequence's 1 + d verified tokens read its KV cache once, together
         seqs = max(1, int(round(T / (1 + draft_tokens(m, s)))))
-        t = 2 * c.memory_op(T * h * 2 * 2).time_us                       # two norms
+        norm = c.memory_op(T * h * 2 * 2).time_us
+        prep, core = norm, norm
         if m.mla is not None:
             a = m.mla
             qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-            t += (c.gemm(T, a.q_lora_rank, h, dtype=dt).time_us
-                  + c.gemm(T, H * qk, a.q_lora_rank, dtype=dt).time_us
-                  + c.gemm(T, a.kv_lora_rank + a.qk_rope_head_dim, h, dtype=dt).time_us
-                  + c.gemm(T, h, H * a.v_head_dim, dtype=dt).time_us)
+            prep += (c.gemm(T, a.q_lora_rank, h, dtype=dt).time_us
+                     + c.gemm(T, H * qk, a.q_lora_rank, dtype=dt).time_us
+                     + c.gemm(T, a.kv_lora_rank + a.qk_rope_head_dim, h, dtype=dt).time_us)
+            core += c.gemm(T, h, H * a.v_head_dim, dtype=dt).time_us
             if s.phase == "decode":
                 # absorbed: q_nope -> latent, attention over the compressed cache, latent -> v
                 latent = a.kv_lora_rank + a.qk_rope_head_dim
-                t += (c.gemm(T, a.kv_lora_rank, a.qk_nope_head_dim, batch=H, dtype="bf16").time_us
-                      + c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us)
-                core = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
+                prep += c.gemm(T, a.kv_lora_rank, a.qk_nope_head_dim, batch=H, dtype="bf16").time_us
+                kernel = c.attention(T, H, 1, ctx, (latent + a.kv_lora_rank) // 2, kv_heads=1)
                 cache = c.memory_op(seqs * ctx * latent * s.kv_bytes)   # the cache is read once per step
-                t += max(core.compute_us, cache.time_us)              # FlashMLA: compute- or bandwidth-bound
+                core += (c.gemm(T, a.v_head_dim, a.kv_lora_rank, batch=H, dtype="bf16").time_us
+                         + max(kernel.compute_us, cache.time_us))      # FlashMLA: compute- or bandwidth-bound
             else:
-                t += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
+                prep += c.gemm(T, H * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, dtype=dt).time_us
                 seqs = max(1, T // ctx)
-                t += c.attention(seqs, H, min(T, ctx), min(T, ctx), max(qk, a.v_head_dim), causal=True).time_us
+                core += c.attention(seqs, H, min(T, ctx), min(T, ctx), max(qk, a.v_head_dim), causal=True).time_us
         else:
             d, K = m.d_head, max(1, m.n_kv // tp)
-            t += c.gemm(T, (H + 2 * K) * d, h, dtype=dt).time_us + c.gemm(T, h, H * d, dtype=dt).time_us
+            prep += c.gemm(T, (H + 2 * K) * d, h, dtype=dt).time_us
+            core += c.gemm(T, h, H * d, dtype=dt).time_us
             if s.phase == "decode":
-                core = c.attention(T, H, 1, ctx, d, kv_heads=K)
+                kernel = c.attention(T, H, 1, ctx, d, kv_heads=K)
                 cache = c.memory_op(seqs * ctx * 2 * K * d * s.kv_bytes)
-                t += max(core.compute_us, cache.time_us)
+                core += max(kernel.compute_us, cache.time_us)
             else:
                 seqs = max(1, T // ctx)
-                t += c.attention(seqs, H, min(T, ctx), min(T, ctx), d, causal=True, kv_heads=K).time_us
-        return t
+                core += c.attention(seqs, H, min(T, ctx), min(T, ctx), d, causal=True, kv_heads=K).time_us
+        return prep, core
 
     def tp_allreduce_us(self, tokens: float) -> float:
         """The attention output all-reduce inside a tensor-parallel attention group."""
@@ -141,62 +151,40 @@ class AttentionTimer:
         return self.c.gemm(T, self.m.vocab, self.m.hidden, dtype="bf16").time_us
 
 
-# SMs the prefill all-to-all kernels hold while they run (DeepEP's normal mode moves the tokens with its own
-# SMs; DeepSeek-V3 report, section 3.2.2: 20 of the H800's 132 SMs suffice to saturate IB and NVLink).
-# Decode's low-latency mode holds none: "after RDMA messages are issued, all GPU SMs are freed"
-# (deepseek-ai/profile-data README).
-PREFILL_COMM_SMS = 20
-
-
-def _overlap(compute: float, comm: float, mode: str, comm_sm_share: float = 0.0) -> float:
-    """One layer of two micro-batches (each `compute` / `comm` of a half batch) or one whole batch. Overlapped,
-    the compute runs on the SMs the communication leaves (a `comm_sm_share` of them are taken while it runs):
-    the layer takes the communication's time, or the compute's plus what it lost beside the communication."""
-    if mode == "dual-batch":
-        return max(2 * comm, 2 * compute + 2 * comm * comm_sm_share)
-    return compute + comm
+# SMs the prefill all-to-all kernels hold for the overlapped forward (DeepEP's normal mode moves the tokens
+# with its own SMs): DeepSeek's prefill profile runs computation on 108 of the H800's 132 SMs and
+# communication on 24 (deepseek-ai/profile-data, assets/prefill.jpg). Decode's low-latency mode holds none:
+# "after RDMA messages are issued, all GPU SMs are freed" (profile-data README; its decode figure: 132 / 0).
+PREFILL_COMM_SMS = 24
 
 
 def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> ServingEstimate:
     """Forward time and throughput. `moe_layer_parts(scale)` -> per MoE layer arrays (experts_us,
     dispatch_us, combine_us, shared_us) for `scale` x the routed tokens (0.5: one of two micro-batches)."""
     at = AttentionTimer(model, hardware, spec)
-    dual = spec.overlap == "dual-batch"
-    scale = 0.5 if dual else 1.0
+    schedule = schedule_for(spec.overlap, spec.phase)
+    scale = 1.0 / schedule.micro_batches
     T = spec.tokens * scale                                  # tokens of one micro-batch per GPU
     experts, dispatch, combine, shared = (np.asarray(x, float) for x in moe_layer_parts(scale))
     moe_ids = [i for i in range(model.layers) if model.is_moe_layer(i)]
-    parts = {"attention": 0.0, "dense_ffn": 0.0, "shared_experts": 0.0, "routed_experts": 0.0,
-             "dispatch": 0.0, "combine": 0.0, "attention_tp_allreduce": 0.0}
-    total = 0.0
-    exposed_first = 0.0
-    k = 0
     ar = at.tp_allreduce_us(T)
-    sm_share = PREFILL_COMM_SMS / at.c.hw.gpu.sm_count if spec.phase == "prefill" else 0.0
+    layers, k = [], 0
     for i in range(model.layers):
-        attn = at.attention_us(T, i)
+        prep, core = at.attention_parts(T, i)
         if model.is_moe_layer(i):
-            comp = attn + shared[k] + experts[k]
-            comm = dispatch[k] + combine[k] + ar
-            parts["shared_experts"] += shared[k]
-            parts["routed_experts"] += experts[k]
-            parts["dispatch"] += dispatch[k]
-            parts["combine"] += combine[k]
+            layers.append(LayerWork(prep, core, ar, shared=shared[k], experts=experts[k], dispatch=dispatch[k],
+                                    combine=combine[k]))
             k += 1
         else:
-            ffn = at.dense_ffn_us(T)
-            comp, comm = attn + ffn, ar
-            parts["dense_ffn"] += ffn
-        parts["attention"] += attn
-        parts["attention_tp_allreduce"] += ar
-        total += _overlap(comp, comm, spec.overlap, sm_share if comm > ar else 0.0)
-        if dual and not exposed_first and comm > 0:
-            exposed_first = min(comp, comm)                 # pipeline fill: the first half's exposed part
-    if dual:  # parts per forward: both micro-batches
-        parts = {k: 2 * v for k, v in parts.items()}
-    parts["overlap_saved"] = -(sum(parts.values()) - total)     # what overlapping hid (<= 0 adds nothing)
-    parts["pipeline_fill"] = exposed_first
-    total += exposed_first
+            layers.append(LayerWork(prep, core, ar, ffn=at.dense_ffn_us(T)))
+    sm_share = PREFILL_COMM_SMS / at.c.hw.gpu.sm_count if spec.phase == "prefill" else 0.0
+    total = schedule.forward_us(layers, sm_share)
+    mb = schedule.micro_batches                              # parts per forward: every micro-batch's
+    parts = {"attention": mb * sum(w.attn_prepare + w.attn_core for w in layers),
+             "dense_ffn": mb * sum(w.ffn for w in layers), "shared_experts": mb * float(shared.sum()),
+             "routed_experts": mb * float(experts.sum()), "dispatch": mb * float(dispatch.sum()),
+             "combine": mb * float(combine.sum()), "attention_tp_allreduce": mb * ar * len(layers)}
+    parts["overlap_saved"] = total - sum(parts.values())    # what overlapping hid (<= 0), net of its waits
     d = draft_tokens(model, spec)
     seqs = spec.tokens / (1 + d) if spec.phase == "decode" else max(1.0, spec.tokens / spec.context)
     # logits: every verified token in decode, one per prompt in prefill

@@ -448,7 +448,7 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
     pred.metrics.update({
         "forward_latency_us": forward_us, f"{opts.phase}_latency_us": forward_us,
         "dense_forward_us": sum(v for k, v in parts.items() if k not in ("shared_experts", "routed_experts",
-                                                                          "dispatch", "combine")),
+                                                                          "dispatch", "combine", "overlap_saved")),
         "moe_parts_us": moe_parts,
         f"{opts.phase}_tokens_per_s": pred.tokens_per_s,
         "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "tokens_per_s_per_node": per_node,

@@ -4,6 +4,7 @@ EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
 from chakra_schema.errors import TraceInputError
+from estimators.moe.overlap import OVERLAP_CHOICES
 
 MAX_GPUS_PER_NODE = 4096   # one NVLink domain of GPUs; larger is a typo
 
@@ -55,8 +56,10 @@ def register_moe(wsub) -> None:
     p.add_argument("--context", type=int, help="inference: prompt / KV-cache length (default 4096)")
     p.add_argument("--attention-tp", type=int, help="inference: GPUs per attention group (default 1: "
                                                     "attention data-parallel beside expert EP)")
-    p.add_argument("--overlap", choices=["none", "dual-batch"],
-                   help="inference: two micro-batches, one's all-to-all behind the other's compute (default none)")
+    p.add_argument("--overlap", choices=list(OVERLAP_CHOICES),
+                   help="inference: dual-batch: two micro-batches in the published stage schedule of the phase, "
+                        "an all-to-all hidden behind the other's stages until it is received; dual-batch-ideal: "
+                        "behind any compute (an upper bound); default none")
     p.add_argument("--mtp-acceptance", type=float, help="decode: acceptance rate of each MTP draft token")
     p.add_argument("--fit", choices=["first-half", "prefill", "all"],
                    help="which tokens the placement is fitted on (evaluated on the others)")
