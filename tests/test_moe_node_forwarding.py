@@ -152,3 +152,35 @@ def test_prefill_runs_its_compute_on_the_sms_the_all_to_all_leaves_and_decode_on
     for phase in ("prefill", "decode"):
         serving.serve(m, hw, serving.ServingSpec(phase, 4096, 4096), parts)
     assert seen == [("dual-batch-prefill", pytest.approx(24 / 132)), ("dual-batch-decode", 0.0)]
+
+
+def test_beside_compute_the_normal_kernels_take_what_deepseeks_training_profile_measured():
+    """DeepSeek's training profile (deepseek-ai/profile-data train.json; H800, EP64, 4096 tokens per rank,
+    DeepSeek-V3 routing at most 4 nodes a token) times DeepEP's forward dispatch at 4604 / 4154 / 4437 /
+    4188 us and its combine at 6549 / 6002 / 6543 / 6074 / 5889 / 5847 / 6492 / 6052 us beside DualPipe's
+    compute: 10,527 us a layer. The unit-test model times PREFILL_A2A_BESIDE_COMPUTE gives the same."""
+    from estimators.moe.serving import PREFILL_A2A_BESIDE_COMPUTE
+    ep, T, k = 64, 4096, 8
+    shape = ExpertShape(hidden=7168, expert_ffn=2048, gated=True, shared_experts=0, experts=256,
+                        dispatch_bytes=1, combine_bytes=2)
+    t = LayerTimer(shape, "h800", Layout(gpus=ep, gpus_per_node=8, tokens_per_gpu=T), NodeForwarding(k, 4))
+    pairs = np.full((ep, ep), T * k / ep)
+    measured = np.mean([4604, 4154, 4437, 4188]) + np.mean([6549, 6002, 6543, 6074, 5889, 5847, 6492, 6052])
+    unit = t.a2a_us(pairs, 1) + t.a2a_us(pairs, 2, combine=True)
+    assert unit * PREFILL_A2A_BESIDE_COMPUTE == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.parametrize("phase,overlap,slowed", [("prefill", "dual-batch", True), ("prefill", "dual-batch-ideal", True),
+                                                  ("prefill", "none", False), ("decode", "dual-batch", False)])
+def test_only_prefill_beside_compute_pays_the_slowdown(phase, overlap, slowed):
+    from estimators.model_config import load_model
+    from estimators.moe import serving
+    from replay.hardware.config import get_hardware
+    m, hw = load_model("deepseek-v3"), get_hardware("h100-sxm")
+    L = m.moe_layers
+    parts = lambda scale: (np.full(L, 100.0), np.full(L, 50.0), np.full(L, 70.0), np.full(L, 10.0))  # noqa: E731
+    est = serving.serve(m, hw, serving.ServingSpec(phase, 4096, 4096, overlap=overlap), parts)
+    mb = 2 if overlap != "none" else 1
+    factor = serving.PREFILL_A2A_BESIDE_COMPUTE if slowed else 1.0
+    assert est.parts_us["dispatch"] == pytest.approx(mb * L * 50.0 * factor)
+    assert est.parts_us["combine"] == pytest.approx(mb * L * 70.0 * factor)

@@ -24,7 +24,8 @@ Overlap (`overlap`, `estimators.moe.overlap`): "dual-batch" splits the batch int
 the published stage schedule of the phase (DeepSeek's design as SGLang implements it: each all-to-all hides
 only behind the stages of the other micro-batch that run before it is received, and the stream waits for the
 rest); in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs while they run, so the compute beside them
-runs on the rest. "dual-batch-ideal": every all-to-all hidden behind any compute (an upper bound).
+runs on the rest, and they run PREFILL_A2A_BESIDE_COMPUTE times as long as alone (measured on DeepSeek's
+training profile). "dual-batch-ideal": every all-to-all hidden behind any compute (an upper bound).
 "none": compute + communication.
 
 Multi-token prediction (decode, `mtp_acceptance` a > 0 with the model's `mtp_layers` d draft tokens): each
@@ -157,6 +158,17 @@ class AttentionTimer:
 # "after RDMA messages are issued, all GPU SMs are freed" (profile-data README; its decode figure: 132 / 0).
 PREFILL_COMM_SMS = 24
 
+# DeepEP's normal kernels beside compute take longer than in DeepEP's own unit test, which the forwarded
+# all-to-all model reproduces (estimators.moe.evaluate.LayerTimer.a2a_parts). Measured on DeepSeek's
+# training profile (deepseek-ai/profile-data train.json: H800, EP64, 4096 tokens per rank, DeepSeek-V3
+# pretraining settings, balanced routing; the kernels run on 20 SMs beside DualPipe's compute): forward
+# dispatch 4604 / 4154 / 4437 / 4188 us, combine 6549 / 6002 / 6543 / 6074 / 5889 / 5847 / 6492 / 6052 us,
+# 10,527 us a layer, against 2,391 + 4,754 us for the unit-test model with node-limited routing (4 nodes a
+# token, as DeepSeek-V3 routes): 1.47x. SGLang reports the same effect in prefill with two-batch overlap
+# (LMSYS blog 2025-05-05: communication slower than its unit test, which it reaches without the overlap).
+# Were the profile's balanced routing not node-limited, the factor would read 1.12.
+PREFILL_A2A_BESIDE_COMPUTE = 1.47
+
 
 def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> ServingEstimate:
     """Forward time and throughput. `moe_layer_parts(scale)` -> per MoE layer arrays (experts_us,
@@ -166,6 +178,8 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
     scale = 1.0 / schedule.micro_batches
     T = spec.tokens * scale                                  # tokens of one micro-batch per GPU
     experts, dispatch, combine, shared = (np.asarray(x, float) for x in moe_layer_parts(scale))
+    if spec.phase == "prefill" and schedule.micro_batches > 1:      # the all-to-all runs beside compute
+        dispatch, combine = dispatch * PREFILL_A2A_BESIDE_COMPUTE, combine * PREFILL_A2A_BESIDE_COMPUTE
     moe_ids = [i for i in range(model.layers) if model.is_moe_layer(i)]
     ar = at.tp_allreduce_us(T)
     layers, k = [], 0
