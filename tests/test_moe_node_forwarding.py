@@ -184,3 +184,37 @@ def test_only_prefill_beside_compute_pays_the_slowdown(phase, overlap, slowed):
     factor = serving.PREFILL_A2A_BESIDE_COMPUTE if slowed else 1.0
     assert est.parts_us["dispatch"] == pytest.approx(mb * L * 50.0 * factor)
     assert est.parts_us["combine"] == pytest.approx(mb * L * 70.0 * factor)
+
+
+# DeepEP's low-latency kernels (decode) on H800 + CX7: 128 tokens per rank, hidden 7168, top-8, FP8 dispatch,
+# BF16 combine (deepseek-ai/DeepEP, docs/legacy.md, V1 table), us: (dispatch, combine) by EP
+DEEPEP_LOW_LATENCY_H800 = {16: (118, 195), 32: (155, 273), 64: (173, 314), 128: (192, 369), 256: (194, 360)}
+
+
+@pytest.mark.parametrize("ep", sorted(DEEPEP_LOW_LATENCY_H800))
+def test_decode_all_to_all_reproduces_deepeps_published_low_latency_times(ep):
+    from estimators.moe.evaluate import LOW_LATENCY_CALL_US
+    T, k = 128, 8
+    shape = ExpertShape(hidden=7168, expert_ffn=2048, gated=True, shared_experts=0, experts=256,
+                        dispatch_bytes=1, combine_bytes=2)
+    t = LayerTimer(shape, "h800", Layout(gpus=ep, gpus_per_node=8, tokens_per_gpu=T),
+                   call_overhead_us=LOW_LATENCY_CALL_US)
+    pairs = np.full((ep, ep), T * k / ep)                         # every (token, expert) pair on its own
+    want_d, want_c = DEEPEP_LOW_LATENCY_H800[ep]
+    assert t.a2a_us(pairs, 1) == pytest.approx(want_d, rel=0.07)
+    assert t.a2a_us(pairs, 2, combine=True) == pytest.approx(want_c, rel=0.07)
+    bare = LayerTimer(shape, "h800", Layout(gpus=ep, gpus_per_node=8, tokens_per_gpu=T))
+    assert t.a2a_us(pairs, 1) == pytest.approx(bare.a2a_us(pairs, 1) + 15.0)
+
+
+def test_decode_timer_pays_the_low_latency_call_cost_and_prefill_does_not():
+    from types import SimpleNamespace
+    from estimators.model_config import load_model
+    from estimators.moe.options import MoEOptions
+    from estimators.moe.whatif import layer_timer
+    from replay.hardware.config import get_hardware
+    sc = SimpleNamespace(model=load_model("deepseek-v3"), hardware=get_hardware("h100-sxm"),
+                         plan=SimpleNamespace(precision="fp8"))
+    layout = Layout(gpus=32, gpus_per_node=8, tokens_per_gpu=128)
+    assert layer_timer(sc, MoEOptions(phase="decode"), layout).call_overhead_us == 15.0
+    assert layer_timer(sc, MoEOptions(phase="prefill"), layout).call_overhead_us == 0.0

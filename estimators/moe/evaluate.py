@@ -151,6 +151,16 @@ class NodeForwarding:
                                       # estimators.moe.a2a.node_limit)
 
 
+# DeepEP's low-latency kernels (decode) cost a fixed time a call beyond the link model's latency and drain:
+# the send phase signals a token count to every expert and the receive phase polls every local expert's
+# counter before the tokens can be used. Least-squares offset between the plain all-to-all model on H800 and
+# DeepEP's published low-latency table (deepseek-ai/DeepEP docs/legacy.md, H800 + CX7, 128 tokens, hidden
+# 7168, top-8, FP8 dispatch / BF16 combine: dispatch 118 / 155 / 173 / 192 / 194 us and combine 195 / 273 /
+# 314 / 369 / 360 us at EP16 / 32 / 64 / 128 / 256): 15 us; with it every figure reads within 7%. EP8 is
+# left out: its V1 kernels send intra-node tokens over RDMA as well, which the model sends over NVLink.
+LOW_LATENCY_CALL_US = 15.0
+
+
 @dataclass(frozen=True)
 class ExpertShape:
     hidden: int
@@ -189,8 +199,10 @@ def hardware_models(hardware):
 class LayerTimer:
     """Expert GEMM and all-to-all times of one EP group on one hardware preset."""
 
-    def __init__(self, shape: ExpertShape, hardware, layout: Layout, forwarding: NodeForwarding | None = None):
+    def __init__(self, shape: ExpertShape, hardware, layout: Layout, forwarding: NodeForwarding | None = None,
+                 call_overhead_us: float = 0.0):
         self.shape, self.layout, self.forwarding = shape, layout, forwarding
+        self.call_overhead_us = call_overhead_us       # fixed cost of one all-to-all call (LOW_LATENCY_CALL_US)
         self.compute, self.network = hardware_models(hardware)
         self.ranks = list(range(layout.gpus))
         self._expert_memo: dict[int, float] = {}
@@ -271,7 +283,8 @@ class LayerTimer:
         per = self.shape.hidden * elem_bytes
         f = self.forwarding
         if f is None or self.layout.nodes <= 1:
-            return self._a2a.parts((pairs.T if combine else pairs) * per)
+            lat, drain = self._a2a.parts((pairs.T if combine else pairs) * per)
+            return lat + self.call_overhead_us, drain
         from estimators.moe.a2a import node_forwarded_legs
         legs = node_forwarded_legs(pairs, self.layout.gpus_per_node, f.top_k, f.node_limit)
         parts = [self._a2a.parts((leg.T if combine else leg) * per) for leg in legs]

@@ -22,8 +22,9 @@ from chakra_schema.errors import TraceInputError
 from estimators.model_config import ModelConfig
 from estimators.moe.grouped import GroupLimitedSource
 from estimators.moe.a2a import node_limit
-from estimators.moe.evaluate import (ExpertShape, LayerTimer, Layout, NodeForwarding, PlacementCost,
-                                     evaluate_expected, evaluate_placements, fit_stats, moe_layer_parts)
+from estimators.moe.evaluate import (LOW_LATENCY_CALL_US, ExpertShape, LayerTimer, Layout, NodeForwarding,
+                                     PlacementCost, evaluate_expected, evaluate_placements, fit_stats,
+                                     moe_layer_parts)
 from estimators.moe.placement import (SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
                                       max_over_mean)
 from estimators.moe.serving import ServingSpec, serve, serving_memory
@@ -270,13 +271,16 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
 def layer_timer(scenario: Scenario, opts: MoEOptions, layout: Layout) -> LayerTimer:
     """Expert and all-to-all timing of the deployment. Prefill sends a token once per destination node
     and forwards it over NVLink (DeepEP's normal mode, as DeepSeek and SGLang serve it); decode's
-    low-latency mode and training's all-to-all send every (token, expert) pair."""
+    low-latency mode and training's all-to-all send every (token, expert) pair, decode's kernels at a fixed
+    cost a call (LOW_LATENCY_CALL_US)."""
     model = scenario.model
-    forwarding = None
+    forwarding, overhead = None, 0.0
     if opts.phase == "prefill":
         limit = node_limit(layout.nodes, expert_groups(model, opts), groups_per_token(model, opts))
         forwarding = NodeForwarding(model.moe.top_k, limit)
-    return LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout, forwarding)
+    elif opts.phase == "decode":
+        overhead = LOW_LATENCY_CALL_US
+    return LayerTimer(expert_shape(model, scenario.plan.precision), scenario.hardware, layout, forwarding, overhead)
 
 
 def _placement_options(model: ModelConfig, opts: MoEOptions) -> PlacementOptions:
