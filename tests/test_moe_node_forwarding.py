@@ -94,6 +94,23 @@ def test_a_token_whose_experts_all_sit_on_one_remote_node_crosses_once():
     assert nvlink[8, 9:].sum() == pytest.approx(700.0)     # 8 forwards the pairs of the other seven GPUs
 
 
+def test_tokens_on_the_wire_match_a_monte_carlo_of_top_k_routing_with_a_hot_node():
+    """Independent of the formula: 20,000 tokens each pick 8 distinct experts of 32 (4 nodes x 8), node 1's
+    experts 4x as likely as the others' (Gumbel top-k). Counting the distinct (token, remote node) pairs
+    directly, the RDMA leg from the pair counts reads within 5% on every node."""
+    rng = np.random.default_rng(0)
+    weights = np.array([1.0] * 8 + [4.0] * 8 + [1.0] * 16)
+    keys = np.log(weights) + rng.gumbel(size=(20000, 32))
+    picks = np.argsort(-keys, axis=1)[:, :8]                       # 8 distinct experts a token
+    pairs = np.zeros((32, 32))
+    np.add.at(pairs[0], picks.ravel(), 1.0)                        # every token on GPU 0, expert e on GPU e
+    node_of = picks // 8
+    for node in (1, 2, 3):
+        on_wire = float((node_of == node).any(axis=1).sum())       # tokens with an expert there
+        rdma, _ = node_forwarded_legs(pairs, 8, top_k=8)
+        assert rdma[0, 8 * node] == pytest.approx(on_wire, rel=0.05)
+
+
 def test_a_hot_node_gets_fewer_tokens_per_pair_than_a_cold_one():
     """GPU 0 of four 8-GPU nodes routes 64 tokens top-8 (512 pairs): 256 to node 1, 128 to node 2, 64 to
     node 3, 64 stay home. A token reaches node b with 1 - (1 - p_b)^8 when its picks are independent:
@@ -108,9 +125,10 @@ def test_a_hot_node_gets_fewer_tokens_per_pair_than_a_cold_one():
 
 def test_node_limited_routing_caps_the_nodes_a_token_reaches_and_a_group_may_span_nodes():
     """DeepSeek-V3: 8 expert groups, a token's 8 experts from 4 of them. On 4 or 8 nodes that is at most 4
-    nodes; at EP128 on 16 nodes each group spans 2 nodes, so up to 8; at EP256 up to 16."""
+    nodes (on 2, both); at EP128 on 16 nodes each group spans 2 nodes, so up to 8; at EP256 up to 16. On 12
+    nodes a group is 1.5 nodes' experts and touches 2: up to 8."""
     from estimators.moe.a2a import node_limit
-    assert [node_limit(n, 8, 4) for n in (2, 4, 8, 16, 32)] == [4, 4, 4, 8, 16]
+    assert [node_limit(n, 8, 4) for n in (2, 4, 8, 12, 16, 32)] == [2, 4, 4, 8, 8, 16]
     assert node_limit(16, 1, 1) == 0                                   # ungrouped routing: no limit
     # uniform routing over 8 nodes, limit 4: every source's remote tokens shrink to 4/8 a node a token
     pairs = np.full((64, 64), 1.0)                                      # 64 pairs = 8 tokens a GPU

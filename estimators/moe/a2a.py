@@ -105,12 +105,14 @@ def expected_distinct_nodes(nodes: int, top_k: int, limit: int = 0) -> float:
 
 def node_limit(nodes: int, groups: int, groups_per_token: int) -> int:
     """Most nodes one token's experts can be on under group-limited routing (a token picks its experts from
-    `groups_per_token` of `groups` expert groups), 0 when routing is not grouped. A group spans
-    nodes / groups nodes when the experts are spread over more nodes than there are groups (DeepSeek-V3's
-    8 groups at EP128 on 16 nodes: 4 groups reach 8 nodes, not 4)."""
+    `groups_per_token` of `groups` expert groups, the groups laid out in order over the nodes), 0 when routing
+    is not grouped. A group spans several nodes when there are more nodes than groups (DeepSeek-V3's 8 groups
+    at EP128 on 16 nodes: 4 groups reach 8 nodes, not 4), or straddles two when they do not line up."""
     if groups <= 1 or groups_per_token <= 0:
         return 0
-    return groups_per_token * max(1, -(-int(nodes) // int(groups)))
+    n, g = int(nodes), int(groups)
+    span = max(-(-((i + 1) * n) // g) - (i * n) // g for i in range(g))     # nodes group i touches
+    return min(n, groups_per_token * span)
 
 
 def node_forwarded_legs(pairs: np.ndarray, gpus_per_node: int, top_k: int, limit: int = 0

@@ -34,7 +34,8 @@ class LayerWork:
     """One transformer layer of one micro-batch, in us (a dense layer has no experts or all-to-all)."""
     attn_prepare: float               # norms, Q/KV projections (MLA decode: the absorbed q_nope -> latent)
     attn_core: float                  # the attention kernel and output projection
-    tp_allreduce: float = 0.0         # the attention output all-reduce of a TP attention group
+    tp_allreduce: float = 0.0         # the attention output all-reduce of a TP attention group (on the stream)
+    moe: bool = False                 # an MoE layer (routed experts, all-to-all) rather than a dense one
     ffn: float = 0.0                  # a dense layer's FFN
     shared: float = 0.0               # router + shared experts
     experts: float = 0.0              # the slowest GPU's routed experts
@@ -47,11 +48,8 @@ class LayerWork:
 
     @property
     def communication(self) -> float:
-        return self.dispatch + self.combine + self.tp_allreduce
-
-    @property
-    def is_moe(self) -> bool:
-        return self.dispatch > 0 or self.combine > 0 or self.experts > 0
+        """The all-to-alls (the attention all-reduce blocks the stream: `tp_allreduce`)."""
+        return self.dispatch + self.combine
 
 
 # one operation of a micro-batch's stage list
@@ -76,7 +74,7 @@ class Sequential(OverlapSchedule):
     name = "none"
 
     def forward_us(self, layers, comm_sm_share=0.0):
-        return sum(w.compute + w.communication for w in layers)
+        return sum(w.compute + w.tp_allreduce + w.communication for w in layers)
 
 
 class IdealDualBatch(OverlapSchedule):
@@ -87,8 +85,8 @@ class IdealDualBatch(OverlapSchedule):
     micro_batches = 2
 
     def forward_us(self, layers, comm_sm_share=0.0):
-        stretch = 1.0 / (1.0 - comm_sm_share)
-        return sum(max(2 * w.communication, 2 * w.compute * stretch) for w in layers)
+        stretch = _stretch(comm_sm_share)
+        return sum(max(2 * w.communication, 2 * (w.compute * stretch + w.tp_allreduce)) for w in layers)
 
 
 class StagedDualBatch(OverlapSchedule):
@@ -102,7 +100,7 @@ class StagedDualBatch(OverlapSchedule):
     def stages(self, layers: Sequence[LayerWork]) -> list[list[tuple]]:
         ops: list[tuple] = []
         for i, w in enumerate(layers):
-            ops += (self._moe_ops if w.is_moe else self._dense_ops)(w, i)
+            ops += (self._moe_ops if w.moe else self._dense_ops)(w, i)
         out, cur = [], []
         for op in ops:
             if op == YIELD:
@@ -122,11 +120,18 @@ class StagedDualBatch(OverlapSchedule):
         return _run(((mb, stages[s]) for mb, s in order), comm_sm_share)
 
 
+def _stretch(comm_sm_share: float) -> float:
+    """How much longer compute takes on the SMs the communication kernels leave."""
+    if not 0.0 <= comm_sm_share < 1.0:
+        raise ValueError(f"the communication's share of the SMs must be in [0, 1), not {comm_sm_share}")
+    return 1.0 / (1.0 - comm_sm_share)
+
+
 def _run(stage_order: Iterable[tuple[int, list[tuple]]], comm_sm_share: float) -> float:
-    """Time of the stream: compute ops run in order on the SMs the communication leaves (1 - comm_sm_share);
-    `send` starts a transfer on the channel when the stream reaches it and the channel is free; `recv` waits
-    for it."""
-    stretch = 1.0 / (1.0 - comm_sm_share)
+    """Time of the stream: compute ops run in order on the SMs the communication leaves (1 - comm_sm_share),
+    `block` ops (a TP all-reduce) hold the stream as they are; `send` starts a transfer on the channel when
+    the stream reaches it and the channel is free; `recv` waits for it."""
+    stretch = _stretch(comm_sm_share)
     t = free = 0.0
     done: dict = {}
     for mb, ops in stage_order:
@@ -134,6 +139,8 @@ def _run(stage_order: Iterable[tuple[int, list[tuple]]], comm_sm_share: float) -
             kind = op[0]
             if kind == "compute":
                 t += op[1] * stretch
+            elif kind == "block":
+                t += op[1]
             elif kind == "send":
                 free = max(t, free) + op[2]
                 done[(mb, op[1])] = free
@@ -144,20 +151,21 @@ def _run(stage_order: Iterable[tuple[int, list[tuple]]], comm_sm_share: float) -
 
 def _decode_moe(w: LayerWork, i: int) -> list[tuple]:
     return [_compute(w.attn_prepare), YIELD,
-            _compute(w.attn_core + w.tp_allreduce), YIELD,
+            _compute(w.attn_core), ("block", w.tp_allreduce), YIELD,
             ("send", ("dispatch", i), w.dispatch), _compute(w.shared), YIELD,
             ("recv", ("dispatch", i)), _compute(w.experts), ("send", ("combine", i), w.combine), YIELD,
             ("recv", ("combine", i)), YIELD]
 
 
 def _prefill_moe(w: LayerWork, i: int) -> list[tuple]:
-    return [_compute(w.attn_prepare + w.attn_core + w.tp_allreduce), ("send", ("dispatch", i), w.dispatch), YIELD,
+    return [_compute(w.attn_prepare + w.attn_core), ("block", w.tp_allreduce), ("send", ("dispatch", i), w.dispatch),
+            YIELD,
             ("recv", ("dispatch", i)), _compute(w.experts), ("send", ("combine", i), w.combine), YIELD,
             _compute(w.shared), ("recv", ("combine", i))]
 
 
 def _dense(w: LayerWork, i: int) -> list[tuple]:
-    return [_compute(w.attn_prepare + w.attn_core + w.tp_allreduce + w.ffn)]
+    return [_compute(w.attn_prepare + w.attn_core), ("block", w.tp_allreduce), _compute(w.ffn + w.shared)]
 
 
 SCHEDULES: dict[str, OverlapSchedule] = {s.name: s for s in (
@@ -171,4 +179,8 @@ OVERLAP_CHOICES = ("none", "dual-batch", "dual-batch-ideal")
 
 
 def schedule_for(overlap: str, phase: str) -> OverlapSchedule:
+    if overlap not in OVERLAP_CHOICES:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_CHOICES)}, not {overlap!r}")
+    if overlap == "dual-batch" and phase not in ("prefill", "decode"):
+        raise ValueError(f"two-micro-batch overlap is a serving schedule (prefill or decode), not {phase!r}")
     return SCHEDULES[f"dual-batch-{phase}" if overlap == "dual-batch" else overlap]

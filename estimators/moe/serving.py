@@ -23,7 +23,7 @@ GEMM runs once per forward (prefill: one token per prompt).
 Overlap (`overlap`, `estimators.moe.overlap`): "dual-batch" splits the batch into two micro-batches and runs
 the published stage schedule of the phase (DeepSeek's design as SGLang implements it: each all-to-all hides
 only behind the stages of the other micro-batch that run before it is received, and the stream waits for the
-rest); in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs while they run, so the compute beside them
+rest); in prefill the all-to-all kernels hold PREFILL_COMM_SMS SMs for the overlapped forward, so the compute
 runs on the rest, and they run PREFILL_A2A_BESIDE_COMPUTE times as long as alone (measured on DeepSeek's
 training profile). "dual-batch-ideal": every all-to-all hidden behind any compute (an upper bound).
 "none": compute + communication.
@@ -61,7 +61,8 @@ class ServingEstimate:
     forward_us: float                 # one forward (one decode step / one prefill chunk) of the deployment
     tokens_per_s_per_gpu: float       # input tokens (prefill) / output tokens (decode)
     time_per_output_token_ms: float   # decode: per sequence; prefill: time of the forward
-    parts_us: dict                    # per forward, summed over layers, one micro-batch overlap applied
+    parts_us: dict                    # per forward (every micro-batch), summed over layers; overlap_saved: the
+                                      # overlap schedule's time minus their sum
     sequences_per_gpu: float
     tokens_per_step_per_sequence: float
 
@@ -158,6 +159,12 @@ class AttentionTimer:
 # "after RDMA messages are issued, all GPU SMs are freed" (profile-data README; its decode figure: 132 / 0).
 PREFILL_COMM_SMS = 24
 
+
+def prefill_comm_sm_share(sm_count: int) -> float:
+    """Share of the SMs prefill's all-to-all kernels hold: PREFILL_COMM_SMS, at most half of a small GPU's
+    (DeepEP's SM count is a setting; nobody gives the communication most of the GPU)."""
+    return min(PREFILL_COMM_SMS, sm_count / 2) / sm_count
+
 # DeepEP's normal kernels beside compute take longer than in DeepEP's own unit test, which the forwarded
 # all-to-all model reproduces (estimators.moe.evaluate.LayerTimer.a2a_parts). Measured on DeepSeek's
 # training profile (deepseek-ai/profile-data train.json: H800, EP64, 4096 tokens per rank, DeepSeek-V3
@@ -186,19 +193,21 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
     for i in range(model.layers):
         prep, core = at.attention_parts(T, i)
         if model.is_moe_layer(i):
-            layers.append(LayerWork(prep, core, ar, shared=shared[k], experts=experts[k], dispatch=dispatch[k],
-                                    combine=combine[k]))
+            layers.append(LayerWork(prep, core, ar, moe=True, shared=shared[k], experts=experts[k],
+                                    dispatch=dispatch[k], combine=combine[k]))
             k += 1
         else:
             layers.append(LayerWork(prep, core, ar, ffn=at.dense_ffn_us(T)))
-    sm_share = PREFILL_COMM_SMS / at.c.hw.gpu.sm_count if spec.phase == "prefill" else 0.0
+    sm_share = prefill_comm_sm_share(at.c.hw.gpu.sm_count) if spec.phase == "prefill" else 0.0
     total = schedule.forward_us(layers, sm_share)
     mb = schedule.micro_batches                              # parts per forward: every micro-batch's
     parts = {"attention": mb * sum(w.attn_prepare + w.attn_core for w in layers),
              "dense_ffn": mb * sum(w.ffn for w in layers), "shared_experts": mb * float(shared.sum()),
              "routed_experts": mb * float(experts.sum()), "dispatch": mb * float(dispatch.sum()),
              "combine": mb * float(combine.sum()), "attention_tp_allreduce": mb * ar * len(layers)}
-    parts["overlap_saved"] = total - sum(parts.values())    # what overlapping hid (<= 0), net of its waits
+    # negative: what the overlap hid, net of its waits; positive where the SMs the communication holds cost
+    # the compute more than the overlap hid
+    parts["overlap_saved"] = total - sum(parts.values())
     d = draft_tokens(model, spec)
     seqs = spec.tokens / (1 + d) if spec.phase == "decode" else max(1.0, spec.tokens / spec.context)
     # logits: every verified token in decode, one per prompt in prefill
