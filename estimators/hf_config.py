@@ -109,6 +109,9 @@ def _base(f: _Fields) -> dict[str, Any]:
     head_dim = f.first("head_dim", "kv_channels", default=0)
     if head_dim and head_dim != hidden // heads:
         kw["head_dim"] = head_dim
+    elif not head_dim and hidden < heads:
+        raise TraceInputError(None, f"field 'hidden_size' ({hidden}) is smaller than 'num_attention_heads' ({heads}) "
+                                    "and no 'head_dim' is given: a head would have no dimensions")
     mscale = _rope_mscale(f)
     if mscale != 1.0:
         kw["rope_mscale"] = mscale
@@ -233,10 +236,8 @@ def _qwen_moe(f: _Fields) -> dict[str, Any]:
                      shared_expert_ffn=shared_ffn if shared_ffn and shared_ffn != expert_ffn else 0,
                      layer_freq=step, layer_offset=step - 1, first_dense_layers=len(dense))
     # the first MoE layer: after the dense range, or at decoder_sparse_step - 1 (the two are not combined)
-    if step == 1:
-        _require_moe_layer(layers, len(dense), 1, "field mlp_only_layers leaves")
-    else:
-        _require_moe_layer(layers, step - 1, step, f"field decoder_sparse_step ({step}) leaves")
+    _require_moe_layer(layers, kw["moe"], "field mlp_only_layers leaves" if step == 1
+                       else f"field decoder_sparse_step ({step}) leaves")
     return kw
 
 
@@ -267,15 +268,17 @@ def _deepseek(f: _Fields) -> dict[str, Any]:
     if moe["num_experts"] % moe["groups"]:
         raise TraceInputError(None, f"field 'n_group' ({moe['groups']}) must divide 'n_routed_experts' "
                                     f"({moe['num_experts']})")
-    _require_moe_layer(kw["layers"], first_dense, freq, "fields first_k_dense_replace / moe_layer_freq leave")
+    _require_moe_layer(kw["layers"], kw["moe"], "fields first_k_dense_replace / moe_layer_freq leave")
     kw["mtp_layers"] = f.int("num_nextn_predict_layers", 0, low=0)
     return kw
 
 
-def _require_moe_layer(layers: int, first_dense: int, freq: int, fields: str) -> None:
-    """An MoE config whose layout leaves every layer dense is a mistake, not a dense model. `fields`: what
-    leaves them so, as the message says it ("fields a / b leave")."""
-    if not any(i >= first_dense and (i - first_dense) % freq == 0 for i in range(layers)):
+def _require_moe_layer(layers: int, moe: dict, fields: str) -> None:
+    """An MoE config whose layout leaves every layer dense is a mistake, not a dense model. `moe`: the layout
+    as the model reads it (ModelConfig.is_moe_layer's rule); `fields`: what leaves them so, as the message says
+    it ("fields a / b leave")."""
+    first, freq, offset = moe["first_dense_layers"], moe["layer_freq"], moe["layer_offset"]
+    if not any(i >= first and (i - first) % freq == offset for i in range(layers)):
         raise TraceInputError(None, f"{fields} no MoE layer among the {layers} layers")
 
 

@@ -372,8 +372,9 @@ def _set_scenario_top(s: Scenario, head: str, value: Any, key: str) -> Scenario:
     names = [f.name for f in dataclasses.fields(s)]
     reject_unknown_keys(None, [head], names, what="scenario key")
     tp = _type_of(Scenario, head)
-    if head in _option_section_types() and isinstance(value, Mapping):
-        return dataclasses.replace(s, **{head: _from_mapping(_option_section_types()[head], value, head)})
+    if head in _option_section_types():   # a table of the section's fields (a JSON one from --set), nothing else
+        cls = _option_section_types()[head]
+        return dataclasses.replace(s, **{head: value if isinstance(value, cls) else coerce(value, cls, key)})
     if head == "trace" and isinstance(value, Mapping):
         return dataclasses.replace(s, trace=_from_mapping(TraceSpec, value, head))
     if head == "trace" and isinstance(value, (str, list, tuple)):

@@ -193,6 +193,9 @@ def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> Case
         raise TraceInputError(path, f"'timing' of {where} must be one of {', '.join(TIMING_MODES)}, got {timing!r}")
     measured = _typed(path, f"'measured_ms' of {where}", raw.get("measured_ms", {}), dict)
     ranks = _ranks(path, f"'ranks' of {where}", raw["ranks"]) if "ranks" in raw else None
+    for key in ("steps", "ranks"):
+        if key in raw and isinstance(raw[key], list) and not raw[key]:
+            raise TraceInputError(path, f"'{key}' of {where} is empty: leave it out to check them all")
     et, kineto = text("et"), text("kineto")
     return CaseSpec(
         name=name, inputs=[resolve(p) for p in strings("inputs") or []],
@@ -201,9 +204,21 @@ def _case_from_table(path: Path, k: int, raw: dict, shared: Path | None) -> Case
         tolerance=_fraction(path, f"'tolerance' of {where}", raw.get("tolerance", 0.05)),
         mean_tolerance=(_fraction(path, f"'mean_tolerance' of {where}", raw["mean_tolerance"])
                         if "mean_tolerance" in raw else None),
-        measured_ms={str(s): _fraction(path, f"'measured_ms.{s}' of {where}", v) for s, v in measured.items()},
+        measured_ms={str(s): _milliseconds(path, f"'measured_ms.{s}' of {where}", v) for s, v in measured.items()},
         steps=strings("steps"), ranks=ranks, description=text("description") or "",
         in_sample=_typed(path, f"'in_sample' of {where}", raw.get("in_sample", False), bool))
+
+
+def _milliseconds(path: Path, what: str, value: Any) -> float:
+    """A measured step time: a finite number of milliseconds > 0."""
+    try:
+        v = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    except OverflowError:
+        v = None
+    if v is None or not 0 < v < float("inf"):   # NaN fails this too
+        shown = repr(value) if len(repr(value)) <= 40 else f"a {len(repr(value))}-character value"
+        raise TraceInputError(path, f"{what} must be a finite step time in milliseconds > 0, got {shown}")
+    return v
 
 
 def _ranks(path: Path, what: str, value: Any) -> list[int]:
@@ -242,12 +257,17 @@ def run_case(suite: str, case: CaseSpec) -> CaseResult:
         raise TraceInputError(e.path, f"{e.problem} (case '{case.name}' of suite '{suite}')") from None
     except ReplayError as e:
         return CaseResult(suite, case, [], error=str(e), seconds=time.perf_counter() - t0)
-    if case.steps is not None:
-        missing = sorted(set(case.steps) - {s.name for s in result.steps})
+    for key, named in (("steps", case.steps), ("measured_ms", list(case.measured_ms))):
+        missing = sorted(set(named or ()) - {s.name for s in result.steps})
         if missing:
             known = ", ".join(dict.fromkeys(s.name for s in result.steps))
-            raise TraceInputError(None, f"'steps' of case '{case.name}' (suite '{suite}') names {missing[0]!r}, "
+            raise TraceInputError(None, f"'{key}' of case '{case.name}' (suite '{suite}') names {missing[0]!r}, "
                                         f"which the trace does not have (its steps: {known[:200]})")
+    if case.ranks is not None:
+        missing_ranks = sorted(set(case.ranks) - {s.rank for s in result.steps})
+        if missing_ranks:
+            raise TraceInputError(None, f"'ranks' of case '{case.name}' (suite '{suite}') names rank "
+                                        f"{missing_ranks[0]}, which the traces do not have")
     checks = []
     for s in result.steps:
         if case.steps is not None and s.name not in case.steps:

@@ -172,7 +172,9 @@ class _Cells:
         self.path, self.index, self.raw = path, index, raw
 
     def _bad(self, col: str, what: str) -> TraceInputError:
-        return TraceInputError(self.path, f"row {self.index}: {col} {self.raw.get(col)!r} is not {what}")
+        cell = str(self.raw.get(col))
+        shown = repr(cell) if len(cell) <= 40 else repr(cell[:40]) + f"... ({len(cell):,} characters)"
+        return TraceInputError(self.path, f"row {self.index}: {col} {shown} is not {what}")
 
     def int(self, col: str, default: int, minimum: int = 1) -> int:
         """A whole number >= minimum, optionally followed by a note in parentheses ('1 (inferred)');
@@ -180,9 +182,9 @@ class _Cells:
         v = (self.raw.get(col) or "").strip()
         if not v:
             return default
-        m = re.fullmatch(r"(\d+)\s*(\(.*\))?", v)
+        m = re.fullmatch(r"(\d{1,18})\s*(\(.*\))?", v)     # 18 digits: no 5,000-digit int to parse
         if not m or int(m.group(1)) < minimum:
-            raise self._bad(col, f"a whole number >= {minimum}")
+            raise self._bad(col, f"a whole number >= {minimum} (at most 18 digits)")
         return int(m.group(1))
 
     def figure(self, col: str) -> float | None:
@@ -202,11 +204,19 @@ class _Cells:
 def read_rows(path: str | Path) -> list[PublishedRow]:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise TraceInputError(p, f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceInputError(p, f"not UTF-8 text (byte {e.start})") from None
+    try:
+        return _rows(p, csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    except csv.Error as e:
+        raise TraceInputError(p, f"malformed CSV: {e}") from None
+
+
+def _rows(p: Path, reader: csv.DictReader) -> list[PublishedRow]:
     rows = []
-    reader = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     need = {"model", "gpus", "tp", "pp", "gbs", "seq", "precision"}
     if not need <= set(reader.fieldnames or ()):
         raise TraceInputError(p, f"missing columns {sorted(need - set(reader.fieldnames or ()))}")
@@ -613,6 +623,11 @@ def case_from_table(path, where: str, raw: dict, shared, CaseSpec, fraction, typ
                                     f"got {raw.get('kind')!r}")
     if "name" not in raw or "csv" not in raw:
         raise TraceInputError(path, f"{where} (published_training) needs 'name' and 'csv'")
+    replay_only = sorted(set(raw) & {"inputs", "et", "kineto", "timing", "source_hardware", "measured_ms", "steps",
+                                      "ranks"})
+    if replay_only:
+        raise TraceInputError(path, f"'{replay_only[0]}' of {where} applies to replay cases, not published_training "
+                                    "(which takes csv, rows, hardware, tolerance, mean_tolerance)")
     name = typed(path, f"'name' of {where}", raw["name"], str)
     csv_path = typed(path, f"'csv' of case '{name}'", raw["csv"], str)
     if "{shared}" in csv_path:

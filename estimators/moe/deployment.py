@@ -58,10 +58,16 @@ def load_deployment(path: str | Path) -> dict[str, Any]:
     for key in ("model", "ep"):
         if key not in out:
             raise TraceInputError(p, f"missing key '{key}'")
+    for key in ("model", "routing"):
+        if key in out and not str(out[key]).strip():
+            raise TraceInputError(p, f"'{key}' must not be empty")
     for key in ("expert_load", "routing"):
         v = out.get(key)
         if v and not v.startswith("synthetic") and not Path(v).is_absolute():
             out[key] = str((p.parent / v))
+    model = out["model"]
+    if not Path(model).is_absolute() and (p.parent / model).is_file():   # a config file beside the deployment
+        out["model"] = str(p.parent / model)
     return out
 
 

@@ -18,6 +18,9 @@ OVERLAPS = OVERLAP_CHOICES
 MAX_TIMED_WINDOWS = 1024
 MAX_SAMPLED_WINDOW = 1 << 24         # tokens per batch; the routing synthesizer's own cap
 MAX_SYNTHETIC_TOKENS = 1 << 24
+MAX_CONTEXT = 1 << 24                # tokens of a prompt / KV cache (16.7M)
+MAX_TOKENS = 10 ** 24                # a bound for arithmetic only: what fits a GPU is checked against its memory
+MAX_COUNT = 1 << 20                  # GPUs, expert slots, groups
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,17 @@ class MoEOptions:
         for name in ("context", "synthetic_tokens", "timed_windows", "attention_tp", "sampled_window"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1")
-        for name, cap, why in (("timed_windows", MAX_TIMED_WINDOWS, "each is an event-level replay"),
+        for name, cap, why in (("context", MAX_CONTEXT, "a KV cache / prompt length"),
+                               ("tokens", MAX_TOKENS, "tokens per GPU in one forward"),
+                               ("attention_tp", MAX_COUNT, "GPUs in an attention group"),
+                               ("groups", MAX_COUNT, "expert groups"), ("groups_per_token", MAX_COUNT, "expert groups"),
+                               ("timed_windows", MAX_TIMED_WINDOWS, "each is an event-level replay"),
                                ("sampled_window", MAX_SAMPLED_WINDOW, "a batch's routing is held in memory"),
                                ("synthetic_tokens", MAX_SYNTHETIC_TOKENS, "generated in memory")):
-            if getattr(self, name) > cap:
-                bad(f"{name} must be at most {cap:,} ({why}), got {getattr(self, name):,}")
+            v = getattr(self, name)
+            if v > cap:
+                shown = f"{v:,}" if v < 10 ** 24 else f"a {len(str(int(v)))}-digit number"
+                bad(f"{name} must be at most {cap:,} ({why}), got {shown}")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
         check_number("moe.coactivation_weight", self.coactivation_weight, 0)   # finite: NaN / inf refused

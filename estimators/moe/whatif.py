@@ -91,6 +91,8 @@ def _synthetic_source(spec: SyntheticSpec) -> SyntheticSource:
 
 def load_expert_loads(path: Path, model: ModelConfig) -> np.ndarray:
     """`[layers][experts]` token counts from JSON (a nested list) or CSV (one row per layer)."""
+    if path.is_dir():
+        raise TraceInputError(path, "is a directory, not an expert-load file")
     if not path.is_file():
         raise TraceInputError(path, "no such expert-load file")
     try:
@@ -100,6 +102,11 @@ def load_expert_loads(path: Path, model: ModelConfig) -> np.ndarray:
         else:
             import orjson
             rows = orjson.loads(path.read_bytes())
+            if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+                raise ValueError("not a list of lists")
+            for x in (x for r in rows for x in r):
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    raise ValueError(f"found {x!r}")
         widths = {len(r) for r in rows}
         if len(widths) != 1:
             raise TraceInputError(path, f"ragged expert loads: rows of {sorted(widths)} experts")

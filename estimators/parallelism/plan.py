@@ -36,6 +36,8 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "share
 # Megatron-Core `cuda_graph_scope` (Transformer Engine graphs of parts of each layer) that the model prices
 CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
+MAX_SEQ_LEN = 1 << 24  # 16.7M tokens a sequence (the longest published run: 1M); per-token arrays stay bounded
+MAX_BATCH = 1 << 30    # sequences a global batch (a typo such as 1e12 is refused, not overflowed)
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
 # which fused attention kernel: FlashAttention-2 (the presets' attention efficiencies) or cuDNN's fused
@@ -331,6 +333,11 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         raise TraceInputError(None, msg)
 
     # the single fields were checked by ParallelPlan.__post_init__ (`_reject_fields`)
+    for name, cap in (("seq_len", MAX_SEQ_LEN), ("micro_batch", MAX_BATCH), ("global_batch", MAX_BATCH)):
+        if getattr(plan, name) > cap:
+            v = getattr(plan, name)
+            shown = f"{v:,}" if v < 10 ** 24 else f"a {len(str(v))}-digit number"
+            bad(f"{name} = {shown} is more than the {cap:,} a plan may have")
     if plan.gpus > MAX_GPUS:
         bad(f"tp*pp*cp*dp = {plan.gpus:,} GPUs is more than the {MAX_GPUS:,} a plan may span")
     if gpus is not None and plan.gpus != gpus:

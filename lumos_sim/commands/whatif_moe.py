@@ -3,6 +3,8 @@
 EP training step time (see `estimators.moe.whatif`)."""
 from __future__ import annotations
 
+import re
+
 from chakra_schema.errors import TraceInputError
 from estimators.moe.overlap import OVERLAP_CHOICES
 
@@ -127,17 +129,29 @@ def scenario_from_args(args):
     dp = args.dp or ep
     plan = ParallelPlan(pp=args.pp, dp=dp, ep=ep, seq_len=args.seq_len, micro_batch=args.micro_batch,
                         global_batch=args.global_batch or 2 * dp * args.micro_batch, precision=st["precision"])
-    opts = option_sections()["moe"](
-        routing=st["routing"], expert_load=st["expert_load"] or "", placement=st["placement"],
-        redundant_experts=st["redundant_experts"], groups=st["groups"], groups_per_token=st["groups_per_token"],
-        group_by=st["group_by"], phase=st["phase"], tokens=st["tokens"], context=st["context"], fit=st["fit"],
-        attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"])
+    try:
+        opts = option_sections()["moe"](
+            routing=st["routing"], expert_load=st["expert_load"] or "", placement=st["placement"],
+            redundant_experts=st["redundant_experts"], groups=st["groups"], groups_per_token=st["groups_per_token"],
+            group_by=st["group_by"], phase=st["phase"], tokens=st["tokens"], context=st["context"], fit=st["fit"],
+            attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"])
+    except TraceInputError as e:
+        raise _from_deployment_file(e, args, st) from None
     if st["_stated"]:
         check_stated_layout(args.deployment, st["_stated"], model, ep, opts.redundant_experts, opts.attention_tp)
     s = Scenario(whatif="moe", model=model, hardware=hw, plan=plan, moe=opts)
     if st["gpus_per_node"] is not None:
         s = s.override({"hardware.node.gpus_per_node": st["gpus_per_node"]})
     return s.override_strings(args.overrides)
+
+
+def _from_deployment_file(e: TraceInputError, args, st: dict) -> TraceInputError:
+    """An option error whose value came from the --deployment file (not a flag) names the file."""
+    m = re.match(r"moe\.(\w+)", e.problem or "")
+    key = m.group(1) if m else ""
+    if e.path is None and args.deployment and key in st["_stated"] and getattr(args, key, None) is None:
+        return TraceInputError(args.deployment, e.problem)
+    return e
 
 
 def result_json(pred) -> dict:
