@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lumos_sim.cli import main
+from tests.test_hardening_third_pass import cli
+from tests.test_hardening_third_pass import one_line_error as third_pass_error
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "tests" / "data" / "hf_configs"
@@ -17,22 +18,11 @@ DECODE = ROOT / "examples" / "deployments" / "deepseek-v3-decode-ep72-h100-sglan
 HUGE = "1" + "0" * 400
 
 
-def cli(*argv) -> int:
-    try:
-        return main([str(a) for a in argv])
-    except SystemExit as e:
-        return int(e.code)
-
-
 def one_line_error(capsys, code: int, *needles: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("usage:")]
-    lines = [line for line in lines if "error:" in line] or lines
-    assert len(lines) == 1 and "Traceback" not in err and len(lines[0]) < 400, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+    """The third pass's check, and the line short enough to read (a huge value is described, not printed)."""
+    line = third_pass_error(capsys, code, *needles)
+    assert len(line) < 400, line
+    return line
 
 
 @pytest.mark.parametrize("flag, needle", [("--context", "moe.context must be at most 16,777,216"),
