@@ -78,6 +78,17 @@ def printable(text: str) -> str:
     return "".join(c for c in text if c.isprintable())
 
 
+def brief(value: object, limit: int = 40) -> str:
+    """`value` for a one-line message: a number with thousands separators ('a 401-digit number' past 10**24,
+    so a typo of 400 digits is described, not printed), a string cut at `limit` characters with its length,
+    anything else as its repr."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf"):
+        return f"{value:,}" if abs(value) < 10 ** 24 else f"a {len(str(int(abs(value))))}-digit number"
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + f"... ({len(value):,} characters)"
+    return repr(value)
+
+
 def check_number(what: str, value: object, low: float | None = None, high: float | None = None, *,
                  low_open: bool = False, integer: bool = False) -> None:
     """Raise a one-line TraceInputError "{what} must be ..., got {value}" unless `value` is a finite

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError, read_toml, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, brief, read_toml, reject_unknown_keys
 
 CASE_KEYS = {"name", "inputs", "et", "kineto", "timing", "hardware", "source_hardware", "tolerance",
              "mean_tolerance", "measured_ms", "steps", "ranks", "description", "kind", "csv", "rows", "in_sample"}
@@ -216,8 +216,7 @@ def _milliseconds(path: Path, what: str, value: Any) -> float:
     except OverflowError:
         v = None
     if v is None or not 0 < v < float("inf"):   # NaN fails this too
-        shown = repr(value) if len(repr(value)) <= 40 else f"a {len(repr(value))}-character value"
-        raise TraceInputError(path, f"{what} must be a finite step time in milliseconds > 0, got {shown}")
+        raise TraceInputError(path, f"{what} must be a finite step time in milliseconds > 0, got {brief(value)}")
     return v
 
 

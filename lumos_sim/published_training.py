@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, brief
 from estimators.model_config import (MEGATRON_BRIDGE_FIRST, ModelConfig, load_model, megatron_bridge_release,
                                      nemo_release_version)
 from estimators.parallelism.plan import ParallelPlan, mtp_layers
@@ -172,9 +172,7 @@ class _Cells:
         self.path, self.index, self.raw = path, index, raw
 
     def _bad(self, col: str, what: str) -> TraceInputError:
-        cell = str(self.raw.get(col))
-        shown = repr(cell) if len(cell) <= 40 else repr(cell[:40]) + f"... ({len(cell):,} characters)"
-        return TraceInputError(self.path, f"row {self.index}: {col} {shown} is not {what}")
+        return TraceInputError(self.path, f"row {self.index}: {col} {brief(str(self.raw.get(col)))} is not {what}")
 
     def int(self, col: str, default: int, minimum: int = 1) -> int:
         """A whole number >= minimum, optionally followed by a note in parentheses ('1 (inferred)');

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chakra_schema.errors import TraceInputError, check_choice, check_number
+from chakra_schema.errors import TraceInputError, brief, check_choice, check_number
 from estimators.moe.overlap import OVERLAP_CHOICES
 from estimators.moe.placement import PLACEMENTS, SLOTTED
 
@@ -67,10 +67,8 @@ class MoEOptions:
                                ("timed_windows", MAX_TIMED_WINDOWS, "each is an event-level replay"),
                                ("sampled_window", MAX_SAMPLED_WINDOW, "a batch's routing is held in memory"),
                                ("synthetic_tokens", MAX_SYNTHETIC_TOKENS, "generated in memory")):
-            v = getattr(self, name)
-            if v > cap:
-                shown = f"{v:,}" if v < 10 ** 24 else f"a {len(str(int(v)))}-digit number"
-                bad(f"{name} must be at most {cap:,} ({why}), got {shown}")
+            if getattr(self, name) > cap:
+                bad(f"{name} must be at most {cap:,} ({why}), got {brief(getattr(self, name))}")
         if not 0.0 < self.fit_fraction < 1.0:
             bad("fit_fraction must be in (0, 1)")
         check_number("moe.coactivation_weight", self.coactivation_weight, 0)   # finite: NaN / inf refused

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from chakra_schema.errors import TraceInputError
+from chakra_schema.errors import TraceInputError, brief
 from estimators.model_config import ModelConfig
 
 PRECISIONS = ("bf16", "fp8")
@@ -335,9 +335,7 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
     # the single fields were checked by ParallelPlan.__post_init__ (`_reject_fields`)
     for name, cap in (("seq_len", MAX_SEQ_LEN), ("micro_batch", MAX_BATCH), ("global_batch", MAX_BATCH)):
         if getattr(plan, name) > cap:
-            v = getattr(plan, name)
-            shown = f"{v:,}" if v < 10 ** 24 else f"a {len(str(v))}-digit number"
-            bad(f"{name} = {shown} is more than the {cap:,} a plan may have")
+            bad(f"{name} = {brief(getattr(plan, name))} is more than the {cap:,} a plan may have")
     if plan.gpus > MAX_GPUS:
         bad(f"tp*pp*cp*dp = {plan.gpus:,} GPUs is more than the {MAX_GPUS:,} a plan may span")
     if gpus is not None and plan.gpus != gpus:
