@@ -57,7 +57,7 @@ def test_candidates_are_exactly_the_valid_plans_up_to_equivalent_duplicates():
             continue
         dp = gpus // (tp * cp * pp)
         for vp, mb, rc, z, g, sp, ogr, op2p, atp in itertools.product(
-                range(1, 9), (1, 2), RECOMPUTE, (0, 1, 2, 3), (0, 2, 4), (True, False), (0, 1), (0, 1), (0, 1)):
+                range(1, 9), (1, 2), space.recompute, (0, 1, 2, 3), (0, 2, 4), (True, False), (0, 1), (0, 1), (0, 1)):
             plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, seq_len=seq, global_batch=gb, micro_batch=mb,
                                 recompute=rc, zero=z, dp_shard=g, sequence_parallel=sp)
             try:

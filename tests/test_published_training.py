@@ -355,6 +355,29 @@ def test_fsdp2_runs_published_by_nemo_automodel_fit_in_80_gib(name, gpus, pp, vp
     assert not mem.oom, (name, gpus, round(mem.total_gib, 1))
 
 
+# torchtitan's community benchmark (pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, June
+# 2025): Llama 3.1 8B on 4 / 8 HGX H200 nodes (8 x 400G CX-7 per node), FSDP2 over every GPU, local batch 2 x 8192,
+# torch.compile, torchao float8 (tensorwise) with FP8 all-gathers, llama3_8b.toml's per-op selective checkpointing;
+# tokens/s per GPU and memory (GiB) at step 100: (GPUs, tokens/s per GPU, memory)
+TORCHTITAN_H200 = [(32, 10_938, 47.96), (64, 10_753, 46.97)]
+
+
+@pytest.mark.parametrize("gpus,tokens_per_gpu,memory_gib", TORCHTITAN_H200)
+def test_torchtitan_fsdp2_float8_runs_on_h200_are_within_ten_percent(gpus, tokens_per_gpu, memory_gib):
+    """A PyTorch-native recipe from outside NVIDIA's tables: throughput within 10% (+5.8%, +7.6%) and memory
+    within 15% (-8.3%, -10.4%: the allocator's reserve is not modelled). Before the H200 took the H100's
+    power-limited clock it read +29% / +31%, and with Megatron's selective recompute in place of the per-op
+    policy 81 GiB. These rows informed those two changes; neither fits a constant to them."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import predict
+    from estimators.parallelism.plan import ParallelPlan
+    plan = ParallelPlan(dp=gpus, seq_len=8192, micro_batch=2, global_batch=2 * gpus, precision="fp8",
+                        fp8_recipe="tensorwise", zero=3, fsdp="fsdp2", fsdp_fp8_all_gather=True, recompute="op")
+    r = predict(load_model("llama3-8b"), plan, "h200")
+    assert r.tokens_per_s / gpus == pytest.approx(tokens_per_gpu, rel=0.10)
+    assert r.memory.total_gib == pytest.approx(memory_gib, rel=0.15)
+
+
 # Megatron-LM PRs #6311 / #6429 (Aug 2026): DeepSeek-V3 at 14 layers (3 dense, 11 with the 256 routed experts,
 # MTP 1), 64 H100s (8 nodes), TP1 PP4 EP16, pipeline layout Ett|(tt|)*6mL, all-to-all dispatcher, sequence
 # 2048, micro-batch 1, global batch 256, BF16: median TFLOP/s per GPU, mean iteration time (ms) where given,

@@ -40,6 +40,21 @@ def test_layout_and_option_flags_are_all_honoured():
             (2, 2, 4, 2, "full", 3)
 
 
+def test_per_op_checkpointing_and_fsdp2_options_given_with_search_hold_for_every_plan():
+    """`--recompute op` (not in the default space: a PyTorch policy) is searched when asked for, and the FSDP2
+    options ride along with every ZeRO-3 plan ranked."""
+    p = _search("--recompute", "op", "--zero", "3", "--fsdp", "fsdp2", "--fsdp-reduce-dtype", "bf16")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows
+    for r in rows:
+        plan = r["plan"]
+        assert (plan["recompute"], plan["zero"], plan["fsdp"], plan["fsdp_reduce_dtype"]) == ("op", 3, "fsdp2", "bf16")
+    free = enumerate_candidates(load_model("llama3-8b"), 16, 4096, 64)
+    from estimators.parallelism.plan import RECOMPUTE
+    assert "op" not in {RECOMPUTE[i] for i in free["recompute"].tolist()}
+
+
 def test_a_constraint_no_plan_meets_is_a_one_line_error_naming_it():
     p = _search("--tp", "16")     # TP stays inside an 8-GPU node
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--tp 16" in p.stderr, p.stderr

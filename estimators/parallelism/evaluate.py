@@ -9,7 +9,8 @@ FLOP conventions (per step):
 - model FLOPs = tokens x `ModelConfig.model_flops_per_token` (the project's one convention, Megatron-Core's:
   causal attention as half the square, MTP counted; estimators/model_config.py). Gives `tflops_per_gpu`, `mfu`.
 - hardware FLOPs = tokens x (6 x active matmul parameters + 3 x full-square attention forward) + the
-  recomputed forward (full: every layer's matmuls and attention; selective: the attention core), i.e.
+  recomputed forward (full: every layer's matmuls and attention; selective: the attention core; op: every
+  second matmul of each block), i.e.
   Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for GPT with full recomputation. Gives
   `hw_tflops_per_gpu`.
 """
@@ -84,6 +85,9 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
         f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
     elif plan.recompute == "selective":
         f += tokens * model.attention_flops_fwd_per_token(plan.seq_len)
+    elif plan.recompute == "op":   # the even-numbered matmuls of every block (op_checkpoint)
+        from estimators.parallelism.op_checkpoint import recomputed_matmuls
+        f += tokens * sum(2.0 * mm.out * mm.inp for i in range(model.layers) for mm in recomputed_matmuls(model, i))
     return f
 
 

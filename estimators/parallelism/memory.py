@@ -16,6 +16,10 @@ States follow Megatron-LM's mixed precision (Korthikanti et al.; Megatron distri
 bf16 weights 2 B, fp32 gradient accumulation buffer 4 B, Adam fp32 master weights + two moments 12 B
 per parameter; ZeRO-1 shards the 12 B over the data-parallel group, ZeRO-2 also the gradients,
 ZeRO-3/FSDP also the weights (plus two gathered layers, this rank's part of each, as working buffers).
+PyTorch FSDP2 shards the fp32 parameters themselves (4 + 4 + 8 B with fp32 gradients and Adam's moments, no
+16-bit shard) and holds one layer's unsharded gradients in the reduce dtype for its reduce-scatter (with
+deferred gradient sync, every layer's until the last micro-batch). Per-op selective checkpointing
+(`recompute = "op"`) keeps what `estimators.parallelism.op_checkpoint` says a block saves.
 """
 from __future__ import annotations
 
@@ -85,6 +89,8 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, f
         full = plan.recompute == "full"
     if full:
         return 2.0 * s * b * h / sp
+    if plan.recompute == "op":
+        return s * b * _op_checkpoint_bytes_per_token(model, plan, layer)
     mods = set(plan.recompute_modules) if plan.recompute == "selective" else set()
     mask = 1.0 if _dropout(model) else 0.0
     q, kv = model.q_dim, model.kv_dim
@@ -126,6 +132,27 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, f
         # softmax output (2 B) + dropout mask (1 B) + dropout output (2 B) per score: 5*a*s per token
         scores = (2.0 + 3.0 * mask) * model.heads / t * (plan.seq_len / plan.cp)
     return s * b * (per_token + scores)
+
+
+def _op_checkpoint_bytes_per_token(model: ModelConfig, plan: ParallelPlan, layer: int) -> float:
+    """Bytes per token a block keeps under per-op selective checkpointing (`--recompute op`,
+    estimators.parallelism.op_checkpoint), all bf16: its input, the outputs of its odd-numbered matmuls, the
+    attention output (and its fp32 log-sum-exp per head); a MoE block also its routed experts' grouped-GEMM
+    outputs and the all-to-all outputs around them (torchtitan saves compute-intensive ops and all-to-alls),
+    not the experts' activation, which is recomputed."""
+    from estimators.parallelism.op_checkpoint import local_width, saved_matmuls
+    t = plan.tp
+    sp = t if plan.sequence_parallel else 1
+    h = model.hidden
+    v_width = model.heads * (model.mla.v_head_dim if model.mla else model.d_head)
+    per_token = 2.0 * h / sp + sum(2.0 * local_width(mm, t) for mm in saved_matmuls(model, layer))
+    per_token += (2.0 * v_width + 4.0 * model.heads) / t
+    if model.is_moe_layer(layer):
+        mo = model.moe
+        f_in = 2 * mo.expert_ffn if model.gated else mo.expert_ffn
+        cf = plan.moe_capacity_factor if plan.moe_capacity_factor > 0 else 1.0
+        per_token += mo.top_k * cf * (2.0 * h + 2.0 * f_in + 2.0 * h) + 2.0 * h
+    return per_token
 
 
 def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tuple[float, float]:
@@ -179,7 +206,17 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             # two gathered layers (the one running, the one prefetched); a layer gathers what this rank
             # holds of it: its TP shard of the dense weights and its EP share of the experts, not all experts
             biggest = max((sum(layer_params_local(model, plan, i)) for i in layers), default=0.0)
-            w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + 2 * biggest * WEIGHT_BYTES
+            gathered = 2 * biggest * plan.fsdp_gather_bytes
+            if plan.fsdp == "fsdp2":
+                # FSDP2 shards the fp32 parameters themselves (the optimizer's master copy, in `o`): no
+                # 16-bit shard; a layer's unsharded gradients are cast to the reduce dtype for their
+                # reduce-scatter, or, with deferred sync over several micro-batches, every layer's
+                # accumulate unsharded in it until the last
+                w = gathered
+                reduce_b = plan.fsdp_reduce_bytes
+                g += (dense + expert) * reduce_b if plan.fsdp_defer_grad_sync and m > 1 else biggest * reduce_b
+            else:
+                w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + gathered
         if lora:
             g = o = 0.0
         # activations: micro-batches in flight on this stage times its layers' bytes

@@ -38,7 +38,12 @@ CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 MAX_GPUS = 1 << 20   # the largest cluster a plan may span (1,048,576 GPUs): collectives are modelled up to it
 MAX_SEQ_LEN = 1 << 24  # 16.7M tokens a sequence (the longest published run: 1M); per-token arrays stay bounded
 MAX_BATCH = 1 << 30    # sequences a global batch (a typo such as 1e12 is refused, not overflowed)
-RECOMPUTE = ("none", "selective", "full")
+# none | selective (Megatron-Core's modules, `recompute_modules`) | full (whole layers) | op (PyTorch per-op
+# selective checkpointing, torchtitan's "op" policy: every second matmul of a block and the cheap ops between;
+# estimators.parallelism.op_checkpoint)
+RECOMPUTE = ("none", "selective", "full", "op")
+# dtypes FSDP reduce-scatters gradients in ("": the implementation's own; ParallelPlan.fsdp_reduce_bytes)
+FSDP_REDUCE_DTYPES = ("", "bf16", "fp32")
 ATTENTION = ("flash", "unfused")
 # which fused attention kernel: FlashAttention-2 (the presets' attention efficiencies) or cuDNN's fused
 # flash attention (Transformer Engine's FusedAttention; measured rates in replay.hardware.compute)
@@ -87,6 +92,15 @@ class ParallelPlan:
     cuda_graph_scope: tuple[str, ...] = ()   # only these modules of each layer in graphs (CUDA_GRAPH_SCOPES)
     tp_comm_overlap: bool = False      # TP all-gather / reduce-scatter pipelined with the GEMMs (userbuffers)
     fsdp: str = "megatron"             # zero=3 implementation: Megatron-FSDP or PyTorch FSDP2
+    # ZeRO-3 gradient reduce-scatter dtype: "" the implementation's (FSDP2: fp32, the reduce_dtype of the
+    # MixedPrecisionPolicy torchtitan and NeMo AutoModel build; Megatron-FSDP: bf16), or "bf16" / "fp32"
+    fsdp_reduce_dtype: str = ""
+    # FSDP2 reduce-scatters each micro-batch's gradients after its backward (its default, torchtitan's); with
+    # deferred sync (set_requires_gradient_sync(False) before all but the last micro-batch, AutoModel's
+    # defer_fsdp_grad_sync) unsharded gradients accumulate in memory and are reduced once
+    fsdp_defer_grad_sync: bool = False
+    # ZeRO-3 gathers FP8 weights as FP8 (torchao enable_fsdp_float8_all_gather, Megatron-FSDP fp8_param_gather)
+    fsdp_fp8_all_gather: bool = False
     finetune: str = "none"             # sft: packed sequences of `packed_doc_len`; lora: frozen base weights
     packed_doc_len: int = 0            # SFT: mean length of the documents packed in a sequence (0: seq_len)
     lora_rank: int = 16
@@ -113,6 +127,7 @@ class ParallelPlan:
                   and self.etp >= 1 and self.first_stage_layers >= 0 and self.last_stage_layers >= 0
                   and self.recompute_layers >= 0 and 0 <= self.moe_capacity_factor < math.inf and self.moe_a2a in MOE_A2A
                   and self.fp8_recipe in FP8_RECIPES and self.finetune in FINETUNE and self.fsdp in FSDP_IMPLS
+                  and self.fsdp_reduce_dtype in FSDP_REDUCE_DTYPES
                   and self.packed_doc_len >= 0 and self.lora_rank >= 1
                   and self.grad_bytes in (2, 4) and self.master_weight_bytes in (2, 4)
                   and self.attention_kernel in ATTENTION_KERNELS
@@ -132,6 +147,23 @@ class ParallelPlan:
     def micro_batches(self) -> int:
         """Micro-batches per pipeline per step (gradient accumulation steps)."""
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def fsdp_reduce_bytes(self) -> int:
+        """Bytes per gradient element a ZeRO-3 reduce-scatter moves (`fsdp_reduce_dtype`)."""
+        dtype = self.fsdp_reduce_dtype or ("fp32" if self.fsdp == "fsdp2" else "bf16")
+        return 4 if dtype == "fp32" else 2
+
+    @property
+    def fsdp_gather_bytes(self) -> int:
+        """Bytes per weight a ZeRO-3 all-gather moves: bf16, or FP8 weights gathered as FP8."""
+        return 1 if self.fsdp_fp8_all_gather and self.precision == "fp8" else 2
+
+    @property
+    def reduces_every_micro_batch(self) -> bool:
+        """PyTorch FSDP2 without deferred sync: every micro-batch's backward reduce-scatters its gradients
+        (the other layouts reduce once, after the last micro-batch's backward)."""
+        return self.zero >= 3 and self.fsdp == "fsdp2" and not self.fsdp_defer_grad_sync
 
     @property
     def shard_group(self) -> int:
@@ -234,9 +266,11 @@ def _reject_fields(plan: ParallelPlan) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(f"--{key.replace('_', '-')} must be an integer >= 0, got {v!r}")
     for key, allowed in (("fp8_recipe", FP8_RECIPES), ("moe_a2a", MOE_A2A), ("finetune", FINETUNE),
-                         ("fsdp", FSDP_IMPLS), ("attention_kernel", ATTENTION_KERNELS)):
+                         ("fsdp", FSDP_IMPLS), ("attention_kernel", ATTENTION_KERNELS),
+                         ("fsdp_reduce_dtype", FSDP_REDUCE_DTYPES)):
         if getattr(plan, key) not in allowed:
-            bad(f"--{key.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(plan, key)!r}")
+            names = ", ".join(x for x in allowed if x)
+            bad(f"--{key.replace('_', '-')} must be one of {names}, got {getattr(plan, key)!r}")
     if not all(isinstance(n, int) and n >= 0 for n in plan.pipeline_layout):
         bad(f"--pipeline-layout must be layer counts >= 0 per pipeline chunk, got {plan.pipeline_layout!r}")
     bad_mod = [x for x in plan.recompute_modules if x not in RECOMPUTE_MODULES]
@@ -366,3 +400,9 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         bad(f"{model.moe.num_experts} experts are not divisible by ep {plan.ep}")
     if plan.dp_shard and (plan.zero != 3 or plan.dp % plan.dp_shard):
         bad("--dp-shard (HSDP) needs --zero 3 and must divide dp")
+    if plan.fsdp_defer_grad_sync and plan.fsdp != "fsdp2":
+        bad("--fsdp-defer-grad-sync needs --fsdp fsdp2 (Megatron-FSDP reduces once per step already)")
+    if plan.fsdp_fp8_all_gather and plan.precision != "fp8":
+        bad("--fsdp-fp8-all-gather needs --precision fp8")
+    if plan.recompute_modules and plan.recompute != "selective":
+        bad("--recompute-modules needs --recompute selective")

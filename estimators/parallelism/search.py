@@ -47,7 +47,7 @@ from estimators.parallelism.memory import GIB, GRAD_BYTES, OPTIM_BYTES, WEIGHT_B
 from estimators.model_config import ModelConfig
 from estimators.parallelism.plan import RECOMPUTE, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers
 
-RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+RC_NONE, RC_SELECTIVE, RC_FULL, RC_OP = 0, 1, 2, 3
 # The search holds plans as int64 numpy columns: a sequence length, batch or micro-batch past 2^31 (beyond any
 # training run) would not fit them, and their products (tokens per step) stay exact below 2^62
 MAX_SEARCH_SIZE = 1 << 31
@@ -57,7 +57,8 @@ _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zer
 # Plan options the search does not enumerate but prices: a user's `--moe-capacity-factor 1` or
 # `--moe-a2a deepep` holds for every candidate it ranks and simulates (SearchSpace.carry)
 CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
-                   "cuda_graphs", "cuda_graph_scope", "attention_kernel")
+                   "cuda_graphs", "cuda_graph_scope", "attention_kernel", "fsdp", "fsdp_reduce_dtype",
+                   "fsdp_defer_grad_sync", "fsdp_fp8_all_gather")
 
 
 def carried_options(plan: ParallelPlan) -> tuple[tuple[str, Any], ...]:
@@ -71,7 +72,8 @@ class SearchSpace:
     """Which options the search enumerates (every valid combination of them)."""
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
-    recompute: tuple[str, ...] = RECOMPUTE
+    # Megatron-Core's policies; PyTorch's per-op checkpointing ("op") only when asked for (--recompute op)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
     zero: tuple[int, ...] = (0, 1, 2, 3)
     hsdp: bool = True                     # ZeRO-3 sharded within sub-groups of the DP ranks
     sequence_parallel: tuple[bool, ...] = (True, False)
@@ -342,6 +344,7 @@ class PassTimes:
     F: tuple[float, float]
     B: tuple[float, float]
     S: tuple[float, float]
+    O: tuple[float, float]        # per-op selective checkpointing's recompute
     emb: float
     out: float
     emb_b: float
@@ -361,17 +364,24 @@ def pass_times(model: ModelConfig, plan: ParallelPlan, timing, gpus_per_node: in
             return 0.0
         return _template_span_us(rb.layer_template(layer, pas), 0, timing)
 
+    def op_span(layer):   # per-op selective checkpointing's recompute (`--recompute op`)
+        if layer is None:
+            return 0.0
+        return _template_span_us(rb_op.layer_template(layer, "S"), 0, timing)
+    rb_op = _RankBuilder(model, plan.with_(recompute="op"), 0, gpus_per_node)
+
     F = tuple(span(i, "F") for i in kinds)
     B = tuple(span(i, "B") for i in kinds)
     # a host-bound MoE layer: its forward + backward take at least the host's time for them, the wait
     # falling in the backward, as the simulation's pacing wait does (workload.apply_host_pacing)
     B = (B[0], max(B[1], moe_layer_host_us(model, plan) - F[1]) if kinds[1] is not None else B[1])
     S = tuple(span(i, "S") for i in kinds)
+    O = tuple(op_span(i) for i in kinds)
     ef = _template_span_us(rb.embedding_template(False), 0, timing)
     eb = _template_span_us(rb.embedding_template(True), 0, timing)
     of = _template_span_us(rb.output_template(False), 0, timing)
     ob = _template_span_us(rb.output_template(True), 0, timing)
-    return PassTimes(F, B, S, ef + eb, of + ob, eb, ob)  # type: ignore[arg-type]
+    return PassTimes(F, B, S, O, ef + eb, of + ob, eb, ob)  # type: ignore[arg-type]
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -535,15 +545,15 @@ class CostModel:
         (forward + backward), emb_b, out_b (backward only)."""
         uniq, inv = _unique_rows(cols["tp"], cols["cp"], cols["ep"], cols["micro_batch"],
                                  cols["sequence_parallel"], cols["async_tp_comm"])
-        vals = np.zeros((len(uniq), 10))
+        vals = np.zeros((len(uniq), 12))
         for u, (tp, cp, ep, mb, sp, atp) in enumerate(uniq):
             plan = ParallelPlan(tp=int(tp), cp=int(cp), dp=int(ep), ep=int(ep), seq_len=self.seq_len,
                                 global_batch=int(ep * mb), micro_batch=int(mb), precision=self.precision,
                                 sequence_parallel=bool(sp), async_tp_comm=bool(atp), attention=self.attention,
                                 gpus_per_node=self.gpn, **dict(self.carry))
             t = pass_times(self.model, plan, self.timing, self.gpn)
-            vals[u] = (*t.F, *t.B, *t.S, t.emb, t.out, t.emb_b, t.out_b)
-        names = ("F_d", "F_m", "B_d", "B_m", "S_d", "S_m", "emb", "out", "emb_b", "out_b")
+            vals[u] = (*t.F, *t.B, *t.S, *t.O, t.emb, t.out, t.emb_b, t.out_b)
+        names = ("F_d", "F_m", "B_d", "B_m", "S_d", "S_m", "O_d", "O_m", "emb", "out", "emb_b", "out_b")
         return {k: vals[inv, i] for i, k in enumerate(names)}
 
 
@@ -648,11 +658,12 @@ class LayerTimes:
 
 
 def layer_times(model: ModelConfig, pt: dict[str, np.ndarray], comm: GroupComm,
-                cols: dict[str, np.ndarray]) -> LayerTimes:
+                cols: dict[str, np.ndarray], zero3_plan: ParallelPlan | None = None) -> LayerTimes:
     rows = np.arange(len(cols["tp"]))
     tp = cols["tp"].astype(np.float64)
     z3 = cols["zero"] >= 3
-    grad_b = np.where(z3, 2.0, 4.0)
+    z3p = zero3_plan or ParallelPlan(zero=3)    # the carried FSDP options (reduce dtype, FP8 gathers)
+    grad_b = np.where(z3, float(z3p.fsdp_reduce_bytes), 4.0)
     rc = cols["recompute"]
     layer, back, bucket = {}, {}, {}
     for k, moe in (("d", False), ("m", True)):
@@ -662,12 +673,15 @@ def layer_times(model: ModelConfig, pt: dict[str, np.ndarray], comm: GroupComm,
             layer[k] = back[k] = bucket[k] = np.zeros(len(rows))
             continue
         bucket[k] = comm.grad_us(rows, dense * grad_b) + (comm.expert_grad_us(rows, expert * grad_b) if moe else 0.0)
-        gather = np.where(z3, comm.gather_us(rows, (dense + expert) * 2.0), 0.0)
+        gather = np.where(z3, comm.gather_us(rows, (dense + expert) * float(z3p.fsdp_gather_bytes)), 0.0)
+        # FSDP2 reduce-scatters every micro-batch's gradients: beside the backward's gathers each time
+        every = np.where(z3, bucket[k], 0.0) if z3p.reduces_every_micro_batch else 0.0
         f, b = pt[f"F_{k}"], pt[f"B_{k}"]
-        back[k] = b + np.where(rc == RC_FULL, f, np.where(rc == RC_SELECTIVE, pt[f"S_{k}"], 0.0))
+        back[k] = b + np.where(rc == RC_FULL, f, np.where(rc == RC_SELECTIVE, pt[f"S_{k}"],
+                                                          np.where(rc == RC_OP, pt[f"O_{k}"], 0.0)))
         # a ZeRO-3 layer gather is prefetched one layer ahead, from the start of the layer's forward or
         # backward (after its recomputation): only the part longer than that pass shows
-        layer[k] = f + back[k] + np.maximum(gather - f, 0) + np.maximum(gather - b, 0)
+        layer[k] = f + back[k] + np.maximum(gather - f, 0) + np.maximum(gather + every - b, 0)
     return LayerTimes(layer, back, bucket)
 
 
@@ -749,7 +763,7 @@ def estimate_step_s(cm: CostModel, cols: dict[str, np.ndarray], global_batch: in
     pt = cm.pass_table(cols)
     comm = GroupComm(cm, cols)
     hop = pipeline_hop_us(cm, cols)
-    lt = layer_times(model, pt, comm, cols)
+    lt = layer_times(model, pt, comm, cols, ParallelPlan(zero=3, precision=cm.precision, **dict(cm.carry)))
     tail = StageTail(cm, cols, comm, lt)
     m = (global_batch // (cols["dp"] * cols["micro_batch"])).astype(np.float64)
     step = np.zeros(len(m))

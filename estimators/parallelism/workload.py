@@ -65,7 +65,6 @@ STREAM_KIND = {TP: "tp", CP_SEND: "cp", CP_RECV: "cp", EP: "ep", DP_RS: "dp", DP
 ENTRY = -1          # template dep on the pass's entry nodes
 ACT_BYTES = 2       # bf16 activations
 GRAD_COMM_BYTES = 4  # Megatron reduces fp32 main grads (ZeRO 0-2)
-FSDP_GRAD_COMM_BYTES = 2  # FSDP mixed precision reduces in bf16
 # Adam step per parameter: read fp32 param, grad, m, v (16 B); write param, m, v (12 B) + bf16 copy (2 B)
 OPTIM_BYTES_PER_PARAM = 30.0
 OPTIM_FLOPS_PER_PARAM = 12.0
@@ -770,7 +769,10 @@ class _RankBuilder:
         if self.p.tp_comm_overlap and self.sh.sp:
             tpl.ub_chunks = self.p.tp      # userbuffers overlap the transformer layer's linears only
         if pas == "S":
-            self._selective_recompute(tpl, moe)
+            if self.p.recompute == "op":
+                self._op_recompute(tpl, moe)
+            else:
+                self._selective_recompute(tpl, moe)
             return tpl
         if pas in ("F", "R"):
             self._layer_fwd(tpl, moe)
@@ -826,6 +828,33 @@ class _RankBuilder:
                 fs_in = 2 * fs if m.activation == "swiglu" else fs
                 tpl.add("recompute_shared_expert_fc1", COMPUTE, gemm(tok, fs_in * S, h, dt))
                 tpl.add("recompute_shared_expert_fc2", COMPUTE, gemm(tok, h, fs * S, dt))
+
+    def _op_recompute(self, tpl: _Template, moe: bool) -> None:
+        """The forward work per-op selective checkpointing repeats before a block's backward
+        (estimators.parallelism.op_checkpoint): the even-numbered matmuls, the norms, RoPE, the residual add
+        between attention and MLP and the (dense or expert) activation; attention and the saved matmuls' outputs
+        are kept, so those do not run again."""
+        from estimators.parallelism.op_checkpoint import recomputed_matmuls
+        m, sh, t = self.m, self.sh, self.p.tp
+        T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
+        tok = self._moe_dims()[0] if moe else T
+        self._norm(tpl, "recompute_input_norm", Ts)
+        self._rope(tpl, "recompute_rope", ROPE_UNFUSED_FWD)
+        for mm in recomputed_matmuls(m, self.layer_index):
+            n_out = mm.out // t if mm.tp_split == "out" else mm.out
+            k_in = mm.inp // t if mm.tp_split == "inp" else mm.inp
+            rows = tok if mm.name == "router" or mm.name.startswith("shared_expert_") else T
+            tpl.add("recompute_" + mm.name, COMPUTE, gemm(rows, n_out, k_in, "bf16" if mm.name == "router" else dt))
+        tpl.add("recompute_residual_add_attn", COMPUTE, elementwise(Ts * h, 2, 1))
+        self._norm(tpl, "recompute_post_attn_norm", Ts)
+        if moe:
+            _, le, per, _, f = self._moe_dims()
+            tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
+            if m.moe.shared_experts:
+                fs = self._shared_ffn() * m.moe.shared_experts
+                tpl.add("recompute_shared_expert_act", COMPUTE, elementwise(tok * fs, *act_io(m.activation)))
+        else:
+            tpl.add("recompute_mlp_act", COMPUTE, elementwise(T * (m.ffn // t), *act_io(m.activation)))
 
     def _shared_ffn(self) -> int:
         mo = self.m.moe
@@ -1366,7 +1395,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     pg_dp = rb._pg("dp", rb.shard_g)
     pg_rep = rb._pg("dprep", rb.replica_g) if hsdp else ""
     pg_edp = rb._pg("edp", rb.edp_g)
-    grad_b = FSDP_GRAD_COMM_BYTES if zero3 else min(GRAD_COMM_BYTES, p.grad_bytes)
+    grad_b = p.fsdp_reduce_bytes if zero3 else min(GRAD_COMM_BYTES, p.grad_bytes)
 
     deferred: list[tuple[str, float, float]] = []
 
@@ -1398,7 +1427,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
         dense, expert = layer_params_local(model, p, layer)
         deps = [prev_first] if prev_first is not None else []
         return [rb.node(name + ".param_allgather", DP_AG,
-                        coll(CommType.ALL_GATHER, (dense + expert) * 2, rb.shard_g, pg_dp), deps)]
+                        coll(CommType.ALL_GATHER, (dense + expert) * p.fsdp_gather_bytes, rb.shard_g, pg_dp),
+                        deps)]
 
     # Without sequence parallelism Megatron's scatter/gather optimization (Narayanan et al. 2021, Sec. 4.1)
     # sends 1/t of the activation between stages and all-gathers it over NVLink on the receiving side.
@@ -1512,6 +1542,8 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
             else:
                 send_spec = (pre + f"send_act_c{gch}", PP_SEND_F, peer(gch + 1), _tag(True, mb, gch))
         else:
+            # this backward reduces its chunk's gradients: the chunk's last one, or every one under FSDP2
+            reduces = mb == last_bwd[c] or p.reduces_every_micro_batch
             if gch == n_chunks - 1:
                 for j in reversed(range(n_mtp)):
                     _, out = rb.run(rb.output_template(True), pre + f"mtp{j}.", entry)
@@ -1521,23 +1553,22 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                     _, out = rb.run(rb.layer_template(model.layers - 1, "B", mb), pre + f"mtp{j}.L.B.", [out])
                     _, out = rb.run(rb.mtp_template(True), pre + f"mtp{j}.", [out])
                     entry = [out]
-                    if mb == last_bwd[c]:
+                    if reduces:
                         d, e = trainable(model.layers - 1)
                         grad_reduce(pre + f"mtp{j}", d + 2 * model.hidden * model.hidden / p.tp, e, out)
                 _, out = rb.run(rb.output_template(True), pre, entry)
                 entry = [out]
-                if mb == last_bwd[c]:
+                if reduces:
                     grad_reduce(pre + "output", model.vocab * model.hidden / p.tp
                                 if (not model.tied_embeddings or p.pp > 1) and not lora else 0, 0, out)
             prev_first = None
-            is_last = mb == last_bwd[c]
             for layer in reversed(layers):
                 ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
                 recomputed = len(rb.g)
                 if rb._full_recompute(layer):
                     first, out = rb.run(rb.layer_template(layer, "R", mb), pre + f"L{layer}.R.", entry + ag)
                     entry, ag = [out], []
-                elif p.recompute == "selective":
+                elif p.recompute in ("selective", "op"):
                     tpl_s = rb.layer_template(layer, "S", mb)
                     if tpl_s.ops:
                         first, out = rb.run(tpl_s, pre + f"L{layer}.R.", entry + ag)
@@ -1549,13 +1580,13 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                     pacing.append([f_b + tpl_b.host_pacing, [fwd_nodes[layer], (recomputed, len(rb.g))]])
                 prev_first = f_b
                 entry = [out]
-                if is_last:
+                if reduces:
                     dense, expert = trainable(layer)
                     grad_reduce(pre + f"L{layer}", dense, expert, out)
             if gch == 0:
                 _, out = rb.run(rb.embedding_template(True), pre, entry)
                 entry = [out]
-                if is_last:
+                if reduces:
                     emb = model.vocab * model.hidden / p.tp + (model.max_seq * model.hidden if model.position == "learned" else 0)
                     grad_reduce(pre + "embedding", 0 if lora else emb, 0, out)
             else:

@@ -319,7 +319,7 @@ def _print_search(results, summary: str = "") -> None:
         t.add_row(*(cells[c] for c in cols))
     console.print(t)
     console.print("plan: TP/PP/CP/DP/EP parallel degrees (PP2x2: 2 virtual stages per rank), mb = micro-batch "
-                  "size, recompute = activation recomputation (none, selective, full), zero = ZeRO stage (0 DDP, "
+                  "size, recompute = activation recomputation (none, selective, full, op), zero = ZeRO stage (0 DDP, "
                   "1 distributed optimizer, 2, 3 FSDP); hsdp=N shards within N DP ranks, no-sp = TP without "
                   "sequence parallelism, no-<overlap> = that overlap is off")
     if summary:

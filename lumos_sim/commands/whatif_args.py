@@ -34,8 +34,9 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--global-batch", type=int, required=required, help="sequences per optimizer step")
     parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp8"), help="GEMM precision (default bf16)")
-    parser.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
-                        help="activation recomputation (default none)")
+    parser.add_argument("--recompute", default=None, choices=("none", "selective", "full", "op"),
+                        help="activation recomputation (default none); op: PyTorch per-op selective "
+                             "checkpointing (torchtitan's 'op' policy: every second matmul of a block recomputed)")
     parser.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3),
                         help="ZeRO stage: 0 DDP, 1 distributed optimizer (default), 2, 3 FSDP")
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
@@ -65,6 +66,13 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="pipeline TP all-gathers / reduce-scatters with the GEMMs (userbuffers)")
     g.add_argument("--fsdp", default="megatron", help="with --zero 3: megatron (Megatron-FSDP) | fsdp2")
+    g.add_argument("--fsdp-reduce-dtype", default="", metavar="{bf16,fp32}",
+                   help="with --zero 3: gradient reduce-scatter dtype (default: fp32 for fsdp2, bf16 for megatron)")
+    g.add_argument("--fsdp-defer-grad-sync", action="store_true",
+                   help="with --fsdp fsdp2: reduce gradients after the last micro-batch only (unsharded gradients "
+                        "accumulate in memory; default: after every micro-batch's backward)")
+    g.add_argument("--fsdp-fp8-all-gather", action="store_true",
+                   help="with --zero 3 and --precision fp8: gather FP8 weights as FP8 (torchao / Megatron-FSDP)")
     g.add_argument("--finetune", default="none", help="none | sft (packed sequences) | lora (frozen base)")
     g.add_argument("--packed-doc-len", type=int, default=0, help="SFT: mean document length in a packed sequence")
     g.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank")
@@ -107,7 +115,8 @@ def plan_option_flags(args) -> dict:
     extra = {}
     for key in ("etp", "first_stage_layers", "last_stage_layers", "pipeline_layout", "recompute_layers",
                 "recompute_modules", "moe_capacity_factor", "moe_a2a", "fp8_recipe", "cuda_graphs", "cuda_graph_scope",
-                "tp_comm_overlap", "fsdp", "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
+                "tp_comm_overlap", "fsdp", "fsdp_reduce_dtype", "fsdp_defer_grad_sync", "fsdp_fp8_all_gather",
+                "finetune", "packed_doc_len", "lora_rank", "attention_kernel"):
         if hasattr(args, key):
             extra[key] = getattr(args, key)
     if getattr(args, "moe_unbalanced", False):
