@@ -181,7 +181,7 @@ def test_every_option_has_help_and_enumerated_options_list_their_choices():
     parallelism = {tuple(p): q for p, q in _parsers(build_parser(), [])}[("whatif", "parallelism")]
     choices = {a.dest: a.choices for a in parallelism._actions}
     assert list(choices["precision"]) == ["bf16", "fp8"]
-    assert list(choices["recompute"]) == ["none", "selective", "full"]
+    assert list(choices["recompute"]) == ["none", "selective", "full", "op"]
     assert list(choices["zero"]) == [0, 1, 2, 3]
 
 
