@@ -1,6 +1,7 @@
 """Replay in one call."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Sequence
 
@@ -12,6 +13,9 @@ from replay.timing import TimingSource
 from replay.trace_timing import TraceTiming
 
 TIMING_MODES = ("trace", "model")
+# the preset whose network times communication a trace records no duration for, when the trace names no GPU
+DEFAULT_NETWORK = "h100-sxm"
+log = logging.getLogger(__name__)
 
 
 def replay(graphs: Sequence[ExecutionGraph], timing: TimingSource | None = None,
@@ -33,6 +37,26 @@ def graph_file(graph: ExecutionGraph) -> str | None:
     return meta.get("source_path") or meta.get("source_kineto")
 
 
+def _trace_timing(graphs: Sequence[ExecutionGraph]) -> TimingSource:
+    """Recorded durations; communication that records none (a workload written for a network simulator) is
+    timed by the network model of the GPU the trace names, else of the default H100 preset, with a warning."""
+    from replay.trace_timing import TraceTimingWithModelledTransfers, unrecorded_transfers
+
+    missing = [(g, len(unrecorded_transfers(g))) for g in graphs]
+    missing = [(g, n) for g, n in missing if n]
+    if not missing:
+        return TraceTiming()
+    from replay.hardware.config import get_hardware
+    from replay.model_timing import ModelTiming, source_hardware as recorded_on
+
+    hw = next((h for h in (recorded_on(g) for g in graphs) if h is not None), None) or get_hardware(DEFAULT_NETWORK)
+    g, n = missing[0]
+    more = f" (and {len(missing) - 1} more ranks)" if len(missing) > 1 else ""
+    log.warning("%s: %d communication nodes record no duration%s; timed by the %s network model",
+                graph_file(g) or "the trace", n, more, hw.name)
+    return TraceTimingWithModelledTransfers(ModelTiming(hw))
+
+
 def make_timing(mode: str, hardware: str | None = None, source_hardware: str | None = None,
                 graphs: Sequence[ExecutionGraph] = ()) -> TimingSource:
     """`trace` without hardware: recorded durations. `trace` with hardware: the trace translated from the
@@ -40,7 +64,7 @@ def make_timing(mode: str, hardware: str | None = None, source_hardware: str | N
     if mode not in TIMING_MODES:
         raise TraceInputError(None, f"unknown timing mode '{mode}' (choose from {', '.join(TIMING_MODES)})")
     if mode == "trace" and not hardware:
-        return TraceTiming()
+        return _trace_timing(graphs)
     if not hardware:
         raise TraceInputError(None, "--timing model needs --hardware NAME (see `lumos-sim bench --help`)")
     from replay.hardware.config import get_hardware

@@ -1,6 +1,7 @@
 """Results of a replay: per rank and step predicted vs measured time, breakdowns, critical path."""
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -8,6 +9,8 @@ import numpy as np
 
 from chakra_schema.graph import ExecutionGraph, NodeType, OpKind, whole_trace_step
 from replay.engine import SimulatedRun
+
+log = logging.getLogger(__name__)
 
 _GPU_WORK = (int(OpKind.KERNEL), int(OpKind.MEMCPY), int(OpKind.MEMSET))
 _COMM_KINDS = (int(OpKind.COLLECTIVE), int(OpKind.SEND), int(OpKind.RECV))
@@ -355,8 +358,16 @@ def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResul
         sl = run.rank_slice(r)
         total = Breakdown()
         g_steps = g.steps or [whole_trace_step(g)]
-        for step in g_steps:
-            if step.node >= 0:
+        for k, step in enumerate(g_steps):
+            if step.node >= 0 and g.duration_us[step.node] <= 0:
+                # an annotation that recorded no span (Chakra's early converter wrote ProfilerStep nodes
+                # with zero duration): its step runs until the next step starts, the last one to the end
+                lo = float(run.start[sl.start + step.node])
+                nxt = g_steps[k + 1].node if k + 1 < len(g_steps) else -1
+                hi = float(run.start[sl.start + nxt]) if nxt >= 0 else float(run.end[sl].max())
+                log.warning("%s: %s records no duration; its step spans until %s", g.metadata.get("source", "the trace"),
+                            step.name, g_steps[k + 1].name if nxt >= 0 else "the end of the trace")
+            elif step.node >= 0:
                 lo = float(run.start[sl.start + step.node])
                 hi = float(run.end[sl.start + step.node])
             else:

@@ -25,6 +25,40 @@ class TraceTiming:
         return recorded_gpu_latency(graph)
 
 
+def unrecorded_transfers(graph: ExecutionGraph) -> np.ndarray:
+    """Communication nodes that move data (comm_size > 0) but record no duration: the collectives of a
+    workload written for a network simulator (ASTRA-sim's hand-built graphs time their compute, not their
+    communication)."""
+    idx = graph.collectives()
+    if not len(idx):
+        return idx
+    sizes = np.array([float(graph.attr(int(i), "comm_size", 0) or 0) for i in idx.tolist()])
+    return idx[(graph.duration_us[idx] <= 0) & (sizes > 0)]
+
+
+class TraceTimingWithModelledTransfers(TraceTiming):
+    """Recorded durations, except communication that records none (`unrecorded_transfers`): those are timed
+    by a hardware preset's network model, as a network simulator would."""
+
+    def __init__(self, network_timing) -> None:
+        self.network = network_timing
+
+    def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
+        from replay.model_timing import _comm_time
+        d = super().node_durations(graph)
+        for i in unrecorded_transfers(graph).tolist():
+            t = _comm_time(self.network.network, graph, i)
+            if t is not None:
+                d[i] = t
+        return d
+
+    def collective_us(self, graph: ExecutionGraph, node: int, group_ranks: Sequence[int],
+                      member_durations: Sequence[float]) -> float:
+        if len(member_durations) and max(member_durations) <= 0:
+            return self.network.collective_us(graph, node, group_ranks, member_durations)
+        return super().collective_us(graph, node, group_ranks, member_durations)
+
+
 def recorded_gpu_latency(graph: ExecutionGraph) -> np.ndarray:
     """For each GPU node, the recorded delay between its last start constraint (its deps and the previous
     op of its stream) and its start: launch latency and queueing the trace measured. CPU nodes get 0

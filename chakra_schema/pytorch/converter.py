@@ -17,6 +17,7 @@ ranks succeeded, so an error leaves no output behind.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import time
@@ -32,6 +33,8 @@ from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 from chakra_schema.pytorch.et_graph import execution_trace_to_graph
 from chakra_schema.pytorch.execution_trace import load_execution_trace
 from chakra_schema.pytorch.linker import link_with_report
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]
 
@@ -241,11 +244,35 @@ def iter_converted(et_pattern: str | None, kineto_pattern: str | None, progress:
     named = bool(kineto_pattern) and "{rank}" in str(kineto_pattern)
     inputs = discover_inputs(et_pattern, kineto_pattern)
     job_ranks = max(inputs) + 1
+    job: tuple[int, str] | None = None     # the first world size a trace records, and that trace
     for r, inp in sorted(inputs.items()):
         graph = convert_rank(inp, progress, rank=r, rank_from_name=named)
         _validate(graph, inp)
+        job = _check_same_job(graph, inp, inputs, job)
         graph.world_size = _world_size(graph, job_ranks)
         yield r, inp, graph
+
+
+def _check_same_job(graph: ExecutionGraph, inp: RankInputs, inputs: dict[int, RankInputs],
+                    job: tuple[int, str] | None) -> tuple[int, str] | None:
+    """Rank files of one job record one world size: another is a trace of another job (an error naming
+    both files). The first recorded size also tells which ranks of the job were not given (a warning: a
+    replay without them treats their share of every collective as arrived)."""
+    size = int(graph.metadata.get("recorded_world_size") or 0)
+    if size <= 0:
+        return job
+    src = str(inp.kineto_path or inp.et_path)
+    if job is not None:
+        if job[0] != size:
+            raise TraceInputError(src, f"records a job of {size} ranks but {job[1]} one of {job[0]}: "
+                                       "traces of different runs")
+        return job
+    missing = sorted(set(range(size)) - set(inputs))
+    if len(inputs) > 1 and missing:
+        shown = ", ".join(str(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+        log.warning("%s: the job has %d ranks; %d of them %s not given (rank %s)", src, size, len(missing),
+                    "is" if len(missing) == 1 else "are", shown)
+    return size, src
 
 
 def _world_size(graph: ExecutionGraph, job_ranks: int) -> int:

@@ -479,7 +479,7 @@ def execution_trace_to_graph(et: ExecutionTrace, rank: int | None = None) -> Exe
 
     b.metadata.update({
         "source": "execution_trace", "source_path": et.path, "et_schema": et.schema,
-        "durations_known": end_us > 0,
+        "durations_known": end_us > 0, "recorded_world_size": et.world_size or 0,
     })
     if orphans:
         b.metadata["orphan_ops"] = orphans

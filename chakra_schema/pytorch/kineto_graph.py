@@ -644,7 +644,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
     b.metadata.update({
         "source": "kineto", "source_path": trace.path, "time_origin_us": origin,
         "dropped_edges": dict(dropped), "launch_proxies": proxies, "nested_overlaps": nested_overlaps,
-        "collectives_without_size": missing_comm,
+        "collectives_without_size": missing_comm, "recorded_world_size": trace.world_size or 0,
     })
     if trace.pg_config is not None:
         b.metadata["pg_config"] = trace.pg_config
