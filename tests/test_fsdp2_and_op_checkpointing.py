@@ -118,3 +118,73 @@ def test_fsdp2_states_are_fp32_shards_and_deferred_sync_holds_unsharded_gradient
         pytest.approx(p * 18 / 32 + 2 * block * 2, rel=1e-9)
     deferred = estimate_memory(llama8b, plan.with_(global_batch=128, fsdp_defer_grad_sync=True))
     assert (deferred.grads_gib - mem.grads_gib) * GIB == pytest.approx(p * 4 - block * 4, rel=1e-9)
+
+
+def test_fsdp2_under_pipeline_parallelism_gathers_once_and_reduces_once():
+    """PyTorch's pipeline stages turn gradient sync and the reshard after backward off for every backward but the
+    last (torch.distributed.pipelining `backward_maybe_with_nosync`; NeMo AutoModel's MoE models patch it the
+    same way): PP2 with 4 micro-batches gathers each of a stage's 2 layers once, in the first forward, and
+    reduce-scatters once, after the last backward. The stage keeps its 2 layers gathered (bf16) and accumulates
+    their fp32 gradients unsharded: + 2 x 4,195,328 x (2 + 4) B over the per-micro-batch layout."""
+    plan = ParallelPlan(pp=2, dp=4, zero=3, fsdp="fsdp2", seq_len=128, global_batch=16)
+    g = generate(TINY, plan, "symmetric")[0]
+    gathers = [g.name[i] for i in g.attrs if g.name[i].endswith(".param_allgather")]
+    assert sorted(gathers) == ["mb0.L0.F.param_allgather", "mb0.L1.F.param_allgather"]
+    layers = [(n, s) for n, s in _reductions(plan) if ".L" in n]
+    assert layers == [("mb3.L1.grad_reducescatter", LAYER * 4), ("mb3.L0.grad_reducescatter", LAYER * 4)]
+    pp1 = ParallelPlan(dp=8, zero=3, fsdp="fsdp2", seq_len=128, global_batch=32)
+    for p in (plan, pp1):
+        assert p.micro_batches == 4
+    stage = estimate_memory(TINY, plan)
+    # the same stage states with per-micro-batch sync: two gathered layers, one layer's reduce buffer
+    per_mb = estimate_memory(TINY, plan.with_(pp=1, dp=4, global_batch=16))
+    assert per_mb.weights_gib * GIB == 2 * LAYER * 2
+    assert stage.weights_gib * GIB == pytest.approx((2 * LAYER + 1000 * 512) * 2, rel=1e-12)
+
+
+def test_fsdp2_reduces_layer_by_layer_even_when_megatrons_grad_overlap_is_off():
+    """overlap_grad_reduce is Megatron's bucket option; FSDP2 reduce-scatters each layer as its backward ends,
+    so turning it off defers nothing (the replay had run every micro-batch's reductions after the last pass)."""
+    plan = ParallelPlan(dp=4, zero=3, fsdp="fsdp2", seq_len=128, global_batch=16, overlap_grad_reduce=False)
+    g = generate(TINY, plan, "symmetric")[0]
+    deps = {g.name[i]: [g.name[j] for j in g.dep_src[g.dep_ptr[i]:g.dep_ptr[i + 1]].tolist()]
+            for i in g.attrs if g.name[i] == "mb0.L3.grad_reducescatter"}
+    assert "mb0.L3.B.input_norm_bwd" in deps["mb0.L3.grad_reducescatter"]
+    assert len(_reductions(plan)) == 4 * 6
+
+
+def test_per_op_checkpointing_of_a_moe_block_keeps_its_all_to_all_outputs_and_recomputes_the_experts():
+    """Qwen3-30B-A3B (hidden 2048, 32 heads of 128, 4 KV heads, 128 experts of 768, top-8, no shared expert):
+    per token the block input 2048, q 4096 (1st matmul), v 512 (3rd), the router's 128 logits (5th), the
+    attention output 4096 and its 32 fp32 log-sum-exps, and the 8 dispatched copies plus the combined output,
+    9 x 2048: (2048 + 4096 + 512 + 128 + 4096 + 18,432) x 2 + 128 = 58,752 B. TP2 with SP halves the
+    sequence-split terms (input, dispatched and combined tokens) and the column-parallel q, v and attention
+    output, not the replicated router: (1024 + 2048 + 256 + 128 + 2048 + 9216) x 2 + 64 = 29,504 B. The
+    recompute pass runs the experts' fc1 and fc2 again."""
+    q3 = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(dp=8, ep=8, seq_len=4096, global_batch=8, recompute="op")
+    assert layer_activation_bytes(q3, plan, 0) == 4096 * 58_752
+    tp2 = ParallelPlan(tp=2, dp=4, ep=8, seq_len=4096, global_batch=4, recompute="op")
+    assert layer_activation_bytes(q3, tp2, 0) == 4096 * 29_504
+    assert layer_activation_bytes(q3, tp2.with_(recompute="full"), 0) < layer_activation_bytes(q3, tp2, 0) \
+        < layer_activation_bytes(q3, tp2.with_(recompute="none"), 0)
+    ops = [name for name, _, _, _ in _RankBuilder(q3, plan, 0, 8).layer_template(0, "S").ops]
+    assert {"recompute_expert_fc1", "recompute_expert_fc2", "recompute_k_proj", "recompute_o_proj"} <= set(ops)
+
+
+def test_fsdp2_with_lora_keeps_the_frozen_base_shard(llama8b):
+    """LoRA under FSDP2: the frozen bf16 base stays sharded in memory (8,030,257,152 x 2 B / 8) beside the two
+    gathered blocks; no gradients or optimizer states for it."""
+    plan = ParallelPlan(dp=8, zero=3, fsdp="fsdp2", finetune="lora", seq_len=4096, global_batch=8, recompute="full")
+    mem = estimate_memory(llama8b, plan)
+    assert mem.weights_gib * GIB == pytest.approx((8_030_261_248 - 4096) * 2 / 8 + 2 * 218_112_000 * 2, rel=1e-9)
+    assert mem.grads_gib == mem.optimizer_gib == 0.0
+
+
+@pytest.mark.parametrize("flags", [["--fsdp", "fsdp2"], ["--fsdp-reduce-dtype", "bf16"], ["--fsdp-fp8-all-gather"]])
+def test_fsdp_options_without_zero_3_are_one_line_errors(flags, capsys):
+    from lumos_sim.cli import main
+    rc = main(["whatif", "parallelism", "--model", "llama3-8b", "--gpus", "16", "--seq-len", "4096",
+               "--global-batch", "64", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and flags[0] in err and "--zero 3" in err, err

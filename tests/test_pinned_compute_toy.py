@@ -582,16 +582,14 @@ def test_gpu_identity_from_device_names_or_the_model_name():
         pytest.approx(8_388_608 / (0.68 * 0.67 * 1e6) * tiles, rel=1e-9)
 
 
-def test_h200_and_h800_clock_down_and_scale_blocks_as_the_h100_they_share_a_die_with():
+def test_h200_and_h800_clock_down_as_the_h100_they_share_a_die_with():
     """The H200 SXM and H800 SXM are GH100 at 700 W: a long training run's GEMMs sustain the H100's 0.80 of
-    the clock (an H200 run had been priced at the full boost clock, 1/0.8 = 1.25x the H100's GEMM rate), and
-    a block-scaled FP8 GEMM costs what it does on the H100. Another GPU (an A100) keeps 1.0."""
-    h100 = ComputeModel(toy_hw(devices=("H100",)))
+    the clock (an H200 run had been priced at the full boost clock, 1/0.8 = 1.25x the H100's GEMM rate).
+    Another GPU (an A100) and the GH200 superchip (its own power budget) keep 1.0."""
     for name in ("NVIDIA H200", "H800"):
-        m = ComputeModel(toy_hw(devices=(name,)))
-        assert m.sustained_clock_fraction == 0.80
-        assert m.block_scaled_fp8_gemm_time == h100.block_scaled_fp8_gemm_time != 1.0
-    assert ComputeModel(toy_hw(devices=("A100",))).sustained_clock_fraction == 1.0
+        assert ComputeModel(toy_hw(devices=(name,))).sustained_clock_fraction == 0.80
+    for name in ("A100", "NVIDIA GH200 480GB"):
+        assert ComputeModel(toy_hw(devices=(name,))).sustained_clock_fraction == 1.0
     for preset in ("h200", "h800"):
         assert ComputeModel(preset).sustained_clock_fraction == 0.80
 

@@ -220,7 +220,6 @@ class StageSample:
     out_delay: np.ndarray       # [3vp] us from the pass's last compute kernel to its output (what it sends)
     recv_gather: np.ndarray     # [3vp] us of the TP all-gather after the pass's receive (scatter/gather)
     reductions: list            # [vp] per chunk: [(ready offset after the last backward's body start, us)]
-    bwd_reductions: list        # [vp] the same for its other backwards (FSDP2 reducing every micro-batch; else [])
     deferred_us: float          # reductions issued after the last pass (no overlap_grad_reduce)
     tail_us: float              # optimizer start -> the stage's last node
     parts: np.ndarray           # [3vp, len(BREAKDOWN_FIELDS)] breakdown of each pass type's window
@@ -361,11 +360,9 @@ def sample_stage(model: ModelConfig, plan: ParallelPlan, stage: int, timing, gpu
         iso = e_i - f_i
         n += len(gi)
     reductions = [red_by_pass[sample_position(chunks, False, rep[c], True)] for c in range(vp)]
-    bwd_reductions = [red_by_pass[sample_position(chunks, False, rep[c], False)] for c in range(vp)]
     return StageSample(body=body[pos], iso_body=iso[pos], gap=gap[pos], first_body=float(body[0]),
                        first_gap=float(gap[0]), send_stretch=send_stretch[pos], send_bytes=send_bytes[pos],
                        out_delay=out_delay[pos], recv_gather=gather[pos], reductions=reductions,
-                       bwd_reductions=bwd_reductions,
                        deferred_us=deferred, tail_us=makespan - t_opt, parts=parts[pos], tail_parts=tail_parts,
                        nodes=n)
 
@@ -669,15 +666,12 @@ def schedule_step(plan: ParallelPlan, ss: StageSamples, m: int) -> ComposedStep:
         smp = samples[stage_kind[s]]
         last_end = float(E[s, -1])
         q = NEG
-        # the backwards that reduce gradients (each chunk's last; every one under FSDP2 without deferred
-        # sync), in the order the stage runs them (the cool-down goes from the last chunk to the first);
-        # their reductions queue on one stream
-        every = plan.reduces_every_micro_batch
-        reducing = np.flatnonzero((~sa.fwd[s]) & ((sa.mb[s] == m - 1) | every))
-        for k in reducing.tolist():
+        # the chunks' last backwards in the order the stage runs them (the cool-down goes from the last
+        # chunk to the first); their reductions queue on one stream
+        last_bwd = np.flatnonzero((~sa.fwd[s]) & (sa.mb[s] == m - 1))
+        for k in last_bwd.tolist():
             b0 = float(res.start[s, k])
-            c = int(sa.chunk[s, k])
-            for ready, d in (smp.reductions[c] if sa.mb[s, k] == m - 1 else smp.bwd_reductions[c]):
+            for ready, d in smp.reductions[int(sa.chunk[s, k])]:
                 q = max(q, b0 + ready) + d
         final = 0.0
         if not plan.overlap_p2p:

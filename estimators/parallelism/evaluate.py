@@ -85,9 +85,12 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
         f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
     elif plan.recompute == "selective":
         f += tokens * model.attention_flops_fwd_per_token(plan.seq_len)
-    elif plan.recompute == "op":   # the even-numbered matmuls of every block (op_checkpoint)
+    elif plan.recompute == "op":   # the even-numbered matmuls of every block, the routed experts (op_checkpoint)
         from estimators.parallelism.op_checkpoint import recomputed_matmuls
         f += tokens * sum(2.0 * mm.out * mm.inp for i in range(model.layers) for mm in recomputed_matmuls(model, i))
+        if model.moe is not None:
+            mo = model.moe
+            f += tokens * model.moe_layers * 2.0 * mo.top_k * mo.expert_ffn * model.hidden * model.ffn_mats
     return f
 
 
@@ -231,7 +234,8 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     With `extrapolate`, "symmetric" and "all" simulate many micro-batches as two short runs and extrapolate
     linearly (see `steady_state_micro_batches`). `moe_loads`: measured routing
     (`estimators.parallelism.workload.MoELoads`) for the EP layers instead of balanced routing; every
-    micro-batch and MoE layer then differs, so "fast" runs the symmetric replay."""
+    micro-batch and MoE layer then differs, so "fast" runs the symmetric replay; so it does for FSDP2 reducing
+    gradients after every micro-batch (pp 1), whose reductions share the links with the next passes' gathers."""
     if mode not in SIMULATION_MODES:
         raise TraceInputError(None, f"simulation mode must be one of {', '.join(SIMULATION_MODES)}, got {mode!r}")
     validate_plan(model, plan)
@@ -244,7 +248,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
             raise TraceInputError(None, "predict needs a hardware preset or a timing source")
         timing = default_timing(hw)
     extra: dict[str, Any] = {}
-    if mode == "fast" and moe_loads is None:
+    if mode == "fast" and moe_loads is None and not plan.reduces_every_micro_batch:
         step_s, bd, nodes, nranks, more = _compose(model, plan, timing, gpn, extrapolate)
         extra.update(simulation="fast", **more)
         ms = None

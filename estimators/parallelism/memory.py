@@ -137,9 +137,8 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, f
 def _op_checkpoint_bytes_per_token(model: ModelConfig, plan: ParallelPlan, layer: int) -> float:
     """Bytes per token a block keeps under per-op selective checkpointing (`--recompute op`,
     estimators.parallelism.op_checkpoint), all bf16: its input, the outputs of its odd-numbered matmuls, the
-    attention output (and its fp32 log-sum-exp per head); a MoE block also its routed experts' grouped-GEMM
-    outputs and the all-to-all outputs around them (torchtitan saves compute-intensive ops and all-to-alls),
-    not the experts' activation, which is recomputed."""
+    attention output (and its fp32 log-sum-exp per head); a MoE block also the outputs of its all-to-alls
+    (torchtitan saves them), not its routed experts' grouped GEMMs, which are not on the save list."""
     from estimators.parallelism.op_checkpoint import local_width, saved_matmuls
     t = plan.tp
     sp = t if plan.sequence_parallel else 1
@@ -147,11 +146,9 @@ def _op_checkpoint_bytes_per_token(model: ModelConfig, plan: ParallelPlan, layer
     v_width = model.heads * (model.mla.v_head_dim if model.mla else model.d_head)
     per_token = 2.0 * h / sp + sum(2.0 * local_width(mm, t) for mm in saved_matmuls(model, layer))
     per_token += (2.0 * v_width + 4.0 * model.heads) / t
-    if model.is_moe_layer(layer):
-        mo = model.moe
-        f_in = 2 * mo.expert_ffn if model.gated else mo.expert_ffn
+    if model.is_moe_layer(layer):   # the dispatched copies and the combined output, of this rank's tokens
         cf = plan.moe_capacity_factor if plan.moe_capacity_factor > 0 else 1.0
-        per_token += mo.top_k * cf * (2.0 * h + 2.0 * f_in + 2.0 * h) + 2.0 * h
+        per_token += (model.moe.top_k * cf * 2.0 * h + 2.0 * h) / sp
     return per_token
 
 
@@ -209,12 +206,21 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             gathered = 2 * biggest * plan.fsdp_gather_bytes
             if plan.fsdp == "fsdp2":
                 # FSDP2 shards the fp32 parameters themselves (the optimizer's master copy, in `o`): no
-                # 16-bit shard; a layer's unsharded gradients are cast to the reduce dtype for their
+                # 16-bit shard (LoRA's frozen base stays a 16-bit shard); under PP the stage's parameters stay
+                # gathered all step. A layer's unsharded gradients are cast to the reduce dtype for their
                 # reduce-scatter, or, with deferred sync over several micro-batches, every layer's
                 # accumulate unsharded in it until the last
-                w = gathered
+                base = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard if lora else 0.0
+                # (a group of one rank gathers nothing: NeMo AutoModel leaves experts that EP already splits
+                # fully out of FSDP)
+                kept = ((dense * (shard > 1) + expert * (eshard > 1)) * plan.fsdp_gather_bytes
+                        if plan.fsdp2_keeps_params_gathered else gathered)
+                w = base + kept
                 reduce_b = plan.fsdp_reduce_bytes
-                g += (dense + expert) * reduce_b if plan.fsdp_defer_grad_sync and m > 1 else biggest * reduce_b
+                if plan.fsdp2_defers_grad_sync and m > 1:   # a group of one rank has its gradients unsharded
+                    g += (dense * (shard > 1) + expert * (eshard > 1)) * reduce_b
+                else:
+                    g += biggest * reduce_b
             else:
                 w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + gathered
         if lora:

@@ -4,11 +4,12 @@
 
 Each transformer block runs under `torch.utils.checkpoint` with a policy that decides op by op what the
 backward finds saved: the outputs of matrix multiplies (`aten.mm`), of flash / memory-efficient attention,
-of reduce-scatters and of `max` (FP8 scaling's amax) are saved, except every second `aten.mm` of the block
-(counted in forward order); every other op (norms, RoPE, activations, residual adds, and the grouped
-`_grouped_mm` of routed experts, which is not on the list) is recomputed before the block's backward. So a
-block saves its input, the odd-numbered matmul outputs and the attention output, and recomputes the
-even-numbered matmuls and the cheap ops between them.
+of reduce-scatters and of `max` (FP8 scaling's amax) are saved -- and, in later torchtitan, of all-to-alls
+(torchtitan/distributed/activation_checkpoint.py) -- except every second `aten.mm` of the block (counted in
+forward order); every other op (norms, RoPE, activations, residual adds, and the grouped `_grouped_mm` of
+routed experts, which is not on the list) is recomputed before the block's backward. So a block saves its
+input, the odd-numbered matmul outputs, the attention output and a MoE block's all-to-all outputs, and
+recomputes the even-numbered matmuls, the routed experts and the cheap ops between them.
 
 The matmuls are counted as PyTorch / Hugging Face modules write them: separate q, k, v and output
 projections (MLA: q_a / q_b or q, kv_a, kv_b, output), then the MLP's gate, up and down projections (w1, w3,

@@ -95,9 +95,10 @@ class ParallelPlan:
     # ZeRO-3 gradient reduce-scatter dtype: "" the implementation's (FSDP2: fp32, the reduce_dtype of the
     # MixedPrecisionPolicy torchtitan and NeMo AutoModel build; Megatron-FSDP: bf16), or "bf16" / "fp32"
     fsdp_reduce_dtype: str = ""
-    # FSDP2 reduce-scatters each micro-batch's gradients after its backward (its default, torchtitan's); with
-    # deferred sync (set_requires_gradient_sync(False) before all but the last micro-batch, AutoModel's
-    # defer_fsdp_grad_sync) unsharded gradients accumulate in memory and are reduced once
+    # FSDP2 reduce-scatters each micro-batch's gradients after its backward (its default, torchtitan's without
+    # PP); with deferred sync (set_requires_gradient_sync(False) before all but the last micro-batch, NeMo
+    # AutoModel's default defer_fsdp_grad_sync; always under PP) unsharded gradients accumulate in memory and
+    # are reduced once
     fsdp_defer_grad_sync: bool = False
     # ZeRO-3 gathers FP8 weights as FP8 (torchao enable_fsdp_float8_all_gather, Megatron-FSDP fp8_param_gather)
     fsdp_fp8_all_gather: bool = False
@@ -160,10 +161,24 @@ class ParallelPlan:
         return 1 if self.fsdp_fp8_all_gather and self.precision == "fp8" else 2
 
     @property
+    def fsdp2_defers_grad_sync(self) -> bool:
+        """FSDP2 reduce-scatters once per step, after the last micro-batch: when asked to, or under pipeline
+        parallelism, where PyTorch's pipeline stages (torch.distributed.pipelining, `backward_maybe_with_nosync`)
+        turn gradient sync off for every backward but the last; unsharded gradients accumulate meanwhile."""
+        return self.zero >= 3 and self.fsdp == "fsdp2" and (self.fsdp_defer_grad_sync or self.pp > 1)
+
+    @property
+    def fsdp2_keeps_params_gathered(self) -> bool:
+        """FSDP2 under pipeline parallelism keeps a stage's parameters gathered from the first forward to the
+        last backward (torchtitan: no reshard after forward with PP; the pipeline stage: no reshard after any
+        backward but the last), so it gathers once per step instead of before every pass."""
+        return self.zero >= 3 and self.fsdp == "fsdp2" and self.pp > 1
+
+    @property
     def reduces_every_micro_batch(self) -> bool:
         """PyTorch FSDP2 without deferred sync: every micro-batch's backward reduce-scatters its gradients
         (the other layouts reduce once, after the last micro-batch's backward)."""
-        return self.zero >= 3 and self.fsdp == "fsdp2" and not self.fsdp_defer_grad_sync
+        return self.zero >= 3 and self.fsdp == "fsdp2" and not self.fsdp2_defers_grad_sync
 
     @property
     def shard_group(self) -> int:

@@ -4,7 +4,7 @@ step-time estimate and the memory model; only the best few are then simulated wi
 Passes, top-down:
 1. Enumerate (`enumerate_candidates`): the layouts (tp within a node, cp, pp, vp, dp, ep) are a Python
    loop over divisors (a few hundred); every layout is crossed with the option grid (micro-batch size,
-   recompute none/selective/full, ZeRO 0/1/2/3 and HSDP shard groups, sequence parallelism, and the overlap
+   recompute none/selective/full (op when asked for), ZeRO 0/1/2/3 and HSDP shard groups, sequence parallelism, and the overlap
    modes where they change anything: DP gradient overlap when there is a DP group, p2p overlap when
    there is a pipeline, async TP when TP runs without SP) as boolean masks over arrays. Equivalent
    plans are not repeated: selective recomputation with flash attention recomputes nothing (flash
@@ -455,8 +455,11 @@ def in_flight(m: np.ndarray, pp: int, vp: int, stage: int) -> np.ndarray:
 
 
 def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, global_batch: int,
-               attention: str = "flash", tables: dict | None = None) -> np.ndarray:
-    """Peak memory per GPU (GiB) of every candidate: `estimate_memory`'s most loaded stage, vectorized."""
+               attention: str = "flash", tables: dict | None = None, carry: tuple = ()) -> np.ndarray:
+    """Peak memory per GPU (GiB) of every candidate: `estimate_memory`'s most loaded stage, vectorized;
+    `carry`: the options every candidate takes (SearchSpace.carry), for FSDP2's states under ZeRO-3."""
+    z3p = ParallelPlan(zero=3, **dict(carry))
+    fsdp2 = z3p.fsdp == "fsdp2"
     n = len(cols["tp"])
     out = np.zeros(n)
     act_d, act_m, act_mtp = _activation_bytes(model, cols, seq_len, attention)
@@ -489,6 +492,13 @@ def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, gl
             b_sharded, b_shared, b_routed = st.biggest_moe[s]
             biggest = np.maximum(st.biggest_dense[s] / t, b_sharded / t + b_shared + b_routed / ep)
             w = np.where(zz >= 3, (dense / sh + expert / esh + 2 * biggest) * WEIGHT_BYTES, w)
+            if fsdp2:   # as estimate_memory: no 16-bit shard; PP keeps the stage gathered; deferred sync
+                gb, rb = float(z3p.fsdp_gather_bytes), float(z3p.fsdp_reduce_bytes)
+                unsharded = dense * (sh > 1) + expert * (esh > 1)   # a group of one rank: nothing to gather
+                kept = unsharded * gb if pp > 1 else 2 * biggest * gb
+                defer = (z3p.fsdp_defer_grad_sync or pp > 1) & (m[idx] > 1)
+                w = np.where(zz >= 3, kept, w)
+                g = np.where(zz >= 3, g + np.where(defer, unsharded * rb, biggest * rb), g)
             fl = in_flight(m[idx], pp, vp, s)
             # an MTP module is one more last layer (its activations as estimate_memory has them), counted apart
             nd = st.dense_layers[s] - (0 if last_is_moe else st.mtp_layers[s])
@@ -719,7 +729,8 @@ class StageTail:
         self.model, self.cols, self.comm, self.lt = model, cols, comm, lt
         rows = np.arange(len(cols["tp"]))
         self.tp = cols["tp"].astype(np.float64)
-        grad_b = np.where(cols["zero"] >= 3, 2.0, 4.0)
+        z3p = ParallelPlan(zero=3, **dict(cm.carry))
+        grad_b = np.where(cols["zero"] >= 3, float(z3p.fsdp_reduce_bytes), 4.0)
         self.emb = model.vocab * model.hidden / self.tp
         pos = model.max_seq * model.hidden if model.position == "learned" else 0
         self.emb_grad = comm.grad_us(rows, (self.emb + pos) * grad_b)
@@ -867,7 +878,7 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
     cols = enumerate_candidates(model, gpus, seq_len, global_batch, hw.node.gpus_per_node, space)
     t = lap("enumerate", t0)
     tables: dict = {}
-    mem = memory_gib(model, cols, seq_len, global_batch, space.attention, tables)
+    mem = memory_gib(model, cols, seq_len, global_batch, space.attention, tables, space.carry)
     cap = hw.gpu.memory_gb * 1e9 / GIB
     t = lap("memory", t)
     fits = np.flatnonzero(mem <= cap)

@@ -233,7 +233,8 @@ def architecture_host_calls(model: ModelConfig, plan: ParallelPlan) -> int:
     calls = 0
     if unfused_rope(model):
         calls += 2 * (ROPE_UNFUSED_FWD.calls - 1 + ROPE_UNFUSED_BWD.calls - 1)
-    selective = set(plan.recompute_modules or ()) if plan.recompute == "selective" else set()
+    selective = (set(plan.recompute_modules or ()) if plan.recompute == "selective"
+                 else {"moe"} if plan.recompute == "op" else set())   # op recomputes the routed experts
     if model.bias and model.moe:
         local = max(model.moe.num_experts // plan.ep, 1)
         forward = expert_bias_ops(local, False).calls
@@ -814,11 +815,7 @@ class _RankBuilder:
         if moe:
             tok, le, per, f_in, f = self._moe_dims()
             if "moe" in mods:
-                self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
-                self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
-                tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
-                self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
-                self._expert_bias(tpl, "recompute_expert_bias_add", backward=False)
+                self._recompute_routed_experts(tpl)
             elif "moe_act" in mods:
                 self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
                 tpl.add("recompute_expert_act", COMPUTE,
@@ -829,11 +826,21 @@ class _RankBuilder:
                 tpl.add("recompute_shared_expert_fc1", COMPUTE, gemm(tok, fs_in * S, h, dt))
                 tpl.add("recompute_shared_expert_fc2", COMPUTE, gemm(tok, h, fs * S, dt))
 
+    def _recompute_routed_experts(self, tpl: _Template) -> None:
+        """The routed experts' forward again from their dispatched input: fc1, activation, fc2."""
+        m, h = self.m, self.m.hidden
+        _, le, per, f_in, f = self._moe_dims()
+        self._expert_gemm(tpl, "recompute_expert_fc1", per, f_in, h, le)
+        self._glu_clamp(tpl, "recompute_expert_act_clamp", self._routed(per * le) * f_in)
+        tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
+        self._expert_gemm(tpl, "recompute_expert_fc2", per, h, f, le)
+        self._expert_bias(tpl, "recompute_expert_bias_add", backward=False)
+
     def _op_recompute(self, tpl: _Template, moe: bool) -> None:
         """The forward work per-op selective checkpointing repeats before a block's backward
         (estimators.parallelism.op_checkpoint): the even-numbered matmuls, the norms, RoPE, the residual add
-        between attention and MLP and the (dense or expert) activation; attention and the saved matmuls' outputs
-        are kept, so those do not run again."""
+        between attention and MLP, the MLP or shared experts' activation and the routed experts' whole forward;
+        attention and the saved matmuls' and all-to-alls' outputs are kept, so those do not run again."""
         from estimators.parallelism.op_checkpoint import recomputed_matmuls
         m, sh, t = self.m, self.sh, self.p.tp
         T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
@@ -847,9 +854,8 @@ class _RankBuilder:
             tpl.add("recompute_" + mm.name, COMPUTE, gemm(rows, n_out, k_in, "bf16" if mm.name == "router" else dt))
         tpl.add("recompute_residual_add_attn", COMPUTE, elementwise(Ts * h, 2, 1))
         self._norm(tpl, "recompute_post_attn_norm", Ts)
-        if moe:
-            _, le, per, _, f = self._moe_dims()
-            tpl.add("recompute_expert_act", COMPUTE, elementwise(self._routed(per * le) * f, *act_io(m.activation)))
+        if moe:   # the routed experts' grouped GEMMs are not on the save list: their forward runs again
+            self._recompute_routed_experts(tpl)
             if m.moe.shared_experts:
                 fs = self._shared_ffn() * m.moe.shared_experts
                 tpl.add("recompute_shared_expert_act", COMPUTE, elementwise(tok * fs, *act_io(m.activation)))
@@ -1402,7 +1408,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
     def grad_reduce(name: str, dense: float, expert: float, after: int, deferrable: bool = True) -> None:
         """Gradient reduction of one bucket once its last backward is done (or, without
         overlap_grad_reduce, after the whole backward: 2021 Megatron-LM all-reduced after the pipeline)."""
-        if not p.overlap_grad_reduce and deferrable:
+        if not p.overlap_grad_reduce and deferrable and p.fsdp != "fsdp2":   # FSDP2 reduces as layers finish
             deferred.append((name, dense, expert))
             return
         if dense and len(rb.dp_g) > 1:
@@ -1526,8 +1532,10 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                 _, out = rb.run(rb.embedding_template(False), pre, entry)
                 entry = [out]
             prev_first = None
+            # FSDP2 under PP gathers a stage's parameters in its first forward and keeps them
+            gather = not (p.fsdp2_keeps_params_gathered and mb > 0)
             for layer in layers:
-                ag = param_gather(pre + f"L{layer}.F", layer, prev_first)
+                ag = param_gather(pre + f"L{layer}.F", layer, prev_first) if gather else []
                 first, out = rb.run(rb.layer_template(layer, "F", mb), pre + f"L{layer}.F.", entry + ag)
                 fwd_nodes.setdefault(layer, (first, len(rb.g)))
                 prev_first, entry = first, [out]
@@ -1563,7 +1571,7 @@ def build_rank_graph(model: ModelConfig, plan: ParallelPlan, rank: int, gpus_per
                                 if (not model.tied_embeddings or p.pp > 1) and not lora else 0, 0, out)
             prev_first = None
             for layer in reversed(layers):
-                ag = param_gather(pre + f"L{layer}.B", layer, prev_first)
+                ag = [] if p.fsdp2_keeps_params_gathered else param_gather(pre + f"L{layer}.B", layer, prev_first)
                 recomputed = len(rb.g)
                 if rb._full_recompute(layer):
                     first, out = rb.run(rb.layer_template(layer, "R", mb), pre + f"L{layer}.R.", entry + ag)

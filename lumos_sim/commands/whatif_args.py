@@ -139,6 +139,13 @@ def plan_from_args(args, model, validate: bool = True):
             raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
         dp = args.gpus // denom
     extra = plan_option_flags(args)
+    fsdp_flags = [f for f, on in (("--fsdp fsdp2", extra.get("fsdp") == "fsdp2"),
+                                  ("--fsdp-reduce-dtype", bool(extra.get("fsdp_reduce_dtype"))),
+                                  ("--fsdp-defer-grad-sync", bool(extra.get("fsdp_defer_grad_sync"))),
+                                  ("--fsdp-fp8-all-gather", bool(extra.get("fsdp_fp8_all_gather")))) if on]
+    if fsdp_flags and args.zero != 3 and not getattr(args, "search", False):
+        # the search carries them to its ZeRO-3 candidates; a single plan without ZeRO-3 would ignore them
+        raise TraceInputError(None, f"{fsdp_flags[0]} needs --zero 3 (FSDP)")
     plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
                         global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
                         recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,

@@ -61,6 +61,7 @@ SUSTAINED_CLOCK_FRACTION = {"H100": 0.80}
 # GPUs sold under another name on the same die at the same board power, which the tables above describe by
 # their sibling's figures: the H200 SXM and the H800 SXM are the H100 SXM's GH100 at 700 W with other memory
 # (141 GB HBM3e) or other NVLink (200 GB/s); the power limit, the tensor cores and their clock are the H100's.
+# Matched as whole words: the GH200 superchip (another power budget) is not an H200.
 SAME_SILICON = {"H200": "H100", "H800": "H100"}
 # Time of an FP8 GEMM scaled by blocks (Transformer Engine's "blockwise" recipe: 1x128 activation and 128x128
 # weight scales, DeepSeek-V3's) over the same GEMM with one scale per tensor, at the full clock. Hopper's tensor
@@ -174,7 +175,7 @@ class ComputeModel:
         self._pageable = self.hw.gpu.pcie_bw_gbs * c.pageable_copy_efficiency * 1e3
         self._min = c.min_kernel_us
         names = [str(n).upper() for n in (self.hw.gpu.device_names or [self.hw.gpu.model])]
-        names += [base for n in names for sibling, base in SAME_SILICON.items() if sibling in n]
+        names += [base for n in names for sibling, base in SAME_SILICON.items() if re.search(rf"\b{sibling}\b", n)]
         def for_this_gpu(table: dict[str, float]) -> float:   # keyed by a part of the device name
             return next((v for k, v in table.items() if any(k in n for n in names)), 1.0)
         self.sustained_clock_fraction = for_this_gpu(SUSTAINED_CLOCK_FRACTION)
