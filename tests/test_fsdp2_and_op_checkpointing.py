@@ -160,12 +160,15 @@ def test_per_op_checkpointing_of_a_moe_block_keeps_its_all_to_all_outputs_and_re
     9 x 2048: (2048 + 4096 + 512 + 128 + 4096 + 18,432) x 2 + 128 = 58,752 B. TP2 with SP halves the
     sequence-split terms (input, dispatched and combined tokens) and the column-parallel q, v and attention
     output, not the replicated router: (1024 + 2048 + 256 + 128 + 2048 + 9216) x 2 + 64 = 29,504 B. The
-    recompute pass runs the experts' fc1 and fc2 again."""
+    recompute pass runs the experts' fc1 and fc2 again. At TP8 each rank keeps one whole KV head of the 4
+    (128 wide, not 512 / 8): (256 + 512 + 128 + 128 + 512 + 2304) x 2 + 16 = 7,696 B."""
     q3 = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(dp=8, ep=8, seq_len=4096, global_batch=8, recompute="op")
     assert layer_activation_bytes(q3, plan, 0) == 4096 * 58_752
     tp2 = ParallelPlan(tp=2, dp=4, ep=8, seq_len=4096, global_batch=4, recompute="op")
     assert layer_activation_bytes(q3, tp2, 0) == 4096 * 29_504
+    tp8 = ParallelPlan(tp=8, ep=8, seq_len=4096, global_batch=1, recompute="op")
+    assert layer_activation_bytes(q3, tp8, 0) == 4096 * 7_696
     assert layer_activation_bytes(q3, tp2.with_(recompute="full"), 0) < layer_activation_bytes(q3, tp2, 0) \
         < layer_activation_bytes(q3, tp2.with_(recompute="none"), 0)
     ops = [name for name, _, _, _ in _RankBuilder(q3, plan, 0, 8).layer_template(0, "S").ops]

@@ -31,6 +31,7 @@ class BlockMatmul:
     out: int
     inp: int
     tp_split: str      # which width tensor parallelism divides: "out" (column-parallel) or "inp" (row-parallel)
+    min_out: int = 0   # the least a rank holds of the output: K / V keep one whole head when tp > KV heads
 
 
 def block_matmuls(model: ModelConfig, layer: int) -> list[BlockMatmul]:
@@ -49,8 +50,9 @@ def block_matmuls(model: ModelConfig, layer: int) -> list[BlockMatmul]:
                 BlockMatmul("kv_b_proj", model.heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, "out"),
                 BlockMatmul("o_proj", h, model.heads * a.v_head_dim, "inp")]
     else:
-        out += [BlockMatmul("q_proj", model.q_dim, h, "out"), BlockMatmul("k_proj", model.kv_dim, h, "out"),
-                BlockMatmul("v_proj", model.kv_dim, h, "out"), BlockMatmul("o_proj", h, model.q_dim, "inp")]
+        d = model.d_head
+        out += [BlockMatmul("q_proj", model.q_dim, h, "out"), BlockMatmul("k_proj", model.kv_dim, h, "out", d),
+                BlockMatmul("v_proj", model.kv_dim, h, "out", d), BlockMatmul("o_proj", h, model.q_dim, "inp")]
     if model.is_moe_layer(layer):
         mo = model.moe
         out.append(BlockMatmul("router", mo.num_experts, h, "none"))
@@ -82,4 +84,4 @@ def saved_matmuls(model: ModelConfig, layer: int) -> list[BlockMatmul]:
 
 def local_width(mm: BlockMatmul, tp: int) -> float:
     """The output width one tensor-parallel rank holds of a matmul's output."""
-    return mm.out / tp if mm.tp_split == "out" else float(mm.out)
+    return max(mm.out / tp, mm.min_out) if mm.tp_split == "out" else float(mm.out)

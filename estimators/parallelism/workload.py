@@ -848,7 +848,7 @@ class _RankBuilder:
         self._norm(tpl, "recompute_input_norm", Ts)
         self._rope(tpl, "recompute_rope", ROPE_UNFUSED_FWD)
         for mm in recomputed_matmuls(m, self.layer_index):
-            n_out = mm.out // t if mm.tp_split == "out" else mm.out
+            n_out = max(mm.out // t, mm.min_out) if mm.tp_split == "out" else mm.out
             k_in = mm.inp // t if mm.tp_split == "inp" else mm.inp
             rows = tok if mm.name == "router" or mm.name.startswith("shared_expert_") else T
             tpl.add("recompute_" + mm.name, COMPUTE, gemm(rows, n_out, k_in, "bf16" if mm.name == "router" else dt))
