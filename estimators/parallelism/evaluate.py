@@ -151,8 +151,9 @@ def legacy_breakdown_json(bd: StepBreakdown) -> dict[str, Any]:
     out: dict[str, Any] = {"step_s": m.window_us / 1e6, "compute_s": m.compute_us / 1e6,
                            "exposed_comm_s": m.exposed_comm_us / 1e6, "host_wait_s": m.host_wait_us / 1e6}
     out.update({f"exposed_{k}_comm_s": v for k, v in kinds.items()})
-    out.update({"bubble_s": m.idle_us / 1e6, "bubble_fraction": m.idle_fraction,
-                "exposed_comm_by_kind_s": kinds, "pipeline_bubble_s": m.idle_us / 1e6})
+    idle = max(m.idle_us, 0.0)   # a difference of sums: rounding can leave -1e-10 us
+    out.update({"bubble_s": idle / 1e6, "bubble_fraction": max(m.idle_fraction, 0.0),
+                "exposed_comm_by_kind_s": kinds, "pipeline_bubble_s": idle / 1e6})
     return out
 
 

@@ -421,3 +421,9 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         bad("--fsdp-fp8-all-gather needs --precision fp8")
     if plan.recompute_modules and plan.recompute != "selective":
         bad("--recompute-modules needs --recompute selective")
+    if plan.recompute_layers and plan.recompute != "full":
+        bad("--recompute-layers needs --recompute full")
+    inner = plan.pipeline_layout[1:-1]
+    if any(n == 0 for n in inner):
+        bad("--pipeline-layout: only the first and the last pipeline chunk may hold no transformer layer "
+            f"(chunk {1 + inner.index(0)} of {list(plan.pipeline_layout)} is empty)")

@@ -246,6 +246,8 @@ def enumerate_candidates(model: ModelConfig, gpus: int, seq_len: int, global_bat
 def plan_of_row(cols: dict[str, np.ndarray], i: int, seq_len: int, global_batch: int, precision: str,
                 gpus_per_node: int, attention: str = "flash", carry: tuple[tuple[str, Any], ...] = ()) -> ParallelPlan:
     c = {k: int(v[i]) for k, v in cols.items() if k in _COLUMNS}
+    if c["zero"] < 3:   # the FSDP options a user gave concern the ZeRO-3 candidates only
+        carry = tuple((k, v) for k, v in carry if not k.startswith("fsdp"))
     return ParallelPlan(
         tp=c["tp"], pp=c["pp"], cp=c["cp"], dp=c["dp"], ep=c["ep"], vp=c["vp"], seq_len=seq_len,
         global_batch=global_batch, micro_batch=c["micro_batch"], precision=precision,
@@ -684,8 +686,14 @@ def layer_times(model: ModelConfig, pt: dict[str, np.ndarray], comm: GroupComm,
             continue
         bucket[k] = comm.grad_us(rows, dense * grad_b) + (comm.expert_grad_us(rows, expert * grad_b) if moe else 0.0)
         gather = np.where(z3, comm.gather_us(rows, (dense + expert) * float(z3p.fsdp_gather_bytes)), 0.0)
-        # FSDP2 reduce-scatters every micro-batch's gradients: beside the backward's gathers each time
-        every = np.where(z3, bucket[k], 0.0) if z3p.reduces_every_micro_batch else 0.0
+        every = 0.0
+        if z3p.fsdp == "fsdp2":
+            pp1 = cols["pp"] == 1
+            # under PP FSDP2 keeps a stage gathered (one gather a step); without it, unless deferred, it
+            # reduce-scatters every micro-batch's gradients beside the backward's gathers
+            gather = np.where(pp1, gather, 0.0)
+            if not z3p.fsdp_defer_grad_sync:
+                every = np.where(z3 & pp1, bucket[k], 0.0)
         f, b = pt[f"F_{k}"], pt[f"B_{k}"]
         back[k] = b + np.where(rc == RC_FULL, f, np.where(rc == RC_SELECTIVE, pt[f"S_{k}"],
                                                           np.where(rc == RC_OP, pt[f"O_{k}"], 0.0)))

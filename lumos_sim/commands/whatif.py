@@ -16,8 +16,8 @@ import sys
 
 from chakra_schema.errors import TraceInputError
 from lumos_sim.commands.whatif_args import (PLAN_DEFAULTS, add_plan_arguments, add_set_argument,  # noqa: F401
-                                            evaluate_with_progress, plan_from_args, plan_option_flags,
-                                            print_json)
+                                            check_flag_combinations, evaluate_with_progress, plan_from_args,
+                                            plan_option_flags, print_json)
 from lumos_sim.progress import progress_bar
 
 
@@ -143,6 +143,7 @@ def _main_search(args) -> int:
         raise TraceInputError(None, "--top-k must be >= 1")
     # plan flags given on the command line constrain the search
     fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
+    check_flag_combinations(plan_option_flags(args), args.zero, searching=True, recompute=args.recompute)
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False
     # options the search does not enumerate (--moe-a2a, --moe-capacity-factor, --set plan.moe_a2a_overlap=...)
