@@ -156,3 +156,20 @@ def test_cli_whatif_set_flows_into_the_evaluated_scenario():
 def test_scenario_is_frozen(base):
     with pytest.raises(dataclasses.FrozenInstanceError):
         base.timing = "trace"  # type: ignore[misc]
+
+
+def test_whatif_scenario_json_says_what_was_asked(tmp_path, capsys):
+    """`whatif scenario --json` carries the question beside the answer: the what-if, the model and hardware
+    names and every plan field as evaluated (it had the figures only)."""
+    import json
+
+    from lumos_sim.cli import main
+    f = tmp_path / "s.toml"
+    f.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h200"\n'
+                 'plan = { dp = 8, seq_len = 2048, global_batch = 16, recompute = "op", zero = 3, fsdp = "fsdp2" }\n')
+    assert main(["whatif", "scenario", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    asked = out["scenario"]
+    assert (asked["whatif"], asked["model"], asked["hardware"]) == ("parallelism", "llama3-8b", "h200")
+    assert (asked["plan"]["recompute"], asked["plan"]["fsdp"], asked["plan"]["dp"]) == ("op", "fsdp2", 8)
+    assert out["step_time_s"] > 0

@@ -183,7 +183,7 @@ def main_scenario(args) -> int:
     scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
     p = evaluate_with_progress(scenario, "evaluating")
     if args.json:
-        print_json(p.to_json())
+        print_json({**p.to_json(), "scenario": _scenario_inputs(scenario)})
         return 0
     from lumos_sim.tables import console as make_console
     from rich.table import Table
@@ -201,6 +201,19 @@ def main_scenario(args) -> int:
         t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
     make_console().print(t)
     return 0
+
+
+def _scenario_inputs(scenario) -> dict:
+    """What the scenario asked, for `whatif scenario --json`: the what-if, the model and hardware by name, and
+    the option sections the what-if reads (the plan of a parallelism or MoE what-if, its trace, failure or MoE
+    options), every field as the evaluation took it."""
+    out = {"whatif": scenario.whatif, "model": scenario.model.name if scenario.model is not None else None,
+           "hardware": scenario.hardware.name if scenario.hardware is not None else None}
+    for name in ("plan", "trace", "failure", "moe"):
+        value = getattr(scenario, name)
+        if dataclasses.is_dataclass(value) and (name != "plan" or scenario.whatif in ("parallelism", "moe")):
+            out[name] = dataclasses.asdict(value)
+    return out
 
 
 def _changes_text(changes: dict) -> str:
