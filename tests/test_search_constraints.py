@@ -55,6 +55,16 @@ def test_per_op_checkpointing_and_fsdp2_options_given_with_search_hold_for_every
     assert "op" not in {RECOMPUTE[i] for i in free["recompute"].tolist()}
 
 
+@pytest.mark.parametrize("setting,field,value", [("plan.recompute=op", "recompute", "op"), ("plan.zero=1", "zero", 1),
+                                                 ("plan.tp=2", "tp", 2)])
+def test_set_plan_fields_hold_the_search_as_their_flags_do(setting, field, value):
+    """`--set plan.zero=1` was ignored by the search (ZeRO-3 plans came back) while `--zero 1` held it."""
+    p = _search("--set", setting)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows and all(r["plan"][field] == value for r in rows)
+
+
 def test_a_constraint_no_plan_meets_is_a_one_line_error_naming_it():
     p = _search("--tp", "16")     # TP stays inside an 8-GPU node
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--tp 16" in p.stderr, p.stderr

@@ -143,6 +143,12 @@ def _main_search(args) -> int:
         raise TraceInputError(None, "--top-k must be >= 1")
     # plan flags given on the command line constrain the search
     fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
+    # `--set plan.zero=1` holds the search as `--zero 1` does (the flag wins where both are given)
+    from estimators.scenario import parse_assignments
+    set_keys = parse_assignments(args.overrides)
+    for k in fixed:
+        if fixed[k] is None and f"plan.{k}" in set_keys:
+            fixed[k] = getattr(base.plan, k)
     check_flag_combinations(plan_option_flags(args), args.zero, searching=True, recompute=args.recompute)
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False
