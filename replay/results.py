@@ -365,8 +365,9 @@ def summarize(run: SimulatedRun, with_critical_path: bool = True) -> ReplayResul
                 lo = float(run.start[sl.start + step.node])
                 nxt = g_steps[k + 1].node if k + 1 < len(g_steps) else -1
                 hi = float(run.start[sl.start + nxt]) if nxt >= 0 else float(run.end[sl].max())
-                log.warning("%s: %s records no duration; its step spans until %s", g.metadata.get("source", "the trace"),
-                            step.name, g_steps[k + 1].name if nxt >= 0 else "the end of the trace")
+                log.warning("%s: %s records no duration; its step spans until %s",
+                            g.metadata.get("source", "the trace"), step.name,
+                            g_steps[k + 1].name if nxt >= 0 else "the end of the trace")
             elif step.node >= 0:
                 lo = float(run.start[sl.start + step.node])
                 hi = float(run.end[sl.start + step.node])

@@ -197,7 +197,8 @@ def test_fsdp_options_without_zero_3_are_one_line_errors(flags, capsys):
     (["--pp", "4", "--pipeline-layout", "8,0,16,8"], "only the first and the last pipeline chunk"),
     (["--recompute", "op", "--recompute-layers", "2"], "--recompute-layers needs --recompute full"),
     (["--search", "--zero", "1", "--fsdp", "fsdp2"], "--fsdp fsdp2 needs --zero 3"),
-    (["--search", "--recompute", "op", "--recompute-modules", "mlp"], "--recompute-modules needs --recompute selective"),
+    (["--search", "--recompute", "op", "--recompute-modules", "mlp"],
+     "--recompute-modules needs --recompute selective"),
 ])
 def test_layouts_and_flags_that_would_be_ignored_or_crash_are_one_line_errors(flags, message, capsys):
     """Fuzzing finds: an empty pipeline chunk between two others crashed the generator (KeyError); the others

@@ -211,16 +211,13 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
                 # reduce-scatter, or, with deferred sync over several micro-batches, every layer's
                 # accumulate unsharded in it until the last
                 base = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard if lora else 0.0
-                # (a group of one rank gathers nothing: NeMo AutoModel leaves experts that EP already splits
-                # fully out of FSDP)
-                kept = ((dense * (shard > 1) + expert * (eshard > 1)) * plan.fsdp_gather_bytes
-                        if plan.fsdp2_keeps_params_gathered else gathered)
+                # what FSDP shards (a group of one rank gathers nothing and has its gradients unsharded already:
+                # NeMo AutoModel leaves experts that EP fully splits out of FSDP)
+                unsharded = dense * (shard > 1) + expert * (eshard > 1)
+                kept = unsharded * plan.fsdp_gather_bytes if plan.fsdp2_keeps_params_gathered else gathered
                 w = base + kept
-                reduce_b = plan.fsdp_reduce_bytes
-                if plan.fsdp2_defers_grad_sync and m > 1:   # a group of one rank has its gradients unsharded
-                    g += (dense * (shard > 1) + expert * (eshard > 1)) * reduce_b
-                else:
-                    g += biggest * reduce_b
+                deferred = plan.fsdp2_defers_grad_sync and m > 1
+                g += (unsharded if deferred else biggest) * plan.fsdp_reduce_bytes
             else:
                 w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + gathered
         if lora:

@@ -4,9 +4,10 @@ step-time estimate and the memory model; only the best few are then simulated wi
 Passes, top-down:
 1. Enumerate (`enumerate_candidates`): the layouts (tp within a node, cp, pp, vp, dp, ep) are a Python
    loop over divisors (a few hundred); every layout is crossed with the option grid (micro-batch size,
-   recompute none/selective/full (op when asked for), ZeRO 0/1/2/3 and HSDP shard groups, sequence parallelism, and the overlap
-   modes where they change anything: DP gradient overlap when there is a DP group, p2p overlap when
-   there is a pipeline, async TP when TP runs without SP) as boolean masks over arrays. Equivalent
+   recompute none/selective/full (op when asked for), ZeRO 0/1/2/3 and HSDP shard groups, sequence
+   parallelism, and the overlap modes where they change anything: DP gradient overlap when there is a DP
+   group, p2p overlap when there is a pipeline, async TP when TP runs without SP) as boolean masks over
+   arrays. Equivalent
    plans are not repeated: selective recomputation with flash attention recomputes nothing (flash
    attention already drops the scores), ZeRO stages without a DP group shard nothing, SP without TP does
    nothing. The rules are those of `estimators.parallelism.plan.validate_plan`, vectorized.
@@ -59,6 +60,12 @@ _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zer
 CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
                    "cuda_graphs", "cuda_graph_scope", "attention_kernel", "fsdp", "fsdp_reduce_dtype",
                    "fsdp_defer_grad_sync", "fsdp_fp8_all_gather")
+
+
+def zero3_options(carry: tuple[tuple[str, Any], ...], precision: str = "bf16") -> ParallelPlan:
+    """A ZeRO-3 plan with the carried options: what the search's ZeRO-3 candidates reduce and gather (the
+    FSDP implementation, its reduce dtype, FP8 gathers, deferred sync)."""
+    return ParallelPlan(zero=3, precision=precision, **dict(carry))
 
 
 def carried_options(plan: ParallelPlan) -> tuple[tuple[str, Any], ...]:
@@ -457,10 +464,11 @@ def in_flight(m: np.ndarray, pp: int, vp: int, stage: int) -> np.ndarray:
 
 
 def memory_gib(model: ModelConfig, cols: dict[str, np.ndarray], seq_len: int, global_batch: int,
-               attention: str = "flash", tables: dict | None = None, carry: tuple = ()) -> np.ndarray:
+               attention: str = "flash", tables: dict | None = None,
+               zero3: ParallelPlan | None = None) -> np.ndarray:
     """Peak memory per GPU (GiB) of every candidate: `estimate_memory`'s most loaded stage, vectorized;
-    `carry`: the options every candidate takes (SearchSpace.carry), for FSDP2's states under ZeRO-3."""
-    z3p = ParallelPlan(zero=3, **dict(carry))
+    `zero3`: the carried options (`zero3_options`), for FSDP2's states under ZeRO-3."""
+    z3p = zero3 or zero3_options(())
     fsdp2 = z3p.fsdp == "fsdp2"
     n = len(cols["tp"])
     out = np.zeros(n)
@@ -534,6 +542,7 @@ class CostModel:
         self.model, self.hw = model, resolve_hardware(hardware)
         self.seq_len, self.precision, self.attention = seq_len, precision, attention
         self.carry = carry          # SearchSpace.carry: options every candidate takes as given
+        self.zero3 = zero3_options(carry, precision)
         self.gpn = self.hw.node.gpus_per_node
         self.timing = default_timing(self.hw)
         self._lines: dict[tuple, CollectiveLine] = {}
@@ -670,11 +679,11 @@ class LayerTimes:
 
 
 def layer_times(model: ModelConfig, pt: dict[str, np.ndarray], comm: GroupComm,
-                cols: dict[str, np.ndarray], zero3_plan: ParallelPlan | None = None) -> LayerTimes:
+                cols: dict[str, np.ndarray], zero3: ParallelPlan | None = None) -> LayerTimes:
     rows = np.arange(len(cols["tp"]))
     tp = cols["tp"].astype(np.float64)
     z3 = cols["zero"] >= 3
-    z3p = zero3_plan or ParallelPlan(zero=3)    # the carried FSDP options (reduce dtype, FP8 gathers)
+    z3p = zero3 or zero3_options(())    # the carried FSDP options (reduce dtype, FP8 gathers)
     grad_b = np.where(z3, float(z3p.fsdp_reduce_bytes), 4.0)
     rc = cols["recompute"]
     layer, back, bucket = {}, {}, {}
@@ -737,8 +746,7 @@ class StageTail:
         self.model, self.cols, self.comm, self.lt = model, cols, comm, lt
         rows = np.arange(len(cols["tp"]))
         self.tp = cols["tp"].astype(np.float64)
-        z3p = ParallelPlan(zero=3, **dict(cm.carry))
-        grad_b = np.where(cols["zero"] >= 3, float(z3p.fsdp_reduce_bytes), 4.0)
+        grad_b = np.where(cols["zero"] >= 3, float(cm.zero3.fsdp_reduce_bytes), 4.0)
         self.emb = model.vocab * model.hidden / self.tp
         pos = model.max_seq * model.hidden if model.position == "learned" else 0
         self.emb_grad = comm.grad_us(rows, (self.emb + pos) * grad_b)
@@ -782,7 +790,7 @@ def estimate_step_s(cm: CostModel, cols: dict[str, np.ndarray], global_batch: in
     pt = cm.pass_table(cols)
     comm = GroupComm(cm, cols)
     hop = pipeline_hop_us(cm, cols)
-    lt = layer_times(model, pt, comm, cols, ParallelPlan(zero=3, precision=cm.precision, **dict(cm.carry)))
+    lt = layer_times(model, pt, comm, cols, cm.zero3)
     tail = StageTail(cm, cols, comm, lt)
     m = (global_batch // (cols["dp"] * cols["micro_batch"])).astype(np.float64)
     step = np.zeros(len(m))
@@ -886,7 +894,7 @@ def rank_plans(model: ModelConfig, hardware, gpus: int, seq_len: int, global_bat
     cols = enumerate_candidates(model, gpus, seq_len, global_batch, hw.node.gpus_per_node, space)
     t = lap("enumerate", t0)
     tables: dict = {}
-    mem = memory_gib(model, cols, seq_len, global_batch, space.attention, tables, space.carry)
+    mem = memory_gib(model, cols, seq_len, global_batch, space.attention, tables, zero3_options(space.carry, precision))
     cap = hw.gpu.memory_gb * 1e9 / GIB
     t = lap("memory", t)
     fits = np.flatnonzero(mem <= cap)

@@ -125,14 +125,14 @@ def plan_option_flags(args) -> dict:
 
 
 def check_flag_combinations(extra: dict, zero: int | None, searching: bool, recompute: str | None = None) -> None:
-    """Option flags that do nothing in the layout given: the FSDP options off ZeRO-3 (a search carries them to
-    its ZeRO-3 candidates unless --zero holds it elsewhere), --recompute-modules under a search held to
-    another recompute policy (a single plan's are validate_plan's)."""
+    """Option flags that do nothing in the layout given: the FSDP options off ZeRO-3 (`zero` None: a search
+    not held to a stage, which carries them to its ZeRO-3 candidates), --recompute-modules under a search
+    held to another recompute policy (a single plan's are validate_plan's)."""
     fsdp_flags = [f for f, on in (("--fsdp fsdp2", extra.get("fsdp") == "fsdp2"),
                                   ("--fsdp-reduce-dtype", bool(extra.get("fsdp_reduce_dtype"))),
                                   ("--fsdp-defer-grad-sync", bool(extra.get("fsdp_defer_grad_sync"))),
                                   ("--fsdp-fp8-all-gather", bool(extra.get("fsdp_fp8_all_gather")))) if on]
-    if fsdp_flags and (zero if zero is not None or searching else PLAN_DEFAULTS["zero"]) not in (None, 3):
+    if fsdp_flags and zero is not None and zero != 3:
         raise TraceInputError(None, f"{fsdp_flags[0]} needs --zero 3 (FSDP)")
     if searching and extra.get("recompute_modules") and recompute != "selective":
         raise TraceInputError(None, "--recompute-modules needs --recompute selective")
@@ -143,7 +143,6 @@ def plan_from_args(args, model, validate: bool = True):
 
     if args.gpus < 1:
         raise TraceInputError(None, "--gpus must be >= 1")
-    zero_given = getattr(args, "zero", None) is not None
     for key, default in PLAN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, default)
@@ -154,7 +153,7 @@ def plan_from_args(args, model, validate: bool = True):
             raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
         dp = args.gpus // denom
     extra = plan_option_flags(args)
-    check_flag_combinations(extra, args.zero if zero_given else None, searching=False)
+    check_flag_combinations(extra, args.zero, searching=False)
     plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
                         global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
                         recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,
