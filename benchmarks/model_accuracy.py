@@ -91,7 +91,7 @@ def communication(graphs) -> list[dict]:
     vs its recorded duration (which also holds the wait for peers the trace does not show)."""
     from chakra_schema.graph import OpKind
     from replay.hardware.network import NetworkModel
-    from replay.model_timing import _comm_time
+    from replay.model_timing import comm_node_time
 
     out = []
     for name, (g, hw) in graphs.items():
@@ -100,7 +100,7 @@ def communication(graphs) -> list[dict]:
                                                                int(OpKind.RECV)]) & (g.duration_us > 0))
         if len(comm) == 0:
             continue
-        times = [(_comm_time(net, g, i), float(g.duration_us[i])) for i in comm.tolist()]
+        times = [(comm_node_time(net, g, i), float(g.duration_us[i])) for i in comm.tolist()]
         got = np.asarray([(p, m) for p, m in times if p is not None and p > 0]).reshape(-1, 2)
         out.append({"trace": name, "kernels": len(comm), "modelled": len(got),
                     "gmae": gmae(got[:, 0], got[:, 1]) if len(got) else float("nan"),

@@ -83,7 +83,7 @@ def _comm_ranks(graph: ExecutionGraph, i: int) -> list[int]:
     return list(range(n))
 
 
-def _comm_time(net: NetworkModel, graph: ExecutionGraph, i: int,
+def comm_node_time(net: NetworkModel, graph: ExecutionGraph, i: int,
                group_ranks: Sequence[int] | None = None) -> float | None:
     """Network-model time of communication node `i`, or None when it lacks the attrs to say."""
     a = graph.attrs.get(i) or {}
@@ -137,7 +137,7 @@ class _ModelBase:
                       member_durations: Sequence[float]) -> float:
         """The target network model's time for the collective; the recorded transfer when the node
         lacks the attrs to model it."""
-        t = _comm_time(self.network, graph, node, group_ranks)
+        t = comm_node_time(self.network, graph, node, group_ranks)
         if t is not None:
             return t
         return float(min(member_durations)) if len(member_durations) else float(graph.duration_us[node])
@@ -203,7 +203,7 @@ class ModelTiming(_ModelBase):
         for i in range(len(graph)):
             k = int(kinds[i])
             if k in _COMM_KINDS:
-                t = _comm_time(self.network, graph, i)
+                t = comm_node_time(self.network, graph, i)
                 if t is not None:
                     dur[i] = t
                 continue
@@ -296,7 +296,7 @@ class TranslatedTiming(_ModelBase):
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
         dur = graph.duration_us.astype(np.float64, copy=True) * self.scale_factors(graph)
         for i in np.flatnonzero(np.isin(graph.kind, [int(k) for k in _COMM_KINDS])):
-            t = _comm_time(self.network, graph, int(i))
+            t = comm_node_time(self.network, graph, int(i))
             if t is not None:
                 dur[i] = t
         return dur

@@ -44,10 +44,10 @@ class TraceTimingWithModelledTransfers(TraceTiming):
         self.network = network_timing
 
     def node_durations(self, graph: ExecutionGraph) -> np.ndarray:
-        from replay.model_timing import _comm_time
+        from replay.model_timing import comm_node_time
         d = super().node_durations(graph)
         for i in unrecorded_transfers(graph).tolist():
-            t = _comm_time(self.network.network, graph, i)
+            t = comm_node_time(self.network.network, graph, i)
             if t is not None:
                 d[i] = t
         return d
