@@ -34,6 +34,7 @@ import numpy as np
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 
 from .config import HardwareConfig, get_hardware
+from .conv_args import CONV_HELPER_KERNEL, CONV_SIGNATURES, conv_geometry
 from .kernel_classes import COMPUTE_CLASSES, MEMORY_CLASSES, classify_kernel, kernel_class  # noqa: F401
 from .kernel_models import apply_class_model, class_model, geometry_estimate
 
@@ -452,7 +453,8 @@ class ComputeModel:
         shapes = ha.get("input_shapes")
         if not shapes:
             return None
-        return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, ha.get("input_types") or [])
+        return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, ha.get("input_types") or [],
+                                    ha.get("input_values") or (), ha.get("output_shapes") or ())
 
 
 def traced_kernel_class(graph: ExecutionGraph, i: int) -> tuple[str, str]:
@@ -532,9 +534,30 @@ def _tensors(shapes: Sequence[Any]) -> list[list[int]]:
     return [list(s) for s in shapes if isinstance(s, (list, tuple)) and s and all(isinstance(x, int) for x in s)]
 
 
+def _conv_estimate(model: ComputeModel, kernel: str, op: str, shapes: Sequence[Any], types: Sequence[str],
+                   values: Sequence[Any], out_shapes: Sequence[Any], dtype: str) -> OpEstimate | None:
+    """A kernel of a convolution op: a helper pass over the op's tensors, or the implicit GEMM of the op's
+    geometry (`conv_args`; each of a backward's dgrad / wgrad GEMMs has the forward's FLOPs). Ops outside
+    the known signatures: the first two equal-rank tensors as input and weight, stride 1."""
+    if CONV_HELPER_KERNEL.search(kernel):
+        nbytes = sum(_numel(s) * _elem_bytes(types[i] if i < len(types) else "float") for i, s in enumerate(shapes))
+        return model.memory_op(float(nbytes), dtype) if nbytes else None
+    geo = conv_geometry(op, shapes, values, out_shapes)
+    if geo is None and op.lower().split("::")[-1] not in CONV_SIGNATURES:
+        tens = _tensors(shapes)
+        if len(tens) >= 2 and len(tens[0]) == len(tens[1]) >= 3:
+            geo = conv_geometry("aten::conv2d", tens[:2])
+    if geo is None:
+        return None
+    return model.conv(geo.batch, geo.c_in, geo.in_spatial, 1, geo.c_out, geo.kernel, 1, 1, geo.groups, dtype,
+                      h_out=geo.out_spatial, w_out=1)
+
+
 def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequence[Any],
-                         types: Sequence[str]) -> OpEstimate | None:
-    """Map a kernel + its host op's input shapes to a model estimate (None if not understood)."""
+                         types: Sequence[str], values: Sequence[Any] = (),
+                         out_shapes: Sequence[Any] = ()) -> OpEstimate | None:
+    """Map a kernel + its host op's input shapes (and, for convolutions, its traced argument values and
+    output shapes) to a model estimate (None if not understood)."""
     cls = kernel_class(kernel)
     op_l = op.lower()
     dtype, e = _dtype_of(types, kernel)
@@ -545,18 +568,10 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
     if gemm_dims is not None and cls in ("gemm", "other"):
         m, n, k, b = gemm_dims
         return model.gemm(m, n, k, b, dtype)
-    if "conv" in op_l and cls in ("conv", "gemm", "other") and len(tens) >= 2 and len(tens[0]) == 4 \
-            and len(tens[1]) == 4:
-        (nb, cin, h, w), (cout, cin_g, kh, kw) = tens[0], tens[1]
-        groups = max(1, cin // max(cin_g, 1))
-        if "backward" in op_l:
-            # one of dgrad / wgrad: each is a GEMM with the forward's FLOPs (grad_output is tensor 0)
-            nb, cout_, h, w = tens[0]
-            if len(tens) >= 3 and len(tens[1]) == 4 and len(tens[2]) == 4:
-                nb, cin, h, w = tens[1]
-                cout, cin_g, kh, kw = tens[2]
-                groups = max(1, cin // max(cin_g, 1))
-        return model.conv(nb, cin, h, w, cout, kh, kw, 1, groups, dtype)
+    if "conv" in op_l and cls in ("conv", "gemm", "other"):
+        conv = _conv_estimate(model, kernel, op, shapes, types, values, out_shapes, dtype)
+        if conv is not None or op_l.split("::")[-1] in CONV_SIGNATURES:
+            return conv
     if cls == "attention" or "attention" in op_l:
         q = tens[0]
         if len(q) == 4 and _ATTENTION_HELPER.search(kernel):
