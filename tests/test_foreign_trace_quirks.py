@@ -89,3 +89,33 @@ def test_a_rank_set_with_a_gap_replays_with_a_warning_naming_the_missing_rank(tm
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "the job has 4 ranks; 1 of them is not given (rank 2)" in err
+
+
+def _kineto_with_nccl_kernels(path: Path, kernels: list[str]) -> None:
+    """A Kineto trace whose only work is NCCL kernels launched outside any collective's annotation (kernels
+    enqueued before profiling started, as in a TraceLens MI300 sample), each 1 ms."""
+    import gzip
+    import json
+    ev = []
+    for j, name in enumerate(kernels):
+        t = 10.0 + 2000.0 * j
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
+                   "dur": 5.0, "args": {"correlation": j + 1}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 20, "ts": t + 10, "dur": 1000.0,
+                   "args": {"correlation": j + 1, "device": 0, "stream": 20}})
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+def test_nccl_generic_kernel_without_context_is_not_labelled_all_to_all(tmp_path):
+    """NCCL >= 2.19 names most kernels ncclDevKernel_Generic: without a collective annotation above it its
+    type is unknown (it was labelled ALL_TO_ALL with 0 bytes); a SendRecv kernel is still all_to_all's."""
+    from chakra_schema.pytorch.kineto import load_kineto
+    from chakra_schema.pytorch.kineto_graph import kineto_to_graph
+    path = tmp_path / "t.json.gz"
+    _kineto_with_nccl_kernels(path, ["ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)",
+                                     "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"])
+    g = kineto_to_graph(load_kineto(path))
+    types = {g.name[i].split("(")[0]: (g.attrs.get(i) or {}).get("comm_type")
+             for i in range(len(g)) if int(g.kind[i]) == OpKind.COLLECTIVE}
+    assert types == {"ncclDevKernel_Generic": None, "ncclDevKernel_SendRecv": int(CommType.ALL_TO_ALL)}

@@ -626,8 +626,9 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
             if ct is None and coll in ("send", "recv"):
                 kinds[n] = OpKind.SEND if coll == "send" else OpKind.RECV
                 b.node_types[n] = NodeType.COMM_SEND_NODE if coll == "send" else NodeType.COMM_RECV_NODE
-            elif ct is None:
-                # a SendRecv kernel with no collective context: PyTorch issues these for all_to_all
+            elif ct is None and "sendrecv" in b.names[n].lower():
+                # a SendRecv kernel with no collective context: PyTorch issues these for all_to_all (NCCL's
+                # generic kernel, ncclDevKernel_Generic, says nothing: its type stays unknown)
                 ct = int(CommType.ALL_TO_ALL)
             if ct is not None:
                 a["comm_type"] = ct
