@@ -86,3 +86,21 @@ def test_helper_kernels_of_a_convolution_are_passes_over_its_tensors():
     layout = estimate_from_shapes(cm, "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>",
                                   "aten::convolution", PATCH_SHAPES, types, PATCH_VALUES)
     assert layout.flops == 0 and layout.time_us < 10
+
+
+def test_execution_trace_carries_convolution_values():
+    """The committed CPU CNN trace (tests/data/cpu_models/cnn, PyTorch ET): conv1 is 3 -> 16 channels, 3x3,
+    stride 1, padding 1 on 8 x 3 x 32 x 32: (32 + 2 - 2 - 1) // 1 + 1 = 32 per side, for every op of its
+    chain down to oneDNN's (self, weight, bias, padding, stride, ...)."""
+    from pathlib import Path
+
+    from chakra_schema.pytorch.execution_trace import load_execution_trace, op_attrs
+    et = load_execution_trace(Path(__file__).parent / "data" / "cpu_models" / "cnn" / "host.0.json.gz")
+    seen = set()
+    for i, name in enumerate(et.names):
+        a = op_attrs(et, i)
+        if "conv" in name and a.get("input_shapes", [[]])[0] == [8, 3, 32, 32]:
+            geo = conv_geometry(name, a["input_shapes"], a["input_values"])
+            assert (geo.c_in, geo.c_out, geo.kernel, geo.out_spatial) == (3, 16, 9, 32 * 32), name
+            seen.add(name)
+    assert {"aten::conv2d", "aten::_convolution", "aten::mkldnn_convolution"} <= seen

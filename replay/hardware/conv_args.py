@@ -39,6 +39,9 @@ CONV_SIGNATURES: dict[str, ConvSignature] = {
     "convolution": _GENERIC_CONV, "_convolution": _GENERIC_CONV,
     # (self, weight, padding, stride, dilation, groups, benchmark, deterministic, allow_tf32)
     "cudnn_convolution": ConvSignature(0, 1, None, 3, 2, 4, 5),
+    # (self, weight, bias, padding, stride, dilation, groups, ...): CPU (oneDNN) and ROCm (MIOpen)
+    "mkldnn_convolution": ConvSignature(0, 1, None, 4, 3, 5, 6),
+    "miopen_convolution": ConvSignature(0, 1, None, 4, 3, 5, 6),
     # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask)
     "convolution_backward": ConvSignature(1, 2, 0, 4, 5, 6, 9),
     "cudnn_convolution_backward": _CUDNN_BACKWARD,
