@@ -181,6 +181,10 @@ class ReplayResult:
                if self.inference else {}),
             "step_time_us": self.step_time_us,
             "job_step_time_us": self.job_step_time_us,
+            # two step times, two questions: what a rank's step costs, what the job's steady state does
+            "definitions": {"step_time_us": "mean over step names of the slowest rank's predicted step time",
+                            "job_step_time_us": "mean over the job's steps after the first (the first holds "
+                                                "one-off work) of first rank start to last rank end"},
             "measured_job_step_time_us": self.measured_job_step_time_us,
             "alignment": asdict(self.alignment) if self.alignment is not None else None,
             "job_steps": [{"name": j.name, "start_us": j.start_us, "predicted_us": j.predicted_us,
