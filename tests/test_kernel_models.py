@@ -87,6 +87,10 @@ def test_launch_model_tells_grid_axes_and_shared_memory_apart():
     assert est.time_us == pytest.approx(float(geometry_time(fit, np.array([[7.0, 8.0, 32.0]]), np.array([256.0]),
                                                             np.array([8336.0]))[0]))
     assert geometry_estimate(model, {"grid": [7, 8, 32]}) is None  # no block recorded: no estimate
+    # a one-CTA launch far below the fitted grids extrapolates to nanoseconds: it takes a kernel's least time
+    tiny = geometry_estimate(model, {"grid": [1, 1, 1], "block": [128, 1, 1], "shared_memory": 0}, min_us=2.0)
+    assert float(geometry_time(fit, np.array([[1.0, 1.0, 1.0]]), np.array([128.0]), np.array([0.0]))[0]) < 0.5
+    assert tiny.time_us == 2.0
 
 
 def _family(roof, grid, smem, measured, name="nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_TNT") -> KernelSamples:

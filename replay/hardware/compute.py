@@ -430,7 +430,7 @@ class ComputeModel:
         if model is None:
             return est
         if est is None or model.shaped_by_geometry:
-            geo = geometry_estimate(model, a)
+            geo = geometry_estimate(model, a, self._min)
             if geo is not None or est is None:
                 return geo
         return apply_class_model(est, model, self._min) if model.times_shaped else est

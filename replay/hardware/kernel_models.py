@@ -164,8 +164,9 @@ def launch_geometry(attrs: Any) -> LaunchGeometry | None:
     return LaunchGeometry((grid + (1.0, 1.0))[:3], float(threads), smem)
 
 
-def geometry_estimate(model: KernelClassModel, attrs: Any) -> "OpEstimate | None":
-    """The class's launch-geometry regression for a kernel recorded without shapes."""
+def geometry_estimate(model: KernelClassModel, attrs: Any, min_us: float = 0.0) -> "OpEstimate | None":
+    """The class's launch-geometry regression for a kernel recorded without shapes, no shorter than a
+    kernel's least time (`min_us`: a fit over large grids extrapolates tiny ones to nanoseconds)."""
     from .compute import OpEstimate
 
     geo = launch_geometry(attrs)
@@ -173,6 +174,7 @@ def geometry_estimate(model: KernelClassModel, attrs: Any) -> "OpEstimate | None
         return None
     t = float(geometry_time(model.geometry, np.asarray([geo.grid]), np.asarray([geo.threads]),
                             np.asarray([geo.smem]))[0])
+    t = max(t, min_us)
     return OpEstimate(t, 0.0, 0.0, "latency", 0.0, 0.0, 0.0, "calibrated launch-geometry regression")
 
 
