@@ -423,7 +423,47 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         bad("--recompute-modules needs --recompute selective")
     if plan.recompute_layers and plan.recompute != "full":
         bad("--recompute-layers needs --recompute full")
+    if plan.pipeline_layout and (plan.first_stage_layers or plan.last_stage_layers):
+        bad("--pipeline-layout gives every chunk's layers: --first/--last-stage-layers beside it would be ignored")
+    _check_options_apply(model, plan, bad)
     inner = plan.pipeline_layout[1:-1]
     if any(n == 0 for n in inner):
         bad("--pipeline-layout: only the first and the last pipeline chunk may hold no transformer layer "
             f"(chunk {1 + inner.index(0)} of {list(plan.pipeline_layout)} is empty)")
+
+
+def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
+    """Options that would change nothing in this plan are refused (a figure that silently ignores a flag
+    reads as its effect): FSDP options off ZeRO-3, MoE options on a dense model, fine-tuning options of
+    another fine-tuning mode, graph scopes without graphs, recompute modules the model does not have."""
+    defaults = ParallelPlan()
+    if plan.zero != 3:
+        fsdp = [f for f, on in (("--fsdp fsdp2", plan.fsdp != defaults.fsdp),
+                                ("--fsdp-reduce-dtype", bool(plan.fsdp_reduce_dtype)),
+                                ("--fsdp-defer-grad-sync", plan.fsdp_defer_grad_sync),
+                                ("--fsdp-fp8-all-gather", plan.fsdp_fp8_all_gather)) if on]
+        if fsdp:
+            bad(f"{fsdp[0]} needs --zero 3 (FSDP)")
+    moe = model.moe
+    if moe is None:
+        moe_opts = [f for f, on in (("--moe-capacity-factor", plan.moe_capacity_factor > 0),
+                                    ("--moe-a2a", plan.moe_a2a != defaults.moe_a2a),
+                                    ("--moe-unbalanced", not plan.moe_force_balance),
+                                    ("moe_a2a_overlap", plan.moe_a2a_overlap)) if on]
+        if moe_opts:
+            bad(f"{moe_opts[0]} needs a mixture-of-experts model ({model.name} is dense)")
+    elif plan.moe_capacity_factor > moe.num_experts / moe.top_k:
+        bad(f"--moe-capacity-factor {plan.moe_capacity_factor:g} is more than experts / top-k = "
+            f"{moe.num_experts / moe.top_k:g}: no token is dropped at that capacity, and padded to it each "
+            "expert would compute more rows than there are tokens")
+    if plan.lora_rank != defaults.lora_rank and plan.finetune != "lora":
+        bad("--lora-rank needs --finetune lora")
+    if plan.packed_doc_len and plan.finetune == "none":
+        bad("--packed-doc-len needs --finetune sft or lora (packed fine-tuning sequences)")
+    if plan.cuda_graph_scope and not plan.cuda_graphs:
+        bad("--cuda-graph-scope needs --cuda-graphs")
+    has = {"moe": moe is not None, "moe_act": moe is not None, "mla_up_proj": model.mla is not None,
+           "shared_experts": moe is not None and moe.shared_experts > 0}
+    missing = [m for m in plan.recompute_modules if not has.get(m, True)]
+    if missing:
+        bad(f"--recompute-modules {missing[0]}: {model.name} has no such module")
