@@ -93,8 +93,23 @@ def scenario_from_args(args):
                  simulation=args.simulation)
     # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
-    validate_plan(s.model, s.plan, args.gpus if not args.overrides else None)
+    s = _fill_dp_after_overrides(s, args)
+    validate_plan(s.model, s.plan, args.gpus)
     return s
+
+
+def _fill_dp_after_overrides(s, args):
+    """`--set plan.tp=2` acts as `--tp 2` does: without --dp (or plan.dp) given, dp is what the GPUs leave
+    (--gpus / (tp*pp*cp)); validate_plan then holds the plan to --gpus."""
+    from estimators.scenario import parse_assignments
+    keys = parse_assignments(args.overrides)
+    if args.dp is not None or "plan.dp" in keys or not any(f"plan.{k}" in keys for k in ("tp", "pp", "cp")):
+        return s
+    p = s.plan
+    denom = p.tp * p.pp * p.cp
+    if args.gpus % denom:
+        raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
+    return dataclasses.replace(s, plan=p.with_(dp=args.gpus // denom))
 
 
 def _check_counts(**counts) -> None:
@@ -129,6 +144,27 @@ def _carried_flags(args) -> dict:
             if k in CARRIED_OPTIONS and v is not None and v != default[k]}
 
 
+# plan options the search neither enumerates nor carries into its candidates (search.CARRIED_OPTIONS): a
+# search given one would rank plans without it (a LoRA search ranking pre-training plans)
+UNSEARCHED_OPTIONS = {"finetune": "--finetune", "packed_doc_len": "--packed-doc-len", "lora_rank": "--lora-rank",
+                      "recompute_modules": "--recompute-modules", "recompute_layers": "--recompute-layers",
+                      "pipeline_layout": "--pipeline-layout", "first_stage_layers": "--first-stage-layers",
+                      "last_stage_layers": "--last-stage-layers", "etp": "--etp", "dp_shard": "--dp-shard",
+                      "tp_comm_overlap": "--tp-comm-overlap"}
+
+
+def _refuse_unsearched_options(args, plan) -> None:
+    """A flag (or `--set plan.<field>`) the search cannot hold its candidates to is an error, not dropped."""
+    from estimators.parallelism.plan import ParallelPlan
+    default = ParallelPlan()
+    for field, flag in UNSEARCHED_OPTIONS.items():
+        given = getattr(args, field, None)
+        value = given if given is not None and given != getattr(default, field) else getattr(plan, field)
+        if value != getattr(default, field):
+            raise TraceInputError(None, f"--search ranks layouts without {flag} (it does not price it): give the "
+                                        f"layout's flags without --search to evaluate it with {flag}")
+
+
 def _main_search(args) -> int:
     from estimators.model_config import load_model
     from estimators.scenario import Scenario
@@ -149,6 +185,7 @@ def _main_search(args) -> int:
     for k in fixed:
         if fixed[k] is None and f"plan.{k}" in set_keys:
             fixed[k] = getattr(base.plan, k)
+    _refuse_unsearched_options(args, base.plan)
     check_flag_combinations(plan_option_flags(args), args.zero, searching=True, recompute=args.recompute)
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False
