@@ -138,6 +138,10 @@ class Scenario:
         dotted = {k: data.pop(k) for k in list(data) if "." in k}
         reject_unknown_keys(path, data, names, what="scenario key")
         section_types = _option_section_types()
+        for key in ("plan", "trace", *section_types):
+            if data.get(key) is not None and not isinstance(data[key], Mapping):
+                raise TraceInputError(path, f"scenario '{key}' must be a table ([{key}] with its fields), "
+                                            f"got {type(data[key]).__name__} {data[key]!r:.40}")
         try:   # a bad value in an option section names the file too
             for key, cls_ in section_types.items():
                 if isinstance(data.get(key), Mapping):
