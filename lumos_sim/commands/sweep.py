@@ -83,6 +83,12 @@ def main(args) -> int:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     else:
         _print_summary(df, summary)
+    if summary["points"] and summary["failed"] == summary["points"]:
+        # every point an error is a spec that cannot run (the table still lists each point's error)
+        first = df[df["status"] == "error"]["error"].iloc[0] if "error" in df.columns else ""
+        print(f"lumos-sim sweep: error: {args.spec}: every one of the {summary['points']} points failed "
+              f"(first: {first})", file=sys.stderr)
+        return 2
     return 0
 
 
