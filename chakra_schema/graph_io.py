@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import re
 import struct
@@ -59,6 +60,8 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.et_def_pb2 import AttributeProto, GlobalMetadata, IOInfo, Node
 from chakra_schema.et_io import EtWriter, encode_varint, iter_et
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ET_VERSION", "FEEDER_TYPES", "RESOURCE_ATTRS", "attr_to_value", "graph_paths", "order_deps_written",
            "read_graph", "read_graphs", "value_to_attr", "write_graph", "write_graphs"]
@@ -719,7 +722,9 @@ def graph_paths(prefix: PathLike) -> dict[int, Path]:
     if parent.is_dir():
         for entry in parent.iterdir():
             m = pattern.match(entry.name)
-            if m and entry.is_file():
+            if m and not entry.is_file():
+                raise TraceInputError(entry, "is not a file (a rank of the set PREFIX.<rank>.et must be one)")
+            if m:
                 rank = int(m.group(1))
                 if rank in found:
                     raise TraceInputError(prefix, f"rank {rank} has two files: {found[rank].name} and {entry.name}")
@@ -741,7 +746,21 @@ def read_graphs(prefix_or_file: PathLike, progress: Progress | None = None) -> l
         if progress is not None:
             progress(k + 1, len(paths))
     graphs.sort(key=lambda g: g.rank)
+    warn_missing_ranks(prefix_or_file, graphs)
     return graphs
+
+
+def warn_missing_ranks(prefix: PathLike, graphs: list[ExecutionGraph]) -> None:
+    """A set whose ranks have gaps below its world size replays without them (their share of every
+    collective counts as arrived): a warning names them, as the trace converter's does."""
+    if len(graphs) < 2:
+        return
+    size = max(max(int(g.world_size or 0) for g in graphs), max(g.rank for g in graphs) + 1)
+    missing = sorted(set(range(size)) - {g.rank for g in graphs})
+    if missing:
+        shown = ", ".join(str(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+        log.warning("%s: the set has %d ranks; %d of them %s missing (rank %s)", prefix, size, len(missing),
+                    "is" if len(missing) == 1 else "are", shown)
 
 
 def write_graphs(graphs: Iterable[ExecutionGraph], prefix: PathLike) -> list[Path]:

@@ -111,6 +111,9 @@ def load_graphs(inputs: Sequence[str], et_pattern: str | None = None, kineto_pat
     if len(set(ranks)) != len(ranks):
         raise TraceInputError(" ".join(inputs), f"several inputs claim the same rank: {sorted(ranks)}")
     graphs = sorted(graphs, key=lambda g: g.rank)
+    if not (raw["kineto"] or raw["et"]):   # the trace converter warns for the raw traces it reads
+        from chakra_schema.graph_io import warn_missing_ranks
+        warn_missing_ranks(" ".join(inputs), graphs)
     # A set PREFIX.0.et .. PREFIX.{n-1}.et is one job of n ranks even when its files do not say so
     # (ASTRA-sim microbenchmarks carry no world size): collectives without a group span all of them.
     if [g.rank for g in graphs] == list(range(len(graphs))):
