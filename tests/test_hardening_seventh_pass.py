@@ -1,0 +1,96 @@
+"""Bad input found by a fuzzing pass over the newest what-if surfaces (session 36): options that would change
+nothing are refused rather than silently dropped, `--set` is held to --gpus, a search refuses what it cannot
+price, scenario sections must be tables, a sweep of nothing but failures fails, a .et set with a gap warns."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.test_hardening_sixth_pass import one_line_error
+from tests.test_hardening_third_pass import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE = ("whatif", "parallelism", "--model", "llama3-8b", "--gpus", 8, "--seq-len", 4096, "--global-batch", 64)
+MOE = ("whatif", "parallelism", "--model", "qwen3-30b-a3b", "--gpus", 16, "--seq-len", 4096, "--global-batch", 128,
+       "--ep", 8)
+
+
+def test_a_capacity_factor_past_experts_over_top_k_is_refused(capsys):
+    """Qwen3-30B-A3B: 128 experts, top-8: at capacity factor 16 every expert can take every token; 1e308
+    overflowed the capacity computation (an OverflowError traceback)."""
+    one_line_error(capsys, cli(*MOE, "--moe-capacity-factor", "1e308"), "experts / top-k = 16")
+    assert cli(*MOE, "--moe-capacity-factor", 16, "--json") == 0
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--moe-a2a", "deepep"), "--moe-a2a needs a mixture-of-experts model"),
+    (("--moe-capacity-factor", 1), "--moe-capacity-factor needs a mixture-of-experts model"),
+    (("--set", "plan.moe_a2a_overlap=true"), "moe_a2a_overlap needs a mixture-of-experts model"),
+    (("--set", "plan.fsdp=fsdp2"), "--fsdp fsdp2 needs --zero 3"),
+    (("--set", "plan.fsdp_reduce_dtype=bf16"), "--fsdp-reduce-dtype needs --zero 3"),
+    (("--lora-rank", 64), "--lora-rank needs --finetune lora"),
+    (("--packed-doc-len", 512), "--packed-doc-len needs --finetune sft or lora"),
+    (("--cuda-graph-scope", "attn"), "--cuda-graph-scope needs --cuda-graphs"),
+    (("--recompute", "selective", "--recompute-modules", "moe"), "--recompute-modules moe: llama3-8b has no"),
+    (("--pp", 2, "--first-stage-layers", 12, "--pipeline-layout", "10,22"), "--first/--last-stage-layers beside"),
+])
+def test_an_option_that_would_change_nothing_is_refused(capsys, flags, needle):
+    one_line_error(capsys, cli(*DENSE, *flags), needle)
+
+
+def test_set_of_a_parallel_degree_is_held_to_the_gpus(capsys):
+    """`--set plan.tp=2` with --gpus 8 runs TP2 x DP4 on 8 GPUs, as `--tp 2` does (it reported 16 GPUs);
+    a --set dp that does not fill --gpus is refused, as --dp is."""
+    import json
+    assert cli(*DENSE, "--set", "plan.tp=2", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    plan = out["plan"] if "plan" in out else out["scenario"]["plan"]
+    assert (plan["tp"], plan["dp"]) == (2, 4)
+    one_line_error(capsys, cli(*DENSE, "--set", "plan.dp=4"), "= 4 != --gpus 8")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--finetune", "lora"), "without --finetune"),
+    (("--set", "plan.finetune=sft"), "without --finetune"),
+    (("--zero", 3, "--dp-shard", 2), "without --dp-shard"),
+    (("--pp", 2, "--pipeline-layout", "10,22"), "without --pipeline-layout"),
+])
+def test_search_refuses_what_it_cannot_price(capsys, flags, needle):
+    """A LoRA search ranked pre-training plans: flags the search neither enumerates nor carries are refused."""
+    one_line_error(capsys, cli(*DENSE, "--search", *flags), "--search ranks layouts", needle)
+
+
+@pytest.mark.parametrize("section", ["trace", "failure", "plan", "moe"])
+def test_a_scenario_section_given_as_a_scalar_is_refused(tmp_path, capsys, section):
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'whatif = "parallelism"\nmodel = "llama3-8b"\n{section} = 5\n')
+    one_line_error(capsys, cli("whatif", "scenario", spec), "s.toml", f"scenario '{section}' must be a table")
+
+
+def test_a_sweep_whose_every_point_fails_exits_2_and_keeps_the_errors(tmp_path, capsys):
+    import pandas as pd
+    spec = tmp_path / "allfail.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+                    'plan = { dp = 8, seq_len = 4096, global_batch = 64 }\n[[axes]]\ngrid = { "plan.tp" = [3, 5] }\n')
+    out = tmp_path / "a.parquet"
+    assert cli("sweep", spec, "-o", out, "--workers", 1) == 2
+    err = capsys.readouterr().err
+    assert "every one of the 2 points failed" in err and "not divisible by tp 3" in err
+    assert set(pd.read_parquet(out)["status"]) == {"error"}
+
+
+def test_an_et_set_with_a_gap_warns_and_a_directory_rank_is_refused(tmp_path, capsys):
+    from chakra_schema.graph import GraphBuilder, NodeType, OpKind, ResourceKind
+    from chakra_schema.graph_io import write_graph
+    for r in (0, 1, 3):
+        b = GraphBuilder(r, 4)
+        cpu = b.resource(ResourceKind.CPU_THREAD, 0, 1)
+        b.add_node("aten::work", NodeType.COMP_NODE, OpKind.CPU_OP, cpu, 0.0, 100.0)
+        write_graph(b.build(), tmp_path / f"job.{r}.et")
+    assert cli("replay", tmp_path / "job", "--json") == 0
+    assert "the set has 4 ranks; 1 of them is missing (rank 2)" in capsys.readouterr().err
+    (tmp_path / "job.2.et").mkdir()
+    one_line_error(capsys, cli("replay", tmp_path / "job"), "job.2.et", "is not a file")
+    shutil.rmtree(tmp_path / "job.2.et")
