@@ -124,6 +124,8 @@ def conv_geometry(op: str, shapes: Sequence[Any], values: Sequence[Any] = (),
         return None
     values = value_list(values)
     x, w = _dims(shapes, values, sig.input), _dims(shapes, values, sig.weight)
+    if sig.grad_output is not None and w is not None and (x is None or len(x) != len(w)):
+        return _data_gradient_geometry(_dims(shapes, values, sig.grad_output) or _dims(shapes, (), 0), w, values, sig)
     if x is None or w is None or len(x) < 3 or len(w) != len(x) or min(x + w) <= 0:
         return None
     n_sp = len(x) - 2
@@ -149,3 +151,19 @@ def conv_geometry(op: str, shapes: Sequence[Any], values: Sequence[Any] = (),
             return None
     return ConvGeometry(batch=x[0], c_in=x[1], in_spatial=math.prod(x[2:]), c_out=w[0],
                         kernel=math.prod(w[2:]), out_spatial=math.prod(out_sp), groups=g)
+
+
+def _data_gradient_geometry(g_out: list[int] | None, w: list[int], values: Sequence[Any],
+                            sig: ConvSignature) -> ConvGeometry | None:
+    """A backward op traced without its input (only grad_output and weight): the data gradient as the
+    convolution it is, of grad_output (C_out channels) by the transposed weight, which has the forward's
+    FLOPs (2 x N*out x C_out x C_in/g*k)."""
+    if g_out is None or len(g_out) != len(w) or len(w) < 3 or min(g_out + w) <= 0 or g_out[1] != w[0]:
+        return None
+    groups = _int_list(values[sig.groups]) if sig.groups < len(values) else None
+    g = groups[0] if groups and len(groups) == 1 and groups[0] >= 1 else 1
+    if w[0] % g:
+        return None
+    out_sp = math.prod(g_out[2:])
+    return ConvGeometry(batch=g_out[0], c_in=g_out[1], in_spatial=out_sp, c_out=w[1] * g,
+                        kernel=math.prod(w[2:]), out_spatial=out_sp, groups=g)
