@@ -529,16 +529,20 @@ class RowResult:
                 "failure": self.error, "wall_s": self.wall_s}
 
 
-def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float, default: float) -> float:
+def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float, default: float,
+                   plan: Any = None) -> float:
     """Model TFLOP/s per GPU as the row's release counts them (estimators.model_config
     RELEASE_FLOP_CONVENTION: NeMo's own tables up to 25.07 full-square attention, Megatron-Bridge's causal
-    half), so that rows publishing only TFLOP/s compare like with like."""
+    half), so that rows publishing only TFLOP/s compare like with like; fine-tuning rows with the plan's
+    packed documents and LoRA's frozen weights, as the conventions take them."""
     try:
         from estimators.model_config import FLOP_CONVENTIONS, release_flop_convention
         conv = FLOP_CONVENTIONS[release_flop_convention(row.release)]
     except (ImportError, TraceInputError, KeyError):
         return default
-    return conv(model, row.seq) * tokens_per_gpu / 1e12
+    finetune = getattr(plan, "finetune", "none")
+    docs = getattr(plan, "packed_doc_len", 0) if finetune != "none" else 0
+    return conv(model, row.seq, attention_seq=docs or None, frozen=finetune == "lora") * tokens_per_gpu / 1e12
 
 
 def row_hardware(row: PublishedRow, hardware: Any):
@@ -588,7 +592,7 @@ def run_row(row: PublishedRow, hardware: Any = "h100-sxm", as_run: bool = False)
                          wall_s=time.perf_counter() - t0)
     tok_gpu = p.tokens_per_s / plan.gpus
     return RowResult(row, plan=plan, model=model.name, predicted_tokens_per_gpu=tok_gpu,
-                     predicted_tflops=release_tflops(row, model, tok_gpu, p.tflops_per_gpu),
+                     predicted_tflops=release_tflops(row, model, tok_gpu, p.tflops_per_gpu, plan),
                      memory_gib=p.memory.total_gib, oom=p.oom, wall_s=time.perf_counter() - t0)
 
 

@@ -27,7 +27,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import Breakdown
-from estimators.model_config import ModelConfig
+from estimators.model_config import ModelConfig, megatron_flops_per_token
 from estimators.parallelism.plan import ParallelPlan, validate_plan
 from estimators.parallelism.timing import check_precision_support, default_timing, resolve_hardware  # noqa: F401 (API)
 from estimators.parallelism.workload import MOE_SYNC_IDLE_US, generate, moe_layer_host_us
@@ -73,18 +73,32 @@ class PlanPrediction:
 
 
 # ------------------------------------------------------------------------------------ FLOPs
+def _attention_seq(plan: ParallelPlan) -> int:
+    """Keys per query attention runs over: packed fine-tuning sequences attend within their documents."""
+    return plan.packed_doc_len if plan.finetune != "none" and plan.packed_doc_len else plan.seq_len
+
+
 def model_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
-    return model.model_flops_per_token(plan.seq_len) * plan.global_batch * plan.seq_len
+    """Model FLOPs of a step in the project's convention (Megatron-Core's); fine-tuning as Megatron-Bridge
+    counts it: LoRA's frozen matmuls without weight gradients (2/3), packed SFT's attention over its
+    documents (sum s_i^2 / sum s_i = the document length)."""
+    per_token = megatron_flops_per_token(model, plan.seq_len, attention_seq=_attention_seq(plan),
+                                         frozen=plan.finetune == "lora")
+    return per_token * plan.global_batch * plan.seq_len
 
 
 def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
+    """FLOPs as executed: attention over the full square (of the packed documents), recomputation, LoRA's
+    frozen weights without weight-gradient matmuls (the adapters' are negligible)."""
     tokens = plan.global_batch * plan.seq_len
-    f = tokens * model.full_square_flops_per_token(plan.seq_len)  # as executed (unfused: the full square)
+    attn_fwd = model.attention_flops_fwd_per_token(_attention_seq(plan))
+    matmul = model.matmul_params_active()
+    f = tokens * ((4.0 if plan.finetune == "lora" else 6.0) * matmul + 3.0 * attn_fwd)
     if plan.recompute == "full":
-        layer_matmul = model.matmul_params_active() - model.vocab * model.hidden
-        f += tokens * (2.0 * layer_matmul + model.attention_flops_fwd_per_token(plan.seq_len))
+        layer_matmul = matmul - model.vocab * model.hidden
+        f += tokens * (2.0 * layer_matmul + attn_fwd)
     elif plan.recompute == "selective":
-        f += tokens * model.attention_flops_fwd_per_token(plan.seq_len)
+        f += tokens * attn_fwd
     elif plan.recompute == "op":   # the even-numbered matmuls of every block, the routed experts (op_checkpoint)
         from estimators.parallelism.op_checkpoint import recomputed_matmuls
         f += tokens * sum(2.0 * mm.out * mm.inp for i in range(model.layers) for mm in recomputed_matmuls(model, i))
