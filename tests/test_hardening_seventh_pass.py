@@ -114,3 +114,22 @@ def test_lora_flops_leave_out_the_frozen_weight_gradients():
     model, plan = row_scenario(row)
     per_token = model_flops_per_step(model, plan) / (plan.global_batch * plan.seq_len)
     assert per_token == pytest.approx(row.tflops * 1e12 / row.tokens_per_gpu, rel=0.005)
+
+
+def test_lora_adapters_take_their_memory_and_their_rank_is_bounded(capsys):
+    """Rank-4096 adapters on Llama 3 8B's qkv (4096 -> 4096 + 2 x 1024): 4096 x (4096 + 6144) per layer x 32
+    layers = 1.34 B trainable parameters: their bf16 weights, fp32 gradients (ZeRO-1: not sharded) and 12 bytes
+    of optimizer state sharded over 8 ranks; at rank 16 they were left out, so any rank read the same memory."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.memory import estimate_memory
+    from estimators.parallelism.plan import ParallelPlan
+    m = load_model("llama3-8b")
+    base = ParallelPlan(dp=8, seq_len=4096, global_batch=64, finetune="lora")
+    big = base.with_(lora_rank=4096)
+    adapters = 4096 * (4096 + 4096 + 2 * 1024) * 32
+    small, large = estimate_memory(m, base), estimate_memory(m, big)
+    gib = 1 << 30
+    assert (large.weights_gib - small.weights_gib) * gib == pytest.approx(adapters * 2 * (1 - 16 / 4096), rel=1e-6)
+    assert large.grads_gib * gib == pytest.approx(adapters * 4, rel=1e-6)
+    assert large.optimizer_gib * gib == pytest.approx(adapters * 12 / 8, rel=1e-6)
+    one_line_error(capsys, cli(*DENSE, "--finetune", "lora", "--lora-rank", 100000), "more than the hidden size 4096")

@@ -152,6 +152,11 @@ def _op_checkpoint_bytes_per_token(model: ModelConfig, plan: ParallelPlan, layer
     return per_token
 
 
+def lora_layer_params(model: ModelConfig, plan: ParallelPlan) -> float:
+    from estimators.parallelism.workload import lora_layer_params as adapters
+    return adapters(model, plan)
+
+
 def layer_params_local(model: ModelConfig, plan: ParallelPlan, layer: int) -> tuple[float, float]:
     from estimators.parallelism.workload import layer_params_local as local
     return local(model, plan, layer)
@@ -221,7 +226,12 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             else:
                 w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + gathered
         if lora:
-            g = o = 0.0
+            # the frozen base trains nothing; the adapters (r x (in + out) per adapted linear) are the
+            # trainable weights: their bf16 copy, gradients and optimizer states, sharded as dense ones are
+            adapters = len(layers) * lora_layer_params(model, plan)
+            w += adapters * WEIGHT_BYTES
+            g = adapters * plan.grad_bytes / (shard if plan.zero >= 2 else 1)
+            o = adapters * optim / (shard if plan.zero >= 1 else 1)
         # activations: micro-batches in flight on this stage times its layers' bytes
         in_flight = min(m, p - stage) if v == 1 else min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
 

@@ -458,6 +458,9 @@ def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
             "expert would compute more rows than there are tokens")
     if plan.lora_rank != defaults.lora_rank and plan.finetune != "lora":
         bad("--lora-rank needs --finetune lora")
+    if plan.lora_rank > model.hidden:
+        bad(f"--lora-rank {plan.lora_rank} is more than the hidden size {model.hidden}: a low-rank adapter "
+            "of that rank is no lower rank than the weight it adapts")
     if plan.packed_doc_len and plan.finetune == "none":
         bad("--packed-doc-len needs --finetune sft or lora (packed fine-tuning sequences)")
     if plan.cuda_graph_scope and not plan.cuda_graphs:
