@@ -272,6 +272,18 @@ class SweepSpec:
     name: str = ""
     path: str | None = None
 
+    def __post_init__(self) -> None:
+        # a key on two axes: the later axis would overwrite the earlier's values (labels naming both)
+        seen: dict[str, int] = {}
+        for n, axis in enumerate(self.axes):
+            keys = ({k for k, _ in axis.values} if isinstance(axis, _KeyValuesAxis) else
+                    {k for _, changes in axis.entries for k, _ in changes} if isinstance(axis, ListAxis) else set())
+            for k in sorted(keys):
+                if k in seen:
+                    raise TraceInputError(self.path, f"'{k}' is on axis {seen[k]} and axis {n}: the later would "
+                                                     "overwrite the earlier's values (give it on one axis)")
+                seen[k] = n
+
     def count(self) -> int | None:
         """The number of points, from the axes' sizes alone (None when a search axis makes it depend on
         the scenarios: then only expanding tells)."""

@@ -133,3 +133,26 @@ def test_lora_adapters_take_their_memory_and_their_rank_is_bounded(capsys):
     assert large.grads_gib * gib == pytest.approx(adapters * 4, rel=1e-6)
     assert large.optimizer_gib * gib == pytest.approx(adapters * 12 / 8, rel=1e-6)
     one_line_error(capsys, cli(*DENSE, "--finetune", "lora", "--lora-rank", 100000), "more than the hidden size 4096")
+
+
+SPEC_BASE = ('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+             'plan = { dp = 8, seq_len = 4096, global_batch = 64 }\n')
+
+
+def test_a_sweep_key_on_two_axes_is_refused(tmp_path, capsys):
+    """zero = [1, 3] then zero = [0, 2]: the second axis overwrote the first (labels 'zero=1, zero=0' ran 0)."""
+    spec = tmp_path / "dup.toml"
+    spec.write_text(SPEC_BASE + '[[axes]]\ngrid = { "plan.zero" = [1, 3] }\n[[axes]]\ngrid = { "plan.zero" = [0, 2] }\n')
+    one_line_error(capsys, cli("sweep", spec, "-o", tmp_path / "d.parquet"), "'plan.zero' is on axis 0 and axis 1")
+    assert not (tmp_path / "d.parquet").exists()
+
+
+def test_whatif_scenario_refuses_a_sweep_spec(tmp_path, capsys):
+    """A spec with axes evaluated its base alone, which read as the sweep's answer."""
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(SPEC_BASE + '[[axes]]\ngrid = { "plan.zero" = [1, 3] }\n')
+    one_line_error(capsys, cli("whatif", "scenario", spec), "sweep.toml", "is a sweep spec")
+
+
+def test_a_zero_parallel_degree_is_named(capsys):
+    one_line_error(capsys, cli(*DENSE, "--pp", 0), "--pp must be >= 1, got 0")

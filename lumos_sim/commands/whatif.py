@@ -223,6 +223,9 @@ def main_scenario(args) -> int:
     from estimators.scenario import Scenario
 
     data = read_toml(args.file, "scenario file")   # the loaders' one reader: bounded, digit-limit integers
+    if "axes" in data:   # evaluating its base alone would read as the sweep's answer
+        raise TraceInputError(args.file, "is a sweep spec (it has axes): run it with `lumos-sim sweep`, or "
+                                         "give its [scenario] table alone")
     scenario = Scenario.from_dict(data.get("scenario", data), path=args.file).override_strings(args.overrides)
     p = evaluate_with_progress(scenario, "evaluating")
     if args.json:

@@ -146,6 +146,9 @@ def plan_from_args(args, model, validate: bool = True):
     for key, default in PLAN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, default)
+    for key in ("tp", "pp", "cp"):
+        if getattr(args, key) < 1:
+            raise TraceInputError(None, f"--{key} must be >= 1, got {getattr(args, key)}")
     dp = args.dp
     if dp is None:
         denom = args.tp * args.pp * args.cp
