@@ -44,8 +44,8 @@ def test_backward_weight_without_its_weight_size_is_not_guessed():
                         [[64, 3, 7, 7], "", "", [3, 3], [2, 2], [1, 1], 1])
     assert (geo.c_in, geo.c_out, geo.kernel, geo.out_spatial) == (3, 64, 49, 112 * 112)   # grad_output's extent
     cm = ComputeModel("v100")
-    est = estimate_from_shapes(cm, "void cudnn::cnn::wgrad_alg0_engine<float, 128, 6, 7>", "aten::cudnn_convolution_backward_weight",
-                               shapes, ["GenericList", "float", "float"])
+    est = estimate_from_shapes(cm, "void cudnn::cnn::wgrad_alg0_engine<float, 128, 6, 7>",
+                               "aten::cudnn_convolution_backward_weight", shapes, ["GenericList", "float", "float"])
     assert est is None
 
 

@@ -142,7 +142,8 @@ SPEC_BASE = ('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware 
 def test_a_sweep_key_on_two_axes_is_refused(tmp_path, capsys):
     """zero = [1, 3] then zero = [0, 2]: the second axis overwrote the first (labels 'zero=1, zero=0' ran 0)."""
     spec = tmp_path / "dup.toml"
-    spec.write_text(SPEC_BASE + '[[axes]]\ngrid = { "plan.zero" = [1, 3] }\n[[axes]]\ngrid = { "plan.zero" = [0, 2] }\n')
+    spec.write_text(SPEC_BASE + '[[axes]]\ngrid = { "plan.zero" = [1, 3] }\n'
+                    '[[axes]]\ngrid = { "plan.zero" = [0, 2] }\n')
     one_line_error(capsys, cli("sweep", spec, "-o", tmp_path / "d.parquet"), "'plan.zero' is on axis 0 and axis 1")
     assert not (tmp_path / "d.parquet").exists()
 

@@ -229,7 +229,7 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
             # the frozen base trains nothing; the adapters (r x (in + out) per adapted linear) are the
             # trainable weights: their bf16 copy, gradients and optimizer states, sharded as dense ones are
             adapters = len(layers) * lora_layer_params(model, plan)
-            w += adapters * WEIGHT_BYTES
+            w += adapters * WEIGHT_BYTES / (shard if plan.zero >= 3 else 1)
             g = adapters * plan.grad_bytes / (shard if plan.zero >= 2 else 1)
             o = adapters * optim / (shard if plan.zero >= 1 else 1)
         # activations: micro-batches in flight on this stage times its layers' bytes

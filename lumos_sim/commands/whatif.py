@@ -185,8 +185,8 @@ def _main_search(args) -> int:
     for k in fixed:
         if fixed[k] is None and f"plan.{k}" in set_keys:
             fixed[k] = getattr(base.plan, k)
-    _refuse_unsearched_options(args, base.plan)
     check_flag_combinations(plan_option_flags(args), args.zero, searching=True, recompute=args.recompute)
+    _refuse_unsearched_options(args, base.plan)
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False
     # options the search does not enumerate (--moe-a2a, --moe-capacity-factor, --set plan.moe_a2a_overlap=...)
