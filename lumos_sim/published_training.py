@@ -542,6 +542,8 @@ def release_tflops(row: PublishedRow, model: ModelConfig, tokens_per_gpu: float,
         return default
     finetune = getattr(plan, "finetune", "none")
     docs = getattr(plan, "packed_doc_len", 0) if finetune != "none" else 0
+    if docs and release_flop_convention(row.release) == "nemo-24.07":
+        docs = 1e-9   # NeMo 24.07 counts its packed fine-tuning rows without attention (test_model_configs)
     return conv(model, row.seq, attention_seq=docs or None, frozen=finetune == "lora") * tokens_per_gpu / 1e12
 
 

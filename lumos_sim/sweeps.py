@@ -164,8 +164,13 @@ class SearchAxis(Axis):
     def expand(self, s, path):
         from estimators.parallelism.evaluate import rank_candidate_plans
 
+        from estimators.parallelism.search import unsearched_options
         if s.model is None or s.hardware is None:
             raise TraceInputError(path, "a search axis needs 'model' and 'hardware' in the scenario")
+        unheld = unsearched_options(s.plan)
+        if unheld:
+            raise TraceInputError(path, f"a search axis ranks layouts without the scenario's {unheld[0]} (it does "
+                                        "not hold its candidates to it): use a grid or list axis for that plan")
         for gpus in self.gpus:
             plans = rank_candidate_plans(s.model, s.hardware, gpus, s.plan.seq_len, s.plan.global_batch,
                                          s.plan.precision, self.max_plans, base=s.plan)

@@ -84,7 +84,7 @@ def _comm_ranks(graph: ExecutionGraph, i: int) -> list[int]:
 
 
 def comm_node_time(net: NetworkModel, graph: ExecutionGraph, i: int,
-               group_ranks: Sequence[int] | None = None) -> float | None:
+                   group_ranks: Sequence[int] | None = None) -> float | None:
     """Network-model time of communication node `i`, or None when it lacks the attrs to say."""
     a = graph.attrs.get(i) or {}
     size = a.get("comm_size")
@@ -157,6 +157,8 @@ class _ModelBase:
         key = (model.hw.name, int(graph.kind[i]), graph.name[i],
                graph.name[host] if host >= 0 else "",
                repr(ha.get("input_shapes")) if ha else "", repr(ha.get("input_types")) if ha else "",
+               # a convolution's stride / padding / groups and output are values beside its shapes
+               repr(ha.get("input_values")) + repr(ha.get("output_shapes")) if ha else "",
                repr(a.get("bytes")) if a else "",
                # a calibrated launch-geometry model times kernels without shapes by their grid
                repr(a.get("grid")) + repr(a.get("block")) + repr(a.get("shared_memory"))

@@ -104,3 +104,54 @@ def test_execution_trace_carries_convolution_values():
             assert (geo.c_in, geo.c_out, geo.kernel, geo.out_spatial) == (3, 16, 9, 32 * 32), name
             seen.add(name)
     assert {"aten::conv2d", "aten::_convolution", "aten::mkldnn_convolution"} <= seen
+
+
+def test_transposed_convolution_is_the_data_gradient_it_inverts():
+    """A stride-2 4x4 transposed convolution, 256 -> 128 channels on 8 x 256 x 16 x 16 (weight [C_in, C_out,
+    k, k]): 2 x (8*16*16) x 256 x 128 x 16 FLOPs, whether aten::convolution says transposed=True or the op is
+    cudnn_convolution_transpose (16x too few were counted as a forward convolution)."""
+    shapes = [[8, 256, 16, 16], [256, 128, 4, 4], [], [], [], [], [], [], []]
+    values = ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "True", "[0, 0]", "1"]
+    flops = 2 * (8 * 16 * 16) * 256 * 128 * 16
+    assert _flops(conv_geometry("aten::convolution", shapes, values)) == flops
+    cudnn = conv_geometry("aten::cudnn_convolution_transpose", shapes[:2],
+                          ["", "", "[1, 1]", "[0, 0]", "[2, 2]", "[1, 1]", "1"])
+    assert _flops(cudnn) == flops
+
+
+def test_string_padding_and_depthwise_ops():
+    """_convolution_mode's padding='valid' is none: a 7x7 kernel on 224 gives 218 per side (224 - 7 + 1);
+    _conv_depthwise2d (self, weight, kernel_size, bias, stride, padding, dilation) has one group per channel:
+    stride 2, padding 1, 3x3 on 56 gives (56 + 2 - 2 - 1) // 2 + 1 = 28."""
+    valid = conv_geometry("aten::_convolution_mode", [[1, 3, 224, 224], [64, 3, 7, 7]],
+                          ["", "", "", "[1, 1]", "valid", "[1, 1]", "1"])
+    assert valid.out_spatial == 218 * 218
+    dw = conv_geometry("aten::_conv_depthwise2d", [[4, 96, 56, 56], [96, 1, 3, 3]],
+                       ["", "", "[3, 3]", "", "[2, 2]", "[1, 1]", "[1, 1]"])
+    assert (dw.groups, dw.out_spatial) == (96, 28 * 28)
+
+
+def test_model_timing_times_same_shape_convolutions_by_their_own_stride():
+    """Three convolutions of one shape with strides 1, 2, 1: the memo of kernel times keyed them by shapes
+    alone, so the stride-2 one took the first's time."""
+    from chakra_schema.graph import EdgeKind, GraphBuilder, NodeType, OpKind, ResourceKind
+    from replay.model_timing import ModelTiming
+    b = GraphBuilder(0, 1)
+    cpu = b.resource(ResourceKind.CPU_THREAD, 0, 1)
+    gpu = b.resource(ResourceKind.GPU_STREAM, 0, 7)
+    shapes = [[32, 64, 56, 56], [64, 64, 3, 3], [], [], [], [], [], [], []]
+    kernels = []
+    for j, stride in enumerate((1, 2, 1)):
+        values = ["", "", "", f"[{stride}, {stride}]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]
+        op = b.add_node("aten::convolution", NodeType.COMP_NODE, OpKind.CPU_OP, cpu, 100.0 * j, 10.0,
+                        attrs={"input_shapes": shapes, "input_types": ["c10::BFloat16"] * 2, "input_values": values})
+        launch = b.add_node("cudaLaunchKernel", NodeType.COMP_NODE, OpKind.LAUNCH, cpu, 100.0 * j + 1, 5.0,
+                            parent=op)
+        k = b.add_node("sm90_xmma_fprop_implicit_gemm_bf16", NodeType.COMP_NODE, OpKind.KERNEL, gpu,
+                       100.0 * j + 20, 50.0)
+        b.add_dep(launch, k, EdgeKind.LAUNCH)
+        kernels.append(k)
+    g = b.build()
+    d = ModelTiming("h100-sxm").node_durations(g)
+    t1, t2, t3 = (float(d[k]) for k in kernels)
+    assert t1 == t3 and t2 < 0.5 * t1

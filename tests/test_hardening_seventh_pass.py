@@ -32,7 +32,6 @@ def test_a_capacity_factor_past_experts_over_top_k_is_refused(capsys):
     (("--set", "plan.fsdp_reduce_dtype=bf16"), "--fsdp-reduce-dtype needs --zero 3"),
     (("--lora-rank", 64), "--lora-rank needs --finetune lora"),
     (("--packed-doc-len", 512), "--packed-doc-len needs --finetune sft or lora"),
-    (("--cuda-graph-scope", "attn"), "--cuda-graph-scope needs --cuda-graphs"),
     (("--recompute", "selective", "--recompute-modules", "moe"), "--recompute-modules moe: llama3-8b has no"),
     (("--pp", 2, "--first-stage-layers", 12, "--pipeline-layout", "10,22"), "--first/--last-stage-layers beside"),
 ])
@@ -157,3 +156,13 @@ def test_whatif_scenario_refuses_a_sweep_spec(tmp_path, capsys):
 
 def test_a_zero_parallel_degree_is_named(capsys):
     one_line_error(capsys, cli(*DENSE, "--pp", 0), "--pp must be >= 1, got 0")
+
+
+def test_a_sweep_search_axis_refuses_what_it_cannot_hold(tmp_path, capsys):
+    """A LoRA scenario with a search axis gave points with finetune = none, as the CLI's --search did."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+                    'plan = { seq_len = 4096, global_batch = 64, finetune = "lora" }\n'
+                    '[[axes]]\nsearch = { gpus = [8], max_plans = 2 }\n')
+    assert cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1) == 2
+    assert "a search axis ranks layouts without the scenario's --finetune" in capsys.readouterr().err

@@ -126,7 +126,7 @@ def op_attrs(et: ExecutionTrace, i: int) -> dict[str, Any]:
         a["input_types"] = et.in_types[i]
         # a convolution's stride / padding / dilation / groups are values, not tensors (read by
         # replay/hardware/conv_args.py); other ops' values are not carried
-        if isinstance(et.in_values[i], list) and "conv" in et.names[i].lower():
+        if isinstance(et.in_values[i], list) and "conv" in et.names[i].lower() and "convert" not in et.names[i].lower():
             a["input_values"] = et.in_values[i]
     if et.out_shapes[i]:
         a["output_shapes"] = et.out_shapes[i]

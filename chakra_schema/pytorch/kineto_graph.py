@@ -210,7 +210,7 @@ def _host_attrs(op, info: dict | None) -> dict[str, Any]:
         # a convolution's stride / padding / dilation / groups are not tensors: PyTorch 2.x records them as
         # concrete inputs, which the compute model reads (replay/hardware/conv_args.py); other ops' are not kept
         concrete = args.get("Concrete Inputs")
-        if isinstance(concrete, list) and "conv" in op.name.lower():
+        if isinstance(concrete, list) and "conv" in op.name.lower() and "convert" not in op.name.lower():
             a["input_values"] = concrete
     if "Collective name" in args:
         a.update(comm_attrs_from_args(args))

@@ -6,9 +6,11 @@ rank per pipeline stage by default), `replay.api.replay` runs them with the hard
 No per-configuration fitting: every efficiency comes from the hardware preset.
 
 FLOP conventions (per step):
-- model FLOPs = tokens x `ModelConfig.model_flops_per_token` (the project's one convention, Megatron-Core's:
-  causal attention as half the square, MTP counted; estimators/model_config.py). Gives `tflops_per_gpu`, `mfu`.
-- hardware FLOPs = tokens x (6 x active matmul parameters + 3 x full-square attention forward) + the
+- model FLOPs = tokens x `megatron_flops_per_token` (the project's one convention, Megatron-Core's: causal
+  attention as half the square, MTP counted; LoRA's frozen matmuls at 2/3, packed SFT's attention over its
+  documents; estimators/model_config.py). Gives `tflops_per_gpu`, `mfu`.
+- hardware FLOPs = tokens x (6 x active matmul parameters (4 x under LoRA: no weight gradients for the frozen
+  base) + 3 x full-square attention forward, over the packed documents for SFT) + the
   recomputed forward (full: every layer's matmuls and attention; selective: the attention core; op: every
   second matmul of each block), i.e.
   Narayanan et al. 2021's 96*B*s*l*h^2*(1 + s/6h + V/16lh) for GPT with full recomputation. Gives
@@ -294,7 +296,7 @@ def predict(model: ModelConfig, plan: ParallelPlan, hardware: Any = "h100-sxm", 
     # active counts the input embedding, as Qwen and Mistral cards do; GPT-OSS's card leaves it out
     extra.update(model_params=model.param_count(), model_active_params=model.active_param_count(),
                  model_active_params_without_input_embedding=model.active_param_count(input_embedding=False),
-                 model_flops_per_token=model.model_flops_per_token(plan.seq_len))
+                 model_flops_per_token=model_flops_per_step(model, plan) / tokens)
     if model.moe:   # what the GPU's waits for the host come from (whatif notes)
         extra.update(moe_layer_host_us=moe_layer_host_us(model, plan), moe_sync_wait_us=_sync_wait_us(model, plan))
     mflops = model_flops_per_step(model, plan)

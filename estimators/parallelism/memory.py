@@ -227,7 +227,8 @@ def estimate_memory(model: ModelConfig, plan: ParallelPlan, hbm_gib: float = 0.0
                 w = dense * WEIGHT_BYTES / shard + expert * WEIGHT_BYTES / eshard + gathered
         if lora:
             # the frozen base trains nothing; the adapters (r x (in + out) per adapted linear) are the
-            # trainable weights: their bf16 copy, gradients and optimizer states, sharded as dense ones are
+            # trainable weights: their bf16 copy (sharded under ZeRO-3), gradients (ZeRO-2) and optimizer
+            # states (ZeRO-1) sharded as dense parameters are
             adapters = len(layers) * lora_layer_params(model, plan)
             w += adapters * WEIGHT_BYTES / (shard if plan.zero >= 3 else 1)
             g = adapters * plan.grad_bytes / (shard if plan.zero >= 2 else 1)

@@ -435,7 +435,7 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
 def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
     """Options that would change nothing in this plan are refused (a figure that silently ignores a flag
     reads as its effect): FSDP options off ZeRO-3, MoE options on a dense model, fine-tuning options of
-    another fine-tuning mode, graph scopes without graphs, recompute modules the model does not have."""
+    another fine-tuning mode, recompute modules the model does not have."""
     defaults = ParallelPlan()
     if plan.zero != 3:
         fsdp = [f for f, on in (("--fsdp fsdp2", plan.fsdp != defaults.fsdp),
@@ -458,13 +458,11 @@ def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
             "expert would compute more rows than there are tokens")
     if plan.lora_rank != defaults.lora_rank and plan.finetune != "lora":
         bad("--lora-rank needs --finetune lora")
-    if plan.lora_rank > model.hidden:
+    if plan.finetune == "lora" and plan.lora_rank > model.hidden:
         bad(f"--lora-rank {plan.lora_rank} is more than the hidden size {model.hidden}: a low-rank adapter "
             "of that rank is no lower rank than the weight it adapts")
     if plan.packed_doc_len and plan.finetune == "none":
         bad("--packed-doc-len needs --finetune sft or lora (packed fine-tuning sequences)")
-    if plan.cuda_graph_scope and not plan.cuda_graphs:
-        bad("--cuda-graph-scope needs --cuda-graphs")
     has = {"moe": moe is not None, "moe_act": moe is not None, "mla_up_proj": model.mla is not None,
            "shared_experts": moe is not None and moe.shared_experts > 0}
     missing = [m for m in plan.recompute_modules if not has.get(m, True)]

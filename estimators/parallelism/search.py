@@ -60,6 +60,20 @@ _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zer
 CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
                    "cuda_graphs", "cuda_graph_scope", "attention_kernel", "fsdp", "fsdp_reduce_dtype",
                    "fsdp_defer_grad_sync", "fsdp_fp8_all_gather")
+# Plan options the search neither holds its candidates to nor carries into them (by field, with their flag):
+# a search given one would rank plans without it (a LoRA search ranking pre-training plans), so callers
+# (the CLI's --search, a sweep's search axis) refuse them
+UNSEARCHED_OPTIONS = {"finetune": "--finetune", "packed_doc_len": "--packed-doc-len", "lora_rank": "--lora-rank",
+                      "recompute_modules": "--recompute-modules", "recompute_layers": "--recompute-layers",
+                      "pipeline_layout": "--pipeline-layout", "first_stage_layers": "--first-stage-layers",
+                      "last_stage_layers": "--last-stage-layers", "etp": "--etp", "dp_shard": "--dp-shard",
+                      "tp_comm_overlap": "--tp-comm-overlap"}
+
+
+def unsearched_options(plan: ParallelPlan) -> list[str]:
+    """The flags of `UNSEARCHED_OPTIONS` that `plan` sets to other than their default."""
+    default = ParallelPlan()
+    return [flag for field, flag in UNSEARCHED_OPTIONS.items() if getattr(plan, field) != getattr(default, field)]
 
 
 def zero3_options(carry: tuple[tuple[str, Any], ...], precision: str = "bf16") -> ParallelPlan:

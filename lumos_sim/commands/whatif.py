@@ -94,7 +94,9 @@ def scenario_from_args(args):
     # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
     s = _fill_dp_after_overrides(s, args)
-    validate_plan(s.model, s.plan, args.gpus)
+    # `--set plan.gpus=N` resizes the job (dp = N / (tp*pp*cp)): the plan is held to that, not --gpus
+    validate_plan(s.model, s.plan, None if any(a.split("=", 1)[0].strip() == "plan.gpus" for a in args.overrides)
+                  else args.gpus)
     return s
 
 
@@ -103,7 +105,8 @@ def _fill_dp_after_overrides(s, args):
     (--gpus / (tp*pp*cp)); validate_plan then holds the plan to --gpus."""
     from estimators.scenario import parse_assignments
     keys = parse_assignments(args.overrides)
-    if args.dp is not None or "plan.dp" in keys or not any(f"plan.{k}" in keys for k in ("tp", "pp", "cp")):
+    if args.dp is not None or "plan.dp" in keys or "plan.gpus" in keys \
+            or not any(f"plan.{k}" in keys for k in ("tp", "pp", "cp")):
         return s
     p = s.plan
     denom = p.tp * p.pp * p.cp
@@ -144,25 +147,15 @@ def _carried_flags(args) -> dict:
             if k in CARRIED_OPTIONS and v is not None and v != default[k]}
 
 
-# plan options the search neither enumerates nor carries into its candidates (search.CARRIED_OPTIONS): a
-# search given one would rank plans without it (a LoRA search ranking pre-training plans)
-UNSEARCHED_OPTIONS = {"finetune": "--finetune", "packed_doc_len": "--packed-doc-len", "lora_rank": "--lora-rank",
-                      "recompute_modules": "--recompute-modules", "recompute_layers": "--recompute-layers",
-                      "pipeline_layout": "--pipeline-layout", "first_stage_layers": "--first-stage-layers",
-                      "last_stage_layers": "--last-stage-layers", "etp": "--etp", "dp_shard": "--dp-shard",
-                      "tp_comm_overlap": "--tp-comm-overlap"}
-
-
 def _refuse_unsearched_options(args, plan) -> None:
     """A flag (or `--set plan.<field>`) the search cannot hold its candidates to is an error, not dropped."""
-    from estimators.parallelism.plan import ParallelPlan
-    default = ParallelPlan()
-    for field, flag in UNSEARCHED_OPTIONS.items():
-        given = getattr(args, field, None)
-        value = given if given is not None and given != getattr(default, field) else getattr(plan, field)
-        if value != getattr(default, field):
-            raise TraceInputError(None, f"--search ranks layouts without {flag} (it does not price it): give the "
-                                        f"layout's flags without --search to evaluate it with {flag}")
+    from estimators.parallelism.search import UNSEARCHED_OPTIONS, unsearched_options
+    given = {f: getattr(args, f) for f in UNSEARCHED_OPTIONS if getattr(args, f, None) is not None}
+    flags = unsearched_options(dataclasses.replace(plan, **{f: v for f, v in given.items()
+                                                            if v != getattr(type(plan)(), f)}))
+    if flags:
+        raise TraceInputError(None, f"--search ranks layouts without {flags[0]} (it does not hold its candidates "
+                                    f"to it): give the layout's flags without --search to evaluate it with {flags[0]}")
 
 
 def _main_search(args) -> int:

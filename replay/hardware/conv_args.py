@@ -20,39 +20,50 @@ from typing import Any, Sequence
 @dataclass(frozen=True)
 class ConvSignature:
     """Argument positions: the input, weight and (backward) grad_output tensors or sizes; stride, padding,
-    dilation, groups."""
+    dilation, groups (None: not an argument, depthwise ops), whether the convolution is transposed (an
+    argument position, or True for the transposed ops)."""
     input: int
     weight: int
     grad_output: int | None
     stride: int
     padding: int
-    dilation: int
-    groups: int
+    dilation: int | None
+    groups: int | None
+    transposed: int | bool = False
 
 
 _FORWARD_CONV = ConvSignature(0, 1, None, 3, 4, 5, 6)              # conv1d/2d/3d(input, weight, bias, ...)
-_GENERIC_CONV = ConvSignature(0, 1, None, 3, 4, 5, 8)              # (input, weight, bias, stride, padding,
+_GENERIC_CONV = ConvSignature(0, 1, None, 3, 4, 5, 8, 6)           # (input, weight, bias, stride, padding,
                                                                    #  dilation, transposed, output_padding, groups)
 _CUDNN_BACKWARD = ConvSignature(0, 2, 1, 4, 3, 5, 6)               # (self, grad_output, weight, padding, stride, ...)
 CONV_SIGNATURES: dict[str, ConvSignature] = {
     "conv1d": _FORWARD_CONV, "conv2d": _FORWARD_CONV, "conv3d": _FORWARD_CONV,
+    "_convolution_mode": _FORWARD_CONV,                            # padding as a string: 'same' / 'valid'
     "convolution": _GENERIC_CONV, "_convolution": _GENERIC_CONV,
     # (self, weight, padding, stride, dilation, groups, benchmark, deterministic, allow_tf32)
     "cudnn_convolution": ConvSignature(0, 1, None, 3, 2, 4, 5),
+    # (self, weight, padding, output_padding, stride, dilation, groups, ...)
+    "cudnn_convolution_transpose": ConvSignature(0, 1, None, 4, 2, 5, 6, True),
     # (self, weight, bias, padding, stride, dilation, groups, ...): CPU (oneDNN) and ROCm (MIOpen)
     "mkldnn_convolution": ConvSignature(0, 1, None, 4, 3, 5, 6),
     "miopen_convolution": ConvSignature(0, 1, None, 4, 3, 5, 6),
+    # (self, weight, kernel_size, bias, stride, padding, dilation): one group per input channel
+    "_conv_depthwise2d": ConvSignature(0, 1, None, 4, 5, 6, None),
+    "_slow_conv2d_forward": ConvSignature(0, 1, None, 4, 5, None, None),   # (self, weight, k, bias, stride, padding)
     # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask)
-    "convolution_backward": ConvSignature(1, 2, 0, 4, 5, 6, 9),
+    "convolution_backward": ConvSignature(1, 2, 0, 4, 5, 6, 9, 7),
     "cudnn_convolution_backward": _CUDNN_BACKWARD,
     "cudnn_convolution_backward_input": _CUDNN_BACKWARD,          # self_size: an int list
     "cudnn_convolution_backward_weight": ConvSignature(2, 0, 1, 4, 3, 5, 6),   # weight_size: an int list
 }
+# op names that are convolutions (not prims::convert_element_type and other 'conv'-named ops)
+CONV_OP = re.compile(r"(^|::)_?(conv\d|convolution|cudnn_conv|mkldnn_conv|miopen_conv|conv_depthwise|"
+                     r"slow_conv|thnn_conv|conv_transpose)", re.I)
 
 # kernels a convolution op launches besides its implicit GEMM (cuDNN's offset tables, layout transposes,
 # Winograd / im2col transforms, split-K reductions): passes over the op's tensors, not its FLOPs
-CONV_HELPER_KERNEL = re.compile(r"offsets|scalepacked|nchwtonhwc|nhwctonchw|im2col|generatewinogradtiles|"
-                                r"winograd\w*(data|filter|output|delta)\w*4x4|splitk\w*reduce", re.I)
+CONV_HELPER_KERNEL = re.compile(r"offsets|scalepacked|flip_filter|im2col|generatewinogradtiles|"
+                                r"winograd\w*(data|filter|output|delta)\w*4x4", re.I)
 
 
 @dataclass(frozen=True)
@@ -105,8 +116,11 @@ def _dims(shapes: Sequence[Any], values: Sequence[Any], pos: int | None) -> list
     return _int_list(values[pos]) if pos < len(values) else None
 
 
-def _per_dim(values: Sequence[Any], pos: int, n: int, default: int) -> list[int] | None:
-    got = _int_list(values[pos]) if pos < len(values) else None
+def _per_dim(values: Sequence[Any], pos: int | None, n: int, default: int) -> list[int] | None:
+    raw = values[pos] if pos is not None and pos < len(values) else None
+    if isinstance(raw, str) and raw.strip().strip("'\"") == "valid":
+        return [0] * n          # _convolution_mode's string padding: 'valid' is none, 'same' stays unknown
+    got = _int_list(raw)
     if got is None:
         return [default] * n
     if len(got) == 1:
@@ -128,8 +142,12 @@ def conv_geometry(op: str, shapes: Sequence[Any], values: Sequence[Any] = (),
         return _data_gradient_geometry(_dims(shapes, values, sig.grad_output) or _dims(shapes, (), 0), w, values, sig)
     if x is None or w is None or len(x) < 3 or len(w) != len(x) or min(x + w) <= 0:
         return None
+    if _transposed(sig, values) and sig.grad_output is None:
+        # a transposed convolution is the data gradient of the convolution it inverts: its input plays
+        # grad_output (weight [C_in, C_out/g, k...])
+        return _data_gradient_geometry(x, w, values, sig)
     n_sp = len(x) - 2
-    groups = _int_list(values[sig.groups]) if sig.groups < len(values) else None
+    groups = _int_list(values[sig.groups]) if sig.groups is not None and sig.groups < len(values) else None
     g = groups[0] if groups and len(groups) == 1 and groups[0] >= 1 else max(1, x[1] // w[1])
     if x[1] != w[1] * g:
         return None
@@ -160,10 +178,17 @@ def _data_gradient_geometry(g_out: list[int] | None, w: list[int], values: Seque
     FLOPs (2 x N*out x C_out x C_in/g*k)."""
     if g_out is None or len(g_out) != len(w) or len(w) < 3 or min(g_out + w) <= 0 or g_out[1] != w[0]:
         return None
-    groups = _int_list(values[sig.groups]) if sig.groups < len(values) else None
+    groups = _int_list(values[sig.groups]) if sig.groups is not None and sig.groups < len(values) else None
     g = groups[0] if groups and len(groups) == 1 and groups[0] >= 1 else 1
     if w[0] % g:
         return None
     out_sp = math.prod(g_out[2:])
     return ConvGeometry(batch=g_out[0], c_in=g_out[1], in_spatial=out_sp, c_out=w[1] * g,
                         kernel=math.prod(w[2:]), out_spatial=out_sp, groups=g)
+
+
+def _transposed(sig: ConvSignature, values: Sequence[Any]) -> bool:
+    if isinstance(sig.transposed, bool):
+        return sig.transposed
+    v = values[sig.transposed] if sig.transposed < len(values) else None
+    return v is True or (isinstance(v, str) and v.strip().lower() == "true")

@@ -386,7 +386,8 @@ def _shape_key(graph: "ExecutionGraph", i: int) -> tuple:
     ha = graph.attrs.get(host) or {} if host >= 0 else {}
     a = graph.attrs.get(i) or {}
     return (int(graph.kind[i]), graph.name[i], graph.name[host] if host >= 0 else "",
-            repr(ha.get("input_shapes")), repr(ha.get("input_types")), repr(a.get("bytes")))
+            repr(ha.get("input_shapes")), repr(ha.get("input_types")), repr(ha.get("input_values")),
+            repr(ha.get("output_shapes")), repr(a.get("bytes")))
 
 
 # ---------------------------------------------------------------------------------------------- fits
