@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
+from chakra_schema.op_names import CONVOLUTION_OP
 from chakra_schema.safe_io import input_too_large, iter_json_input, max_input_bytes, read_json_input
 
 ProgressFn = Callable[[int, int], None]
@@ -124,9 +125,7 @@ def op_attrs(et: ExecutionTrace, i: int) -> dict[str, Any]:
     if et.in_shapes[i]:
         a["input_shapes"] = et.in_shapes[i]
         a["input_types"] = et.in_types[i]
-        # a convolution's stride / padding / dilation / groups are values, not tensors (read by
-        # replay/hardware/conv_args.py); other ops' values are not carried
-        if isinstance(et.in_values[i], list) and "conv" in et.names[i].lower() and "convert" not in et.names[i].lower():
+        if isinstance(et.in_values[i], list) and CONVOLUTION_OP.search(et.names[i]):
             a["input_values"] = et.in_values[i]
     if et.out_shapes[i]:
         a["output_shapes"] = et.out_shapes[i]

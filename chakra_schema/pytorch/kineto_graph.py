@@ -53,6 +53,7 @@ import numpy as np
 
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
+from chakra_schema.op_names import CONVOLUTION_OP
 from chakra_schema.pytorch.kineto import KinetoTrace
 
 # Recorded-time tolerance (us) for edge consistency: timestamps are rounded to 1 us in old traces and
@@ -207,10 +208,9 @@ def _host_attrs(op, info: dict | None) -> dict[str, Any]:
         a["input_shapes"] = dims
         if args.get("Input type") is not None:
             a["input_types"] = args["Input type"]
-        # a convolution's stride / padding / dilation / groups are not tensors: PyTorch 2.x records them as
-        # concrete inputs, which the compute model reads (replay/hardware/conv_args.py); other ops' are not kept
+        # a convolution's stride / padding / dilation / groups: PyTorch 2.x records them as concrete inputs
         concrete = args.get("Concrete Inputs")
-        if isinstance(concrete, list) and "conv" in op.name.lower() and "convert" not in op.name.lower():
+        if isinstance(concrete, list) and CONVOLUTION_OP.search(op.name):
             a["input_values"] = concrete
     if "Collective name" in args:
         a.update(comm_attrs_from_args(args))

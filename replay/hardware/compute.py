@@ -32,9 +32,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
+from chakra_schema.op_names import CONVOLUTION_OP
 
 from .config import HardwareConfig, get_hardware
-from .conv_args import CONV_HELPER_KERNEL, CONV_OP, CONV_SIGNATURES, conv_geometry
+from .conv_args import CONV_HELPER_KERNEL, CONV_SIGNATURES, conv_geometry
 from .kernel_classes import COMPUTE_CLASSES, MEMORY_CLASSES, classify_kernel, kernel_class  # noqa: F401
 from .kernel_models import apply_class_model, class_model, geometry_estimate
 
@@ -568,7 +569,7 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
     if gemm_dims is not None and cls in ("gemm", "other"):
         m, n, k, b = gemm_dims
         return model.gemm(m, n, k, b, dtype)
-    if CONV_OP.search(op_l) and cls in ("conv", "gemm", "other"):
+    if CONVOLUTION_OP.search(op_l) and cls in ("conv", "gemm", "other"):
         conv = _conv_estimate(model, kernel, op, shapes, types, values, out_shapes, dtype)
         if conv is not None or op_l.split("::")[-1] in CONV_SIGNATURES:
             return conv

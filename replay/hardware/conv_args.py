@@ -56,10 +56,6 @@ CONV_SIGNATURES: dict[str, ConvSignature] = {
     "cudnn_convolution_backward_input": _CUDNN_BACKWARD,          # self_size: an int list
     "cudnn_convolution_backward_weight": ConvSignature(2, 0, 1, 4, 3, 5, 6),   # weight_size: an int list
 }
-# op names that are convolutions (not prims::convert_element_type and other 'conv'-named ops)
-CONV_OP = re.compile(r"(^|::)_?(conv\d|convolution|cudnn_conv|mkldnn_conv|miopen_conv|conv_depthwise|"
-                     r"slow_conv|thnn_conv|conv_transpose)", re.I)
-
 # kernels a convolution op launches besides its implicit GEMM (cuDNN's offset tables, layout transposes,
 # Winograd / im2col transforms, split-K reductions): passes over the op's tensors, not its FLOPs
 CONV_HELPER_KERNEL = re.compile(r"offsets|scalepacked|flip_filter|im2col|generatewinogradtiles|"
