@@ -415,6 +415,9 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
         bad(f"{model.moe.num_experts} experts are not divisible by ep {plan.ep}")
     if plan.dp_shard and (plan.zero != 3 or plan.dp % plan.dp_shard):
         bad("--dp-shard (HSDP) needs --zero 3 and must divide dp")
+    fsdp = fsdp_options_set(plan)
+    if plan.zero != 3 and fsdp:   # before the options' own rules: off ZeRO-3 none of them applies
+        bad(f"{fsdp[0]} needs --zero 3 (FSDP)")
     if plan.fsdp_defer_grad_sync and plan.fsdp != "fsdp2":
         bad("--fsdp-defer-grad-sync needs --fsdp fsdp2 (Megatron-FSDP reduces once per step already)")
     if plan.fsdp_fp8_all_gather and plan.precision != "fp8":
@@ -432,18 +435,19 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
             f"(chunk {1 + inner.index(0)} of {list(plan.pipeline_layout)} is empty)")
 
 
+def fsdp_options_set(plan: ParallelPlan) -> list[str]:
+    """The flags of the FSDP options `plan` sets (each means something under ZeRO-3 only)."""
+    return [f for f, on in (("--fsdp fsdp2", plan.fsdp != ParallelPlan.fsdp),
+                            ("--fsdp-reduce-dtype", bool(plan.fsdp_reduce_dtype)),
+                            ("--fsdp-defer-grad-sync", plan.fsdp_defer_grad_sync),
+                            ("--fsdp-fp8-all-gather", plan.fsdp_fp8_all_gather)) if on]
+
+
 def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
     """Options that would change nothing in this plan are refused (a figure that silently ignores a flag
-    reads as its effect): FSDP options off ZeRO-3, MoE options on a dense model, fine-tuning options of
-    another fine-tuning mode, recompute modules the model does not have."""
+    reads as its effect; FSDP options off ZeRO-3 are validate_plan's, before their own rules): MoE options on
+    a dense model, fine-tuning options of another fine-tuning mode, recompute modules the model does not have."""
     defaults = ParallelPlan()
-    if plan.zero != 3:
-        fsdp = [f for f, on in (("--fsdp fsdp2", plan.fsdp != defaults.fsdp),
-                                ("--fsdp-reduce-dtype", bool(plan.fsdp_reduce_dtype)),
-                                ("--fsdp-defer-grad-sync", plan.fsdp_defer_grad_sync),
-                                ("--fsdp-fp8-all-gather", plan.fsdp_fp8_all_gather)) if on]
-        if fsdp:
-            bad(f"{fsdp[0]} needs --zero 3 (FSDP)")
     moe = model.moe
     if moe is None:
         moe_opts = [f for f, on in (("--moe-capacity-factor", plan.moe_capacity_factor > 0),

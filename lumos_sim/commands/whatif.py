@@ -16,7 +16,7 @@ import sys
 
 from chakra_schema.errors import TraceInputError
 from lumos_sim.commands.whatif_args import (PLAN_DEFAULTS, add_plan_arguments, add_set_argument,  # noqa: F401
-                                            check_flag_combinations, evaluate_with_progress, plan_from_args,
+                                            check_search_flags, evaluate_with_progress, plan_from_args,
                                             plan_option_flags, print_json)
 from lumos_sim.progress import progress_bar
 
@@ -81,7 +81,7 @@ def register(sub) -> None:
 def scenario_from_args(args):
     """The `parallelism` scenario of `whatif parallelism`'s flags, with --set overrides on top."""
     from estimators.model_config import load_model
-    from estimators.scenario import Scenario
+    from estimators.scenario import Scenario, parse_assignments
     from replay.hardware.config import get_hardware
 
     from estimators.parallelism.plan import validate_plan
@@ -93,18 +93,16 @@ def scenario_from_args(args):
                  simulation=args.simulation)
     # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
-    s = _fill_dp_after_overrides(s, args)
+    keys = parse_assignments(args.overrides)
+    s = _fill_dp_after_overrides(s, args, keys)
     # `--set plan.gpus=N` resizes the job (dp = N / (tp*pp*cp)): the plan is held to that, not --gpus
-    validate_plan(s.model, s.plan, None if any(a.split("=", 1)[0].strip() == "plan.gpus" for a in args.overrides)
-                  else args.gpus)
+    validate_plan(s.model, s.plan, None if "plan.gpus" in keys else args.gpus)
     return s
 
 
-def _fill_dp_after_overrides(s, args):
+def _fill_dp_after_overrides(s, args, keys: dict):
     """`--set plan.tp=2` acts as `--tp 2` does: without --dp (or plan.dp) given, dp is what the GPUs leave
-    (--gpus / (tp*pp*cp)); validate_plan then holds the plan to --gpus."""
-    from estimators.scenario import parse_assignments
-    keys = parse_assignments(args.overrides)
+    (--gpus / (tp*pp*cp)); validate_plan then holds the plan to --gpus. `keys`: the --set assignments."""
     if args.dp is not None or "plan.dp" in keys or "plan.gpus" in keys \
             or not any(f"plan.{k}" in keys for k in ("tp", "pp", "cp")):
         return s
@@ -150,9 +148,10 @@ def _carried_flags(args) -> dict:
 def _refuse_unsearched_options(args, plan) -> None:
     """A flag (or `--set plan.<field>`) the search cannot hold its candidates to is an error, not dropped."""
     from estimators.parallelism.search import UNSEARCHED_OPTIONS, unsearched_options
-    given = {f: getattr(args, f) for f in UNSEARCHED_OPTIONS if getattr(args, f, None) is not None}
-    flags = unsearched_options(dataclasses.replace(plan, **{f: v for f, v in given.items()
-                                                            if v != getattr(type(plan)(), f)}))
+    default = type(plan)()
+    given = {f: getattr(args, f) for f in UNSEARCHED_OPTIONS
+             if getattr(args, f, None) not in (None, getattr(default, f))}
+    flags = unsearched_options(dataclasses.replace(plan, **given))
     if flags:
         raise TraceInputError(None, f"--search ranks layouts without {flags[0]} (it does not hold its candidates "
                                     f"to it): give the layout's flags without --search to evaluate it with {flags[0]}")
@@ -178,7 +177,7 @@ def _main_search(args) -> int:
     for k in fixed:
         if fixed[k] is None and f"plan.{k}" in set_keys:
             fixed[k] = getattr(base.plan, k)
-    check_flag_combinations(plan_option_flags(args), args.zero, searching=True, recompute=args.recompute)
+    check_search_flags(plan_option_flags(args), args.zero, args.recompute)
     _refuse_unsearched_options(args, base.plan)
     if args.no_sequence_parallel:
         fixed["sequence_parallel"] = False

@@ -124,17 +124,16 @@ def plan_option_flags(args) -> dict:
     return extra
 
 
-def check_flag_combinations(extra: dict, zero: int | None, searching: bool, recompute: str | None = None) -> None:
-    """Option flags that do nothing in the layout given: the FSDP options off ZeRO-3 (`zero` None: a search
-    not held to a stage, which carries them to its ZeRO-3 candidates), --recompute-modules under a search
-    held to another recompute policy (a single plan's are validate_plan's)."""
-    fsdp_flags = [f for f, on in (("--fsdp fsdp2", extra.get("fsdp") == "fsdp2"),
-                                  ("--fsdp-reduce-dtype", bool(extra.get("fsdp_reduce_dtype"))),
-                                  ("--fsdp-defer-grad-sync", bool(extra.get("fsdp_defer_grad_sync"))),
-                                  ("--fsdp-fp8-all-gather", bool(extra.get("fsdp_fp8_all_gather")))) if on]
+def check_search_flags(extra: dict, zero: int | None, recompute: str | None) -> None:
+    """Option flags that do nothing in the search asked for (a single plan's are validate_plan's): the FSDP
+    options when the search is held off ZeRO-3 (`zero` None: free to choose, they go to its ZeRO-3
+    candidates), --recompute-modules when it is held to another recompute policy."""
+    from estimators.parallelism.plan import ParallelPlan, fsdp_options_set
+    fsdp_flags = fsdp_options_set(ParallelPlan(**{k: v for k, v in extra.items()
+                                                  if k.startswith("fsdp") and v is not None}))
     if fsdp_flags and zero is not None and zero != 3:
         raise TraceInputError(None, f"{fsdp_flags[0]} needs --zero 3 (FSDP)")
-    if searching and extra.get("recompute_modules") and recompute != "selective":
+    if extra.get("recompute_modules") and recompute != "selective":
         raise TraceInputError(None, "--recompute-modules needs --recompute selective")
 
 
@@ -156,7 +155,6 @@ def plan_from_args(args, model, validate: bool = True):
             raise TraceInputError(None, f"--gpus {args.gpus} is not divisible by tp*pp*cp = {denom}")
         dp = args.gpus // denom
     extra = plan_option_flags(args)
-    check_flag_combinations(extra, args.zero, searching=False)
     plan = ParallelPlan(tp=args.tp, pp=args.pp, cp=args.cp, dp=dp, ep=args.ep, vp=args.vp, seq_len=args.seq_len,
                         global_batch=args.global_batch, micro_batch=args.micro_batch, precision=args.precision,
                         recompute=args.recompute, zero=args.zero, dp_shard=args.dp_shard,
