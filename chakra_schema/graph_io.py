@@ -750,17 +750,25 @@ def read_graphs(prefix_or_file: PathLike, progress: Progress | None = None) -> l
     return graphs
 
 
+def missing_ranks(size: int, present: Iterable[int], absent: str = "missing") -> str:
+    """'N of them is/are <absent> (rank a, b, ...)' for the ranks below `size` not in `present`, the first
+    eight named; '' when none is missing. The warnings of .et sets and of the trace converter say it."""
+    missing = sorted(set(range(size)) - set(present))
+    if not missing:
+        return ""
+    shown = ", ".join(str(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    return f"{len(missing)} of them {'is' if len(missing) == 1 else 'are'} {absent} (rank {shown})"
+
+
 def warn_missing_ranks(prefix: PathLike, graphs: list[ExecutionGraph]) -> None:
     """A set whose ranks have gaps below its world size replays without them (their share of every
     collective counts as arrived): a warning names them, as the trace converter's does."""
     if len(graphs) < 2:
         return
     size = max(max(int(g.world_size or 0) for g in graphs), max(g.rank for g in graphs) + 1)
-    missing = sorted(set(range(size)) - {g.rank for g in graphs})
-    if missing:
-        shown = ", ".join(str(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
-        log.warning("%s: the set has %d ranks; %d of them %s missing (rank %s)", prefix, size, len(missing),
-                    "is" if len(missing) == 1 else "are", shown)
+    text = missing_ranks(size, (g.rank for g in graphs))
+    if text:
+        log.warning("%s: the set has %d ranks; %s", prefix, size, text)
 
 
 def write_graphs(graphs: Iterable[ExecutionGraph], prefix: PathLike) -> list[Path]:

@@ -30,6 +30,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.safe_io import iter_decompressed
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
+from chakra_schema.graph_io import missing_ranks
 from chakra_schema.pytorch.et_graph import execution_trace_to_graph
 from chakra_schema.pytorch.execution_trace import load_execution_trace
 from chakra_schema.pytorch.linker import link_with_report
@@ -267,11 +268,9 @@ def _check_same_job(graph: ExecutionGraph, inp: RankInputs, inputs: dict[int, Ra
             raise TraceInputError(src, f"records a job of {size} ranks but {job[1]} one of {job[0]}: "
                                        "traces of different runs")
         return job
-    missing = sorted(set(range(size)) - set(inputs))
-    if len(inputs) > 1 and missing:
-        shown = ", ".join(str(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
-        log.warning("%s: the job has %d ranks; %d of them %s not given (rank %s)", src, size, len(missing),
-                    "is" if len(missing) == 1 else "are", shown)
+    text = missing_ranks(size, inputs, "not given") if len(inputs) > 1 else ""
+    if text:
+        log.warning("%s: the job has %d ranks; %s", src, size, text)
     return size, src
 
 
