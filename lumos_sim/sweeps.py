@@ -237,8 +237,11 @@ def _parse_search(v, where, path):
         raise TraceInputError(path, f"{where}: search.gpus must be a list of GPU counts in [1, {MAX_GPUS:,}], "
                                     f"got {v.get('gpus')!r}"[:300])
     max_plans = v.get("max_plans")
-    if max_plans is not None and (isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1):
-        raise TraceInputError(path, f"{where}: search.max_plans must be an integer >= 1, got {max_plans!r}")
+    from estimators.parallelism.search import MAX_SIMULATED_PLANS
+    if max_plans is not None and (isinstance(max_plans, bool) or not isinstance(max_plans, int)
+                                  or not 1 <= max_plans <= MAX_SIMULATED_PLANS):
+        raise TraceInputError(path, f"{where}: search.max_plans must be an integer in [1, {MAX_SIMULATED_PLANS:,}] "
+                                    f"(each plan it names is simulated), got {max_plans!r}"[:300])
     return SearchAxis(tuple(gpus), max_plans)
 
 

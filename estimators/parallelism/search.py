@@ -52,6 +52,9 @@ RC_NONE, RC_SELECTIVE, RC_FULL, RC_OP = 0, 1, 2, 3
 # The search holds plans as int64 numpy columns: a sequence length, batch or micro-batch past 2^31 (beyond any
 # training run) would not fit them, and their products (tokens per step) stay exact below 2^62
 MAX_SEARCH_SIZE = 1 << 31
+# The most ranked plans a search simulates (--top-k, a sweep's search.max_plans): each is a full estimate
+# (~0.1 s), so 1,000 is a couple of minutes; more would run for hours on a typo, not rank better.
+MAX_SIMULATED_PLANS = 1000
 
 _COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
             "sequence_parallel", "overlap_grad_reduce", "overlap_p2p", "async_tp_comm")

@@ -116,10 +116,13 @@ def _fill_dp_after_overrides(s, args, keys: dict):
 def _check_counts(**counts) -> None:
     """Counts checked before any work: a typo such as 10000000000 GPUs must not allocate first."""
     from estimators.parallelism.plan import MAX_GPUS
+    from estimators.parallelism.search import MAX_SIMULATED_PLANS
     for name, v in counts.items():
-        if v is not None and not 1 <= v <= MAX_GPUS:
+        most = MAX_SIMULATED_PLANS if name == "top_k" else MAX_GPUS
+        if v is not None and not 1 <= v <= most:
             flag = "--top-k (--max-plans)" if name == "top_k" else f"--{name.replace('_', '-')}"
-            raise TraceInputError(None, f"{flag} must be between 1 and {MAX_GPUS:,}, got {v}")
+            why = " (each plan it names is simulated)" if name == "top_k" else ""
+            raise TraceInputError(None, f"{flag} must be between 1 and {most:,}{why}, got {v}")
 
 
 def main_parallelism(args) -> int:
@@ -167,8 +170,6 @@ def _main_search(args) -> int:
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
     base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
-    if args.top_k < 1:
-        raise TraceInputError(None, "--top-k must be >= 1")
     # plan flags given on the command line constrain the search
     fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
     # `--set plan.zero=1` holds the search as `--zero 1` does (the flag wins where both are given)
