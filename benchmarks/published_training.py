@@ -263,4 +263,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from chakra_schema.errors import TraceInputError
+    try:
+        sys.exit(main())
+    except TraceInputError as e:          # a malformed row: one line naming the file and row, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

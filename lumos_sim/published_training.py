@@ -176,9 +176,9 @@ class _Cells:
 
     def int(self, col: str, default: int, minimum: int = 1) -> int:
         """A whole number >= minimum, optionally followed by a note in parentheses ('1 (inferred)');
-        `default` when the cell is empty."""
+        `default` when the cell is empty or 'n/a' (how the Megatron-Bridge tables print a VP of none)."""
         v = (self.raw.get(col) or "").strip()
-        if not v:
+        if not v or v.lower() in ("n/a", "na"):
             return default
         m = re.fullmatch(r"(\d{1,18})\s*(\(.*\))?", v)     # 18 digits: no 5,000-digit int to parse
         if not m or int(m.group(1)) < minimum:

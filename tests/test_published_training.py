@@ -507,6 +507,14 @@ def test_a_csv_without_a_gpu_column_runs_on_the_cases_hardware(tmp_path):
     assert row.gpu == "" and row.label.endswith("8xH100 seq8192")
     assert run_row(row, "b200").predicted_tokens_per_gpu > 1.5 * run_row(row, "h100-sxm").predicted_tokens_per_gpu
 
+def test_a_vp_printed_n_a_reads_as_no_interleaving(tmp_path):
+    """The Megatron-Bridge tables print VP 'n/a' for runs without interleaving (e.g. 26.04.01's B200 rows)."""
+    path = tmp_path / "rows.csv"
+    path.write_text("model,gpus,tp,pp,vp,gbs,seq,precision,published_tokens_per_gpu\n"
+                    "LLAMA3-8B,8,1,1,n/a,128,8192,FP8,14000\nLLAMA3-8B,8,1,1,N/A,128,8192,FP8,14000\n")
+    assert [r.vp for r in read_rows(path)] == [1, 1]
+
+
 def _llama3_8b_row(precision: str, release: str = "NeMo 25.11", gpu: str = "H100"):
     """Megatron-Bridge's Llama 3 8B H100 row (8 GPUs, TP1, batch 128 x 8192) with another precision cell;
     built here, so these tests need no shared data."""
