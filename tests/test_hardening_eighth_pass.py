@@ -27,3 +27,32 @@ def test_a_sweep_search_axis_of_more_than_a_thousand_plans_is_refused(tmp_path, 
     err = capsys.readouterr().err
     assert "big.toml" in err and "search.max_plans must be an integer in [1, 1,000]" in err and "5000" in err
     assert not (tmp_path / "s.parquet").exists()
+
+
+def test_a_vanishing_failure_rate_prints_its_mean_time_to_failure_in_a_few_digits(capsys):
+    """1e-300 failures per 1,000 node-days over 2,048 nodes: MTTF = 1e3 / (1e-300 x 2,048) days
+    = 7.03e302 min, printed as such (it was 300 digits of fixed point that broke the table)."""
+    assert cli("whatif", "failures", "--gpus", 16384, "--failure-rate", "1e-300") == 0
+    out = capsys.readouterr().out
+    mttf_min = 1e3 / (1e-300 * 2048) * 24 * 60
+    assert f"{mttf_min:.3g} min" in out and "7.03e+302 min" in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+
+
+def test_an_interval_shorter_than_an_asynchronous_write_is_named_when_it_is_raised(capsys):
+    import json
+    assert cli("whatif", "failures", "--gpus", 16384, "--checkpoint-async", "--checkpoint-write-min", 1000,
+               "--checkpoint-interval-min", 10, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["checkpoint_interval_min"] == pytest.approx(1000.0)
+    assert any("checkpoint interval 10 min is shorter than the asynchronous write (1000 min)" in n
+               for n in out["notes"])
+
+
+def test_a_horizon_shorter_than_a_stall_agrees_with_the_monte_carlo(capsys):
+    """A 1e-9-day horizon (86 us): no failure lands in it, so both estimators give ETTR 1 (the closed form
+    used the stationary stalled fraction and said 0.95)."""
+    import json
+    assert cli("whatif", "failures", "--gpus", 16384, "--horizon-days", "1e-9", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ettr"] == pytest.approx(1.0, abs=1e-6) and out["ettr_mc"] == pytest.approx(1.0, abs=1e-6)

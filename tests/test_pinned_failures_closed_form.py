@@ -44,6 +44,15 @@ def _replica(rate: float, k_over_r: float, degraded_h: float, stall_h: float = 0
                         degraded_fraction=k_over_r, spare_wait_stalls=False)
 
 
+def _running_fraction(classes: list[FailureClass], horizon_h: float) -> float:
+    """Restart-over from a healthy start: the job runs at t with probability exp(-sum_i lambda_i min(t, u_i))
+    (only failures since 0 can stall it); its mean over the horizon by trapezoids on a fine grid that
+    holds the kinks at the stalls (independent of the estimator's piecewise-exact integral)."""
+    t = np.union1d(np.linspace(0.0, horizon_h, 2_000_001), [c.stall_h for c in classes if c.stall_h < horizon_h])
+    p = np.exp(-sum(c.rate_per_h * np.minimum(t, c.stall_h) for c in classes))
+    return float(np.trapezoid(p, t)) / horizon_h
+
+
 def _plan(interval: float, blocking: float = 0.0, persist: float = 0.0) -> CheckpointPlan:
     return CheckpointPlan("fixed", interval, blocking, persist, optimal_interval=interval)
 
@@ -220,17 +229,30 @@ def test_two_queued_replica_classes_solve_kendalls_equations_together():
 
 
 # ---------------------------------------------------------------------- the closed form
-def test_sync_job_with_free_checkpoints_has_ettr_exp_minus_rate_times_stall():
-    """0.5 failures / h, 0.1 h stalls, every hour kept: ETTR = e^-0.05 over any horizon."""
-    cf = closed_form([_sync(0.5)], _plan(0.0), 100.0)
-    assert cf.ettr == pytest.approx(math.exp(-0.05), rel=QUAD)
+def test_sync_job_with_free_checkpoints_runs_exp_minus_rate_times_stall_after_its_first_stall():
+    """0.5 failures / h, 0.1 h stalls, every hour kept. From a healthy start the job is down at t iff a
+    failure fell in [max(0, t - u), t]: it runs with probability e^(-lam t) for t < u, e^(-lam u) after, so
+    ETTR = [(1 - e^(-lam u)) / lam + (H - u) e^(-lam u)] / H -> e^-0.05 over a long horizon."""
+    lam, u, H = 0.5, 0.1, 100.0
+    cf = closed_form([_sync(lam)], _plan(0.0), H)
+    exact = ((1 - math.exp(-lam * u)) / lam + (H - u) * math.exp(-lam * u)) / H
+    assert cf.ettr == pytest.approx(exact, rel=QUAD)
+    assert cf.ettr == pytest.approx(math.exp(-0.05), rel=1e-4)
     assert cf.mttf_h == 2.0 and cf.rollback_mttf_h == 2.0
     assert cf.expected_failures == pytest.approx(50.0, rel=1e-15)
-    assert cf.stalled_fraction == pytest.approx(1 - math.exp(-0.05), rel=1e-12)
+    assert cf.stalled_fraction == pytest.approx(1 - exact, rel=1e-12)
     assert cf.semantics == "restart-over"
 
 
+def test_a_horizon_shorter_than_a_stall_is_mostly_running_time():
+    """H = 0.01 h < u = 0.1 h: running with probability e^(-lam t) throughout, ETTR = (1 - e^(-lam H)) / (lam H)
+    (the stationary e^(-lam u) would say 0.951)."""
+    cf = closed_form([_sync(0.5)], _plan(0.0), 0.01)
+    assert cf.ettr == pytest.approx(-math.expm1(-0.005) / 0.005, rel=QUAD)
+
+
 def test_queued_sync_job_with_free_checkpoints_has_ettr_one_minus_the_load():
+    """Queued stalls keep the published stationary accounting: ETTR = 1 - load over any horizon."""
     cf = closed_form([_sync(0.5)], _plan(0.0), 100.0, semantics="queue")
     assert cf.ettr == pytest.approx(0.95, rel=QUAD)
     assert cf.semantics == "queue"
@@ -255,18 +277,18 @@ def test_writes_lost_are_capped_by_the_time_not_kept():
 
 
 def test_never_checkpointing_loses_the_unkept_running_time_to_recompute():
-    """0.2 / h, 0.1 h stalls, horizon 10 h: running e^-0.02; kept (1 - e^(-0.2 T_run)) / 0.2."""
+    """0.2 / h, 0.1 h stalls, horizon 10 h: running ~e^-0.02 (from a healthy start); kept (1 - e^(-0.2 T_run)) / 0.2."""
     cf = closed_form([_sync(0.2)], _plan(math.inf), 10.0)
-    run = math.exp(-0.02) * 10.0
+    run = _running_fraction([_sync(0.2)], 10.0) * 10.0
     kept = -math.expm1(-0.2 * run) / 0.2
     assert cf.ettr == pytest.approx(kept / 10.0, rel=QUAD)
     lost = cf.time_lost_h
     assert lost["checkpoint_writes"] == 0.0
     assert lost["recompute"] == pytest.approx(run - kept, rel=1e-5)
-    stalled = (1 - math.exp(-0.02)) * 10.0
-    assert lost["detection"] == pytest.approx(stalled * 0.2, rel=1e-12)
-    assert lost["restart"] == pytest.approx(stalled * 0.5, rel=1e-12)
-    assert lost["checkpoint_load"] == pytest.approx(stalled * 0.3, rel=1e-12)
+    stalled = 10.0 - run
+    assert lost["detection"] == pytest.approx(stalled * 0.2, rel=1e-9)
+    assert lost["restart"] == pytest.approx(stalled * 0.5, rel=1e-9)
+    assert lost["checkpoint_load"] == pytest.approx(stalled * 0.3, rel=1e-9)
     assert lost["degraded"] == 0.0 and lost["spare_wait"] == 0.0
     assert sum(lost.values()) == pytest.approx(10.0 * (1 - cf.ettr), rel=1e-9)
 
@@ -277,17 +299,18 @@ def test_stalled_time_is_shared_by_cause_in_proportion_to_rate_times_stall():
     a = _sync(0.2, {"detection": 0.1})
     b = _sync(0.1, {"detection": 0.1, "restart": 0.3})
     cf = closed_form([a, b], _plan(0.0), 50.0)
-    stalled = (1 - math.exp(-0.06)) * 50.0
-    assert cf.time_lost_h["detection"] == pytest.approx(stalled * 0.5, rel=1e-12)
-    assert cf.time_lost_h["restart"] == pytest.approx(stalled * 0.5, rel=1e-12)
+    stalled = (1 - _running_fraction([a, b], 50.0)) * 50.0
+    assert cf.time_lost_h["detection"] == pytest.approx(stalled * 0.5, rel=1e-9)
+    assert cf.time_lost_h["restart"] == pytest.approx(stalled * 0.5, rel=1e-9)
 
 
 def test_ft_hsdp_replicas_cost_their_degraded_throughput_while_the_job_runs():
     """sync 0.1 / h x 0.1 h; replica 2 / h, 0.05 h stall, 1 of 4 out for 0.2 h; free checkpoints:
-    running = e^-(0.01 + 0.1); degraded = running (1 - e^-(2 x 0.25 x 0.2)); ETTR = running - degraded."""
+    running ~e^-(0.01 + 0.1) (from a healthy start); degraded = running (1 - e^-(2 x 0.25 x 0.2));
+    ETTR = running - degraded."""
     classes = [_sync(0.1), _replica(2.0, 0.25, 0.2)]
     cf = closed_form(classes, _plan(0.0), 100.0)
-    running = math.exp(-0.11)
+    running = _running_fraction(classes, 100.0)
     degraded = running * (1 - math.exp(-0.1))
     assert cf.ettr == pytest.approx(running - degraded, rel=QUAD)
     assert cf.mttf_h == pytest.approx(1 / 2.1, rel=1e-14)
@@ -298,13 +321,14 @@ def test_ft_hsdp_replicas_cost_their_degraded_throughput_while_the_job_runs():
 
 
 def test_an_empty_spare_pool_stalls_every_sync_failure_for_the_replacement_too():
-    """spares 0: stall 0.1 + 0.5 h at 0.2 / h: running e^-0.12, free checkpoints: ETTR e^-0.12."""
+    """spares 0: stall 0.1 + 0.5 h at 0.2 / h: running ~e^-0.12, free checkpoints: ETTR = the running fraction."""
     cf = closed_form([_sync(0.2)], _plan(0.0), 100.0, times=_times(0))
-    assert cf.ettr == pytest.approx(math.exp(-0.12), rel=QUAD)
-    stalled = (1 - math.exp(-0.12)) * 100.0
-    assert cf.time_lost_h["spare_wait"] == pytest.approx(stalled * 0.1 / 0.12, rel=1e-12)
+    running = _running_fraction([_sync(0.2, {**SYNC_STALL, "spare_wait": 0.5})], 100.0)
+    assert cf.ettr == pytest.approx(running, rel=QUAD)
+    stalled = (1 - running) * 100.0
+    assert cf.time_lost_h["spare_wait"] == pytest.approx(stalled * 0.5 / 0.6, rel=1e-9)
     cf_none = closed_form([_sync(0.2)], _plan(0.0), 100.0, times=_times(None))
-    assert cf_none.ettr == pytest.approx(math.exp(-0.02), rel=QUAD)
+    assert cf_none.ettr == pytest.approx(_running_fraction([_sync(0.2)], 100.0), rel=QUAD)
 
 
 # ---------------------------------------------------------------------- edge cases of the loss breakdown
@@ -321,9 +345,9 @@ def test_checkpoint_writes_lose_their_share_of_the_running_time():
     """tau 0.5 h, write 0.1 h: writes take 0.1 / 0.6 of the running time; with rollbacks (0.2 / h) the
     time not kept exceeds it, so the writes are lost in full and the rest is recompute."""
     cf = closed_form([_sync(0.2)], _plan(0.5, 0.1), 100.0)
-    run = math.exp(-0.02) * 100.0
+    run = _running_fraction([_sync(0.2)], 100.0) * 100.0
     writes = run * 0.1 / 0.6
-    assert cf.time_lost_h["checkpoint_writes"] == pytest.approx(writes, rel=1e-12)
+    assert cf.time_lost_h["checkpoint_writes"] == pytest.approx(writes, rel=1e-9)
     assert cf.time_lost_h["recompute"] == pytest.approx(run - cf.ettr * 100.0 - writes, rel=1e-9)
     assert cf.ettr * 100.0 < run - writes
 
@@ -333,8 +357,8 @@ def test_recompute_adds_the_redone_step_of_a_stall_to_the_work_rolled_back():
     replica = FailureClass("1 of 4 replicas", 1.0, {"detection": 0.02, "recompute": 0.03}, rollback=False)
     cf = closed_form([_sync(0.2), replica], _plan(math.inf), 10.0)
     load = 0.2 * 0.1 + 1.0 * 0.05
-    stalled = (1 - math.exp(-load)) * 10.0
-    run = math.exp(-load) * 10.0
+    run = _running_fraction([_sync(0.2), replica], 10.0) * 10.0
+    stalled = 10.0 - run
     rate = 0.2 + 1.0 * (1 - _restart_over_g(1.0, 0.2, 0.05))
     kept = -math.expm1(-rate * run) / rate
     assert cf.time_lost_h["recompute"] == pytest.approx(stalled * 0.03 / load + run - kept, rel=1e-4)

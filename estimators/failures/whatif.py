@@ -97,6 +97,11 @@ def _prediction(est: FailureEstimate, healthy: Prediction | None) -> Prediction:
     m = failure_metrics(est)
     ettr = est.closed.ettr
     notes = [f"default {k} = {v}" for k, v in est.inputs.defaults.items()] + list(est.inputs.warnings)
+    given = est.inputs.options.checkpoint_interval_min
+    if given is not None and est.checkpoint.interval * 60.0 > given:
+        notes.append(f"warning: checkpoint interval {given:g} min is shorter than the asynchronous write "
+                     f"({est.inputs.checkpoint_write_h * 60:g} min): a checkpoint starts only once the previous "
+                     f"one has persisted, so one is taken every {est.checkpoint.interval * 60:g} min")
     p = Prediction(whatif="failures", scenario_key="", step_time_s=m.get("effective_step_time_s", math.nan),
                    gpus=est.inputs.job.gpus, metrics=m, notes=notes, detail=est)
     if healthy is not None:

@@ -163,8 +163,8 @@ def _print_table(p) -> None:
     t.add_column("value", justify="right")
     rows = [
         ("failure rate", f"{m['failure_rate_per_1000_node_days']:.3g} per 1,000 node-days"),
-        ("job mean time to failure", f"{m['mttf_h'] * 60:.1f} min ({m['mttf_h']:.2f} h)"),
-        ("expected failures", f"{m['expected_failures']:.1f} in {m['horizon_days']:g} days"),
+        ("job mean time to failure", f"{_minutes(m['mttf_h'] * 60)} ({_fixed(m['mttf_h'], 2)} h)"),
+        ("expected failures", f"{_fixed(m['expected_failures'], 1)} in {m['horizon_days']:g} days"),
         ("stall per failure (mean)", f"{m['stall_per_failure_min']:.2f} min"),
         ("checkpoint interval", _interval_text(m)),
         ("checkpoint write", f"{m['checkpoint_write_min']:.3g} min" + (" (async)" if m["checkpoint_async"] else "")),
@@ -196,4 +196,10 @@ def _print_table(p) -> None:
 def _minutes(v: float) -> str:
     if not math.isfinite(v):
         return "never"
-    return "continuous" if v == 0 else f"{v:.1f} min"
+    return "continuous" if v == 0 else f"{_fixed(v, 1)} min"
+
+
+def _fixed(v: float, digits: int) -> str:
+    """`v` to `digits` decimals, or in 3 significant digits past 1e9 (a failure rate of 1e-300 gives a
+    mean time to failure of 1e302 minutes, 300 digits in fixed point)."""
+    return f"{v:.3g}" if abs(v) >= 1e9 else f"{v:.{digits}f}"
