@@ -86,13 +86,10 @@ def run_replay(graphs: Sequence[ExecutionGraph], mode: str = "trace", hardware=N
     timing = make_timing(mode, hardware, source_hardware, graphs)
     result = replay(graphs, timing, progress=progress, align=align)
     result.inference = inferred
-    if steps is not None:
-        keep_names: list[str] = []
-        for s in result.steps:
-            if s.name not in keep_names:
-                keep_names.append(s.name)
-        keep = set(keep_names[:steps])
-        result.steps = [s for s in result.steps if s.name in keep]
+    if steps is not None:      # the job's first `steps` steps, on every rank (paired as the job steps are)
+        groups = sorted(result.job_step_groups()[0].values(), key=lambda g: min(s.start_us for s in g))
+        keep = {id(s) for g in groups[:steps] for s in g}
+        result.steps = [s for s in result.steps if id(s) in keep]
     return result
 
 
@@ -145,6 +142,8 @@ def _print_job_steps(console, result: ReplayResult) -> None:
     al = result.alignment
     if al is not None and al.note:
         console.print(f"note: {al.note}")
+    if result.step_pairing_note:
+        console.print(f"note: {result.step_pairing_note}")
     if not jobs or max(j.ranks for j in jobs) < 2:
         return
     t = Table(title=f"Job steps (ranks aligned: {al.used if al else 'start'})")

@@ -129,14 +129,40 @@ class ReplayResult:
     run: SimulatedRun | None = None
     inference: list = field(default_factory=list)   # (rank, et_kernels.InferenceReport) per ET-only rank
 
+    def job_step_groups(self) -> tuple[dict[str, list[StepResult]], str | None]:
+        """The ranks' steps grouped into job steps, by name; when the ranks name their steps differently (the
+        profiler began at another iteration on some rank: ProfilerStep#12-14 beside #2-4) but each holds as
+        many, by order under the lowest rank's names, with a note saying so."""
+        by_rank: dict[int, list[StepResult]] = {}
+        for s in self.steps:
+            by_rank.setdefault(s.rank, []).append(s)
+        names = {r: [s.name for s in sorted(v, key=lambda s: s.start_us)] for r, v in by_rank.items()}
+        first = min(names) if names else 0
+        differ = [r for r in names if set(names[r]) != set(names[first])]
+        if differ and len({len(v) for v in names.values()}) == 1 and all(len(set(v)) == len(v) for v in names.values()):
+            groups: dict[str, list[StepResult]] = {}
+            for r, steps in by_rank.items():
+                for k, s in enumerate(sorted(steps, key=lambda s: s.start_us)):
+                    groups.setdefault(names[first][k], []).append(s)
+            r = differ[0]
+            return groups, (f"ranks name their steps differently (rank {r}: {names[r][0]}..{names[r][-1]}, rank "
+                            f"{first}: {names[first][0]}..{names[first][-1]}): job steps pair each rank's k-th step, "
+                            f"named as on rank {first}")
+        groups = {}
+        for s in self.steps:
+            groups.setdefault(s.name, []).append(s)
+        return groups, None
+
+    @property
+    def step_pairing_note(self) -> str | None:
+        """Why job steps pair the ranks' steps by order, not by name (None when the names match)."""
+        return self.job_step_groups()[1]
+
     @property
     def job_steps(self) -> list[JobStep]:
-        """Job-level steps, one per step name, in order of their start."""
-        by_name: dict[str, list[StepResult]] = {}
-        for s in self.steps:
-            by_name.setdefault(s.name, []).append(s)
+        """Job-level steps, one per step name (see `job_step_groups`), in order of their start."""
         out = []
-        for name, steps in by_name.items():
+        for name, steps in self.job_step_groups()[0].items():
             lo = min(s.start_us for s in steps)
             hi = max(s.start_us + s.predicted_us for s in steps)
             measured = None
@@ -164,11 +190,9 @@ class ReplayResult:
 
     @property
     def step_time_us(self) -> float:
-        """Mean over step names of the slowest rank's predicted step time."""
-        by_name: dict[str, float] = {}
-        for s in self.steps:
-            by_name[s.name] = max(by_name.get(s.name, 0.0), s.predicted_us)
-        return float(np.mean(list(by_name.values()))) if by_name else 0.0
+        """Mean over job steps (step names, `job_step_groups`) of the slowest rank's predicted step time."""
+        slowest = [max(s.predicted_us for s in steps) for steps in self.job_step_groups()[0].values()]
+        return float(np.mean(slowest)) if slowest else 0.0
 
     def errors(self) -> list[float]:
         return [abs(s.error) for s in self.steps if s.error is not None]
@@ -187,6 +211,7 @@ class ReplayResult:
                                                 "one-off work) of first rank start to last rank end"},
             "measured_job_step_time_us": self.measured_job_step_time_us,
             "alignment": asdict(self.alignment) if self.alignment is not None else None,
+            "step_pairing_note": self.step_pairing_note,
             "job_steps": [{"name": j.name, "start_us": j.start_us, "predicted_us": j.predicted_us,
                            "measured_us": j.measured_us, "error": j.error, "ranks": j.ranks} for j in self.job_steps],
             "steps": [{"rank": s.rank, "name": s.name, "start_us": s.start_us, "predicted_us": s.predicted_us,

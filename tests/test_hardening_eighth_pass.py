@@ -2,11 +2,14 @@
 up front with the flag named."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.test_hardening_sixth_pass import one_line_error
 from tests.test_hardening_third_pass import cli
 
+ROOT = Path(__file__).resolve().parents[1]
 SEARCH = ("whatif", "parallelism", "--model", "llama3-8b", "--gpus", 16, "--seq-len", 4096, "--global-batch", 64,
           "--search")
 
@@ -56,3 +59,52 @@ def test_a_horizon_shorter_than_a_stall_agrees_with_the_monte_carlo(capsys):
     assert cli("whatif", "failures", "--gpus", 16384, "--horizon-days", "1e-9", "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ettr"] == pytest.approx(1.0, abs=1e-6) and out["ettr_mc"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_ranks_that_number_their_steps_differently_are_paired_step_by_step(tmp_path):
+    """Rank 1 of the balanced 4-rank DDP set renumbered ProfilerStep#2-4 -> #12-14 (its profiler began at
+    another iteration): the job still has three steps of four ranks, with the measured job step time of the
+    set as recorded, and a note says how they were paired (it reported six job steps, three of one rank)."""
+    import gzip
+    import shutil
+
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced"
+    for r in range(4):
+        shutil.copy(src / f"device.{r}.json.gz", tmp_path / f"device.{r}.json.gz")
+    text = gzip.decompress((src / "device.1.json.gz").read_bytes()).decode()
+    for k in (4, 3, 2):
+        text = text.replace(f"ProfilerStep#{k}", f"ProfilerStep#{k + 10}")
+    (tmp_path / "device.1.json.gz").write_bytes(gzip.compress(text.encode()))
+
+    def replayed(folder):
+        return run_replay(load_graphs([], kineto_pattern=str(folder / "device.{rank}.json.gz")), mode="trace")
+    original, renamed = replayed(src), replayed(tmp_path)
+    assert [(j.name, j.ranks) for j in renamed.job_steps] == [(f"ProfilerStep#{k}", 4) for k in (2, 3, 4)]
+    assert renamed.measured_job_step_time_us == pytest.approx(original.measured_job_step_time_us, rel=1e-9)
+    assert "rank 1: ProfilerStep#12..ProfilerStep#14" in renamed.step_pairing_note
+    assert original.step_pairing_note is None
+
+
+def test_overlapping_profiler_steps_are_named_in_a_warning(tmp_path, caplog):
+    """A trace whose ProfilerStep#2 is stretched 5x into #3 (an edited or merged trace): both steps' measured
+    times would count the overlap; a warning names the two steps. The recorded set warns of nothing."""
+    import gzip
+    import json
+    import logging
+
+    from chakra_schema.inputs import load_graphs
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced" / "device.0.json.gz"
+    trace = json.loads(gzip.decompress(src.read_bytes()))
+    with caplog.at_level(logging.WARNING):
+        load_graphs([str(src)])
+    assert "overlapping steps" not in caplog.text
+    for e in trace["traceEvents"]:
+        if e.get("name") == "ProfilerStep#2" and e.get("cat") == "user_annotation":
+            e["dur"] *= 5
+    path = tmp_path / "stretched.0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    with caplog.at_level(logging.WARNING):
+        load_graphs([str(path)])
+    assert "stretched.0.json.gz: ProfilerStep#3 begins" in caplog.text and "before ProfilerStep#2 ends" in caplog.text

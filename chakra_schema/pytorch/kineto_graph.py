@@ -44,6 +44,7 @@ so that a replay of recorded durations reproduces the trace; dropped counts are 
 """
 from __future__ import annotations
 
+import logging
 import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
@@ -55,6 +56,8 @@ from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilde
                                  ResourceKind)
 from chakra_schema.op_names import CONVOLUTION_OP
 from chakra_schema.pytorch.kineto import KinetoTrace
+
+log = logging.getLogger(__name__)
 
 # Recorded-time tolerance (us) for edge consistency: timestamps are rounded to 1 us in old traces and
 # CUPTI / host clocks differ by a few hundred ns.
@@ -643,6 +646,7 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
             n = int(host_node[h])
             b.add_step(op.name, n, st[n], du[n])
     b.steps.sort(key=lambda s: s.start_us)
+    _warn_overlapping_steps(trace.path, b.steps)
     if not b.steps and len(b):
         end = max(s + d for s, d in zip(st, du))
         b.add_step("step", -1, 0.0, end)
@@ -660,6 +664,17 @@ def kineto_to_graph_with_map(trace: KinetoTrace, host_info: dict[int, dict] | No
         keep = ("id", "name", "totalGlobalMem", "computeMajor", "computeMinor", "numSms")
         b.metadata["deviceProperties"] = [{k: p[k] for k in keep if k in p} for p in props if isinstance(p, dict)]
     return b.build(), host_node.copy()
+
+
+def _warn_overlapping_steps(path, steps) -> None:
+    """ProfilerSteps of one rank follow each other; one that begins before the last has ended (an edited or
+    merged trace) makes both measured step times count the shared span: say so rather than score them."""
+    for prev, cur in zip(steps, steps[1:]):
+        over = prev.start_us + prev.duration_us - cur.start_us
+        if over > TIME_TOL_US:    # recorded timestamps round to 1 us
+            log.warning("%s: %s begins %.3f ms before %s ends: overlapping steps are measured over their "
+                        "recorded spans, which count the overlap twice", path, cur.name, over / 1000, prev.name)
+            return
 
 
 def _default_pg(b: GraphBuilder, trace: KinetoTrace, comm_nodes: list[int]) -> None:
