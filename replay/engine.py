@@ -260,6 +260,24 @@ def _key_label(key: object) -> str:
     return str(key)
 
 
+OVERLAP_TOL_US = 0.0     # any recorded overlap: trace timing keeps the recorded relation
+
+
+def _recorded_overlaps(nodes: list[int], rec_start: np.ndarray, rec_end: np.ndarray) -> dict[int, float]:
+    """GPU nodes that the recording shows starting before the previous node of their stream had ended, by how
+    much (us). Blackwell's programmatic dependent launch lets a kernel's prologue run under the tail of the
+    kernel before it on the same stream (CUDA graphs of sglang / vLLM decode: 674 of 692 kernels of one B300
+    trace); serving the stream strictly in order added every overlap to the step (+4.9% and +9.3% on two
+    such traces). The replay lets such a node start that much before its predecessor ends, never before the
+    predecessor starts."""
+    idx = np.asarray(nodes, np.int64)
+    if len(idx) < 2:
+        return {}
+    over = rec_end[idx[:-1]] - rec_start[idx[1:]]
+    hit = np.flatnonzero(over > OVERLAP_TOL_US)
+    return dict(zip(idx[1:][hit].tolist(), over[hit].tolist()))
+
+
 def _thread_marks(start: np.ndarray, end: np.ndarray, nodes: np.ndarray) -> list[int]:
     """The start/end marks of one thread's ops `nodes` (in recorded start order, with their recorded
     `start` and `end`) as codes 2*i (start of node i) and 2*i+1 (its end). An op ends just before the first later op that starts after its end;
@@ -409,6 +427,7 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
     offsets_list = offsets.tolist()
     # every pass serves the same nodes on each GPU stream / CPU thread, in graph order
     streams: list[tuple[int, object, list[int]]] = []
+    early: dict[int, float] = {}     # GPU nodes recorded starting before their stream's previous node ended
     for r, g in enumerate(graphs):
         off = int(offsets[r])
         res_of = g.resource
@@ -418,6 +437,8 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
             nodes = (order[bounds[k]:bounds[k + 1]] + off).tolist()
             if nodes:
                 streams.append((r, res, nodes))
+                if res.is_gpu:
+                    early.update(_recorded_overlaps(nodes, rec_start_np, rec_end_np))
 
     def run_pass():
         """One replay of every rank; the fabric may ask for another (contended transfer times)."""
@@ -498,17 +519,22 @@ def _simulate(graphs: Sequence[ExecutionGraph], timing: TimingSource,
 
         def gpu_stream(nodes: list[int], dep_ptr=dep_ptr, dep_src=dep_src, finish=finish, sstart=sstart,
                        bound=bound, bound_end=bound_end, lat=lat, dur=dur, plan=plan, waiters=waiters,
-                       solo=solo):
+                       solo=solo, early=early):
             t = 0.0
             prev = -1
             for i in nodes:
                 ready = t
+                overlap = early.get(i, 0.0) if prev >= 0 else 0.0
+                if overlap:     # it ran under the previous kernel's tail (see _recorded_overlaps)
+                    ready = max(sstart[prev], t - overlap)
                 why = prev
                 for e in range(dep_ptr[i], dep_ptr[i + 1]):
                     s = dep_src[e]
                     f = finish[s]
                     if f is None:
                         f = yield wait_for(s)
+                    if overlap and s == prev:   # the stream-order edge to that kernel: the same early start
+                        f = max(sstart[prev], f - overlap)
                     if f > ready:
                         ready, why = f, s
                 st = ready + lat[i]
