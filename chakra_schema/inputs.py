@@ -36,6 +36,8 @@ def sniff_trace_kind(path: str) -> str:
         return "et"
     if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
         return "kineto"
+    if head.lstrip().startswith(b"[") and b'"ph"' in head:
+        return "kineto"     # the 2020-era Kineto format: a bare list of trace events
     if b'"nodes"' in head or b'"schema"' in head:
         return "et"
     if not head.strip():

@@ -145,3 +145,21 @@ def test_kernels_recorded_under_their_predecessors_tail_replay_as_recorded(tmp_p
     assert len(kernels) == 20
     assert result.steps[0].measured_us == pytest.approx(starts[0] + span + 2.0, abs=1e-6)
     assert result.steps[0].predicted_us == pytest.approx(result.steps[0].measured_us, abs=1e-6)
+
+
+def test_a_bare_event_list_kineto_trace_is_read_as_a_positional_input(tmp_path):
+    """The 2020-era Kineto format (a JSON list of events, pytorch/kineto's tb_plugin samples) was read by
+    --kineto but refused as a positional input ("not a Kineto or Execution Trace JSON")."""
+    import gzip
+    import json
+
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced" / "device.0.json.gz"
+    events = json.loads(gzip.decompress(src.read_bytes()))["traceEvents"]
+    path = tmp_path / "old.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(events).encode()))
+    positional = run_replay(load_graphs([str(path)]), mode="trace")
+    flagged = run_replay(load_graphs([], kineto_pattern=str(path)), mode="trace")
+    assert [s.measured_us for s in positional.steps] == [s.measured_us for s in flagged.steps]
+    assert len(positional.steps) == 3
