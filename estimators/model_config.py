@@ -336,9 +336,12 @@ class ModelConfig:
         return p + self.vocab * self.hidden
 
     def attention_flops_fwd_per_token(self, seq: int) -> float:
-        """QK^T and AV of one token against `seq` keys, all layers, full square (no causal saving)."""
+        """QK^T and AV of one token against `seq` keys, all layers, full square (no causal saving); a
+        sliding-window layer against its window, the most keys its kernels ever read (the full square
+        of a 32K sequence put a 128-token-window model's hardware FLOP/s above the GPU's peak)."""
         qk, v = self.attn_score_dims
-        return 2.0 * seq * self.heads * (qk + v) * self.layers
+        keys = seq * (self.layers - self.window_layers) + min(seq, self.sliding_window) * self.window_layers
+        return 2.0 * keys * self.heads * (qk + v)
 
     def full_square_flops_per_token(self, seq: int) -> float:
         """Training FLOPs per token as the workload generator executes them with unfused attention:

@@ -291,6 +291,15 @@ class SweepSpec:
                     raise TraceInputError(self.path, f"'{k}' is on axis {seen[k]} and axis {n}: the later would "
                                                      "overwrite the earlier's values (give it on one axis)")
                 seen[k] = n
+        # a search axis chooses the layout: a layout key on another axis would undo or mislabel its plans
+        search = next((n for n, a in enumerate(self.axes) if isinstance(a, SearchAxis)), None)
+        if search is not None:
+            from estimators.parallelism.search import SEARCHED_COLUMNS
+            layout = sorted(k for k in seen if k in {"plan.gpus", *(f"plan.{c}" for c in SEARCHED_COLUMNS)})
+            if layout:
+                raise TraceInputError(self.path, f"'{layout[0]}' is on axis {seen[layout[0]]} beside the search "
+                                                 f"axis {search}, which chooses the layout: give the GPU counts "
+                                                 "on the search axis (search.gpus) and leave the layout to it")
 
     def count(self) -> int | None:
         """The number of points, from the axes' sizes alone (None when a search axis makes it depend on

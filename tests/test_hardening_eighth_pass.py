@@ -163,3 +163,97 @@ def test_a_bare_event_list_kineto_trace_is_read_as_a_positional_input(tmp_path):
     flagged = run_replay(load_graphs([], kineto_pattern=str(path)), mode="trace")
     assert [s.measured_us for s in positional.steps] == [s.measured_us for s in flagged.steps]
     assert len(positional.steps) == 3
+
+
+DENSE = ("whatif", "parallelism", "--model", "llama3-8b", "--gpus", 8, "--seq-len", 4096, "--global-batch", 64)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--pp", 4, "--first-stage-layers", 16, "--last-stage-layers", 16),
+     "--first/--last-stage-layers: only the first and the last pipeline chunk may hold no transformer layer"),
+    (("--finetune", "sft", "--packed-doc-len", 100000), "--packed-doc-len 100000 is longer than --seq-len 4096"),
+    (("--finetune", "lora", "--set", "plan.lora_modules=foo"), "lora_modules: foo"),
+    (("--set", 'plan.lora_modules=["fc1"]'), "lora_modules needs --finetune lora"),
+    (("--tp-comm-overlap",), "--tp-comm-overlap needs --tp > 1"),
+    (("--recompute", "full", "--recompute-layers", 33), "--recompute-layers 33 is more than the 32 layers"),
+])
+def test_a_plan_that_would_crash_or_change_nothing_is_refused(capsys, flags, needle):
+    """Empty middle chunks crashed the pipeline schedule (KeyError); a document longer than the sequence
+    doubled MFU without changing the step; the others were accepted and ignored."""
+    one_line_error(capsys, cli(*DENSE, *flags), needle)
+
+
+def test_a_search_sized_by_set_plan_gpus_ranks_plans_of_that_many_gpus(capsys):
+    import json
+    assert cli(*DENSE, "--set", "plan.gpus=16", "--search", "--top-k", 1, "--json") == 0
+    best = json.loads(capsys.readouterr().out)[0]
+    assert best["plan"]["tp"] * best["plan"]["pp"] * best["plan"]["cp"] * best["plan"]["dp"] == 16
+
+
+@pytest.mark.parametrize("axis", ['grid = { "plan.gpus" = [16, 32] }', 'grid = { "plan.tp" = [2, 4] }'])
+def test_a_layout_axis_beside_a_search_axis_is_refused(tmp_path, capsys, axis):
+    """The search chooses the layout: a plan.gpus grid left every point at 8 GPUs under 16/32-GPU labels, a
+    plan.tp grid turned the 8-GPU plans into 16- and 32-GPU ones."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+                    'plan = { seq_len = 4096, global_batch = 64 }\n'
+                    f'[[axes]]\n{axis}\n[[axes]]\nsearch = {{ gpus = [8], max_plans = 2 }}\n')
+    assert cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1) == 2
+    assert "beside the search axis 1, which chooses the layout" in capsys.readouterr().err
+
+
+def test_causal_score_pairs_of_windows_and_packed_documents():
+    """s^2 / 2 pairs; a 128-key window over 32K tokens: 128 x 129 / 2 + (32768 - 128) x 128; eight packed
+    512-token documents in 4,096: 8 x 512^2 / 2; a window as long as the sequence changes nothing."""
+    from estimators.parallelism.workload import causal_pairs
+    assert causal_pairs(4096) == 4096 ** 2 / 2
+    assert causal_pairs(32768, window=128) == 128 * 129 / 2 + (32768 - 128) * 128
+    assert causal_pairs(4096, doc=512) == 8 * 512 ** 2 / 2
+    assert causal_pairs(4096, window=4096) == causal_pairs(4096, window=4095) == 4096 ** 2 / 2
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("case", ["window", "packed"])
+def test_context_parallel_ranks_share_the_windowed_or_packed_attention(cp, case):
+    """Ring attention over CP ranks did the whole causal square whatever the window or the documents (a
+    128-token-window model took as long as a full-attention one at CP 2): each rank now does 1 / cp of the
+    attention FLOPs of the unsplit sequence."""
+    import dataclasses
+
+    from estimators.model_config import load_model
+    from estimators.parallelism.plan import ParallelPlan
+    from estimators.parallelism.workload import generate
+    base = load_model("llama3-8b")
+    model = dataclasses.replace(base, name="win", sliding_window=128) if case == "window" else base
+    extra = dict(finetune="sft", packed_doc_len=512) if case == "packed" else {}
+
+    def attention_flops(c):     # one rank's, of one 32K sequence split over c ranks
+        plan = ParallelPlan(cp=c, dp=1, seq_len=32768, global_batch=1, recompute="none", **extra)
+        g = generate(model, plan, "symmetric")[0]
+        return sum(a["flops"] for a in g.attrs.values() if a.get("op") == "attention")
+    assert attention_flops(cp) == pytest.approx(attention_flops(1) / cp, rel=0.02)
+
+
+@pytest.mark.parametrize("padding, dilation", [(10 ** 200, 1), (10 ** 6, 1), (1, -100)])
+def test_convolution_arguments_no_kernel_has_leave_the_kernel_its_recorded_time(padding, dilation):
+    """A 201-digit padding overflowed float arithmetic (a traceback); a padding of 1e6 made a 7-hour step and
+    a negative dilation a 21x slower kernel: no geometry is read from them."""
+    from replay.hardware.conv_args import conv_geometry
+    shapes = [[8, 64, 56, 56], [64, 64, 3, 3], []]
+    values = ["", "", "", "[1, 1]", f"[{padding}, {padding}]", f"[{dilation}, {dilation}]", "1"]
+    assert conv_geometry("aten::conv2d", shapes, values) is None
+    assert conv_geometry("aten::conv2d", shapes, ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]) is not None
+
+
+def test_hardware_flops_count_a_sliding_window_layer_over_its_window():
+    """Hardware FLOPs count attention over the full square of the keys a query can read: a 128-token window
+    over a 32K sequence is 2 x 128 keys x heads x (d_qk + d_v) per token and layer, not 2 x 32768 (which put
+    the hardware FLOP/s of such a model above an H100's peak)."""
+    import dataclasses
+
+    from estimators.model_config import load_model
+    base = load_model("llama3-8b")
+    win = dataclasses.replace(base, name="win", sliding_window=128)
+    qk, v = base.attn_score_dims
+    assert win.attention_flops_fwd_per_token(32768) == 2.0 * 128 * base.heads * (qk + v) * base.layers
+    assert base.attention_flops_fwd_per_token(32768) == 2.0 * 32768 * base.heads * (qk + v) * base.layers

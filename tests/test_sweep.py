@@ -97,7 +97,7 @@ def test_set_edits_the_axes_or_the_base_scenario():
     ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\nzip = { 'plan.tp' = [4, 8], 'plan.dp' = [1] }", "zip lists differ in length"),
     ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\ngrid = { 'plan.tpp' = [4] }", "unknown key 'plan.tpp'"),
     ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\ngrid = { 'plan.tp' = ['four'] }", "plan.tp: expected int"),
-    ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\nsearch = { gpus = [64], max_plans = 0 }", "max_plans must be an integer >= 1"),
+    ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\nsearch = { gpus = [64], max_plans = 0 }", "max_plans must be an integer in [1, 1,000]"),
     ("[scenario]\nmodel = 'llama3-8b'\n[[axes]]\nsearch = { gpus = 'all' }", "search.gpus must be a list"),
     ("[scenario]\nmodel = 'llama3-8b'\n[axes]\ngrid = {}", "'axes' must be an array of tables"),
     ("[sweep]\nname = 'x'\n", "needs a [scenario] table"),

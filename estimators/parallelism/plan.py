@@ -30,6 +30,7 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 MOE_A2A = ("alltoall", "deepep", "hybridep")
 FUSED_DISPATCH = ("deepep", "hybridep")
 FINETUNE = ("none", "sft", "lora")
+LORA_MODULES = ("qkv", "proj", "fc1", "fc2")     # the linears LoRA adapters can sit on
 FSDP_IMPLS = ("megatron", "fsdp2")
 # modules Megatron-Core's selective recompute names (--recompute-modules); "core_attn" is the classic one
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts", "layernorm")
@@ -105,7 +106,7 @@ class ParallelPlan:
     finetune: str = "none"             # sft: packed sequences of `packed_doc_len`; lora: frozen base weights
     packed_doc_len: int = 0            # SFT: mean length of the documents packed in a sequence (0: seq_len)
     lora_rank: int = 16
-    lora_modules: tuple[str, ...] = ("qkv",)   # linears with adapters: qkv, proj, fc1, fc2
+    lora_modules: tuple[str, ...] = ("qkv",)   # linears with adapters: some of LORA_MODULES
     # optimizer state layout: gradient buffer bytes per parameter (4: fp32 main grads, Megatron-Core;
     # 2: bf16 grads, NeMo 1.x megatron_amp_O2 + distributed Adam) and master-weight bytes (4: fp32;
     # 2: apex DistributedFusedAdam's 16-bit remainders of fp32 masters whose high half is the bf16 weight)
@@ -429,10 +430,12 @@ def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = Non
     if plan.pipeline_layout and (plan.first_stage_layers or plan.last_stage_layers):
         bad("--pipeline-layout gives every chunk's layers: --first/--last-stage-layers beside it would be ignored")
     _check_options_apply(model, plan, bad)
-    inner = plan.pipeline_layout[1:-1]
-    if any(n == 0 for n in inner):
-        bad("--pipeline-layout: only the first and the last pipeline chunk may hold no transformer layer "
-            f"(chunk {1 + inner.index(0)} of {list(plan.pipeline_layout)} is empty)")
+    uneven = plan.first_stage_layers or plan.last_stage_layers
+    sizes = list(plan.pipeline_layout) or (chunk_sizes(model.layers, plan, mtp_layers(model)) if uneven else [])
+    if 0 in sizes[1:-1]:
+        what = "--pipeline-layout" if plan.pipeline_layout else "--first/--last-stage-layers"
+        bad(f"{what}: only the first and the last pipeline chunk may hold no transformer layer "
+            f"(chunk {sizes.index(0, 1)} of {sizes} is empty)")
 
 
 def fsdp_options_set(plan: ParallelPlan) -> list[str]:
@@ -467,6 +470,21 @@ def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
             "of that rank is no lower rank than the weight it adapts")
     if plan.packed_doc_len and plan.finetune == "none":
         bad("--packed-doc-len needs --finetune sft or lora (packed fine-tuning sequences)")
+    if plan.packed_doc_len > plan.seq_len:
+        bad(f"--packed-doc-len {plan.packed_doc_len} is longer than --seq-len {plan.seq_len}: a packed sequence "
+            "holds documents of at most its own length")
+    unknown = [m for m in plan.lora_modules if m not in LORA_MODULES]
+    if unknown or not plan.lora_modules:
+        bad(f"lora_modules: {unknown[0] if unknown else 'none given'} (the adapted linears are some of "
+            f"{', '.join(LORA_MODULES)})")
+    if plan.lora_modules != defaults.lora_modules and plan.finetune != "lora":
+        bad("lora_modules needs --finetune lora")
+    if plan.tp_comm_overlap and plan.tp == 1:
+        bad("--tp-comm-overlap needs --tp > 1 (there is no TP communication to overlap)")
+    most = max(chunk_sizes(model.layers, plan, mtp_layers(model)))
+    if plan.recompute_layers > most:
+        bad(f"--recompute-layers {plan.recompute_layers} is more than the {most} layers of the largest pipeline "
+            "chunk: give at most that, or 0 to recompute every layer")
     has = {"moe": moe is not None, "moe_act": moe is not None, "mla_up_proj": model.mla is not None,
            "shared_experts": moe is not None and moe.shared_experts > 0}
     missing = [m for m in plan.recompute_modules if not has.get(m, True)]

@@ -56,8 +56,8 @@ MAX_SEARCH_SIZE = 1 << 31
 # (~0.1 s), so 1,000 is a couple of minutes; more would run for hours on a typo, not rank better.
 MAX_SIMULATED_PLANS = 1000
 
-_COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
-            "sequence_parallel", "overlap_grad_reduce", "overlap_p2p", "async_tp_comm")
+SEARCHED_COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vp", "micro_batch", "recompute", "zero", "dp_shard",
+                    "sequence_parallel", "overlap_grad_reduce", "overlap_p2p", "async_tp_comm")
 # Plan options the search does not enumerate but prices: a user's `--moe-capacity-factor 1` or
 # `--moe-a2a deepep` holds for every candidate it ranks and simulates (SearchSpace.carry)
 CARRIED_OPTIONS = ("moe_capacity_factor", "moe_a2a", "moe_force_balance", "moe_a2a_overlap", "fp8_recipe",
@@ -252,7 +252,7 @@ def _option_mask(layout: tuple[int, ...], opt: dict[str, np.ndarray], seq_len: i
 
 def enumerate_candidates(model: ModelConfig, gpus: int, seq_len: int, global_batch: int,
                          gpus_per_node: int = 8, space: SearchSpace = SearchSpace()) -> dict[str, np.ndarray]:
-    """Every valid plan of `gpus` as columns (see `_COLUMNS`), one row per plan."""
+    """Every valid plan of `gpus` as columns (see `SEARCHED_COLUMNS`), one row per plan."""
     layouts = enumerate_layouts(model, gpus, seq_len, gpus_per_node, space)
     opt = _option_grid(space, gpus)
     lay_idx, opt_idx = [], []
@@ -269,7 +269,7 @@ def enumerate_candidates(model: ModelConfig, gpus: int, seq_len: int, global_bat
 
 def plan_of_row(cols: dict[str, np.ndarray], i: int, seq_len: int, global_batch: int, precision: str,
                 gpus_per_node: int, attention: str = "flash", carry: tuple[tuple[str, Any], ...] = ()) -> ParallelPlan:
-    c = {k: int(v[i]) for k, v in cols.items() if k in _COLUMNS}
+    c = {k: int(v[i]) for k, v in cols.items() if k in SEARCHED_COLUMNS}
     if c["zero"] < 3:   # the FSDP options a user gave concern the ZeRO-3 candidates only
         carry = tuple((k, v) for k, v in carry if not k.startswith("fsdp"))
     return ParallelPlan(

@@ -345,6 +345,17 @@ def elementwise(elems: float, reads: float = 1, writes: float = 1, op: str = "el
             "bytes": float(elems * elem_bytes * (reads + writes))}
 
 
+def causal_pairs(seq: int, window: int = 0, doc: int = 0) -> float:
+    """Score pairs of causal self-attention over `seq` tokens, s^2 / 2; packed documents of `doc` tokens
+    attend within themselves; a sliding window lets a query see at most `window` keys (W (W+1) / 2 +
+    (s - W) W, never more than the unwindowed s^2 / 2)."""
+    if doc and doc < seq:
+        return seq / doc * causal_pairs(doc, window)
+    if 0 < window < seq:
+        return min(seq * seq / 2.0, window * (window + 1) / 2.0 + (seq - window) * float(window))
+    return seq * seq / 2.0
+
+
 def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int, v_dim: int,
               causal: bool, backward: bool, window: int = 0) -> dict:
     """Flash attention. Forward FLOPs = 2*sq*skv*(d_qk + d_v) per head, halved for causal self-attention
@@ -352,7 +363,7 @@ def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, he
     the backward recomputes the scores: 2.5x the forward (5 matmuls against 2)."""
     f = 2.0 * batch * heads * seq_q * seq_kv * (head_dim + v_dim)
     if causal and 0 < window < seq_q:
-        f *= (window * (window + 1) / 2.0 + (seq_q - window) * window) / (seq_q * seq_kv)
+        f *= causal_pairs(seq_q, window) / (seq_q * seq_kv)
     elif causal:
         f *= 0.5
     if backward:
@@ -731,12 +742,23 @@ class _RankBuilder:
         recv_a = {"comm_src": prv, "comm_dst": self.rank, "comm_size": int(kv_bytes), "pg_name": self._pg("cp", self.cp_g)}
         have = tpl.head                                   # the local K, V are ready
         nm = "attention_bwd" if backward else "attention"
-        tpl.add(f"{tag}{nm}_ring0", COMPUTE, attention(b, heads, kvh, blk, blk, qk, vd, True, backward))
+        doc = self.doc_len if self.doc_len and self.doc_len < s else 0
+        if window or doc:
+            # a sliding window or packed documents: the rank's share of the sequence's score pairs, the
+            # diagonal block's own (causal within it) first, the rest over the ring steps that reach it
+            diag = causal_pairs(blk, window, doc)
+            off = max(0.0, causal_pairs(s, window, doc) / c - diag) / (c - 1)
+            first = attention(b, heads, kvh, blk, max(1, round(diag / blk)), qk, vd, False, backward)
+            step = attention(b, heads, kvh, blk, max(1, round(off / blk)), qk, vd, False, backward) if off else None
+        else:
+            first = attention(b, heads, kvh, blk, blk, qk, vd, True, backward)
+            step = attention(b, heads, kvh, blk, blk // 2, qk, vd, False, backward)
+        tpl.add(f"{tag}{nm}_ring0", COMPUTE, first)
         for i in range(1, c):
             tpl.add(f"{tag}cp_send{i}", CP_SEND, send_a, deps=[have], chain=False)
             rv = tpl.add(f"{tag}cp_recv{i}", CP_RECV, recv_a, deps=[], chain=False)
-            tpl.add(f"{tag}{nm}_ring{i}", COMPUTE,
-                    attention(b, heads, kvh, blk, blk // 2, qk, vd, False, backward), deps=[tpl.head, rv])
+            if step is not None:
+                tpl.add(f"{tag}{nm}_ring{i}", COMPUTE, step, deps=[tpl.head, rv])
             have = rv
 
     def layer_template(self, layer: int, pas: str, mb: int = 0) -> _Template:

@@ -73,8 +73,17 @@ class ConvGeometry:
     groups: int
 
 
+MAX_ARG = 1 << 31     # a traced size or stride past this is no tensor's (and would overflow float arithmetic)
+
+
 def _int_list(value: Any) -> list[int] | None:
-    """An int list from a traced value: a list, an int, or Kineto's concrete-input string ('[14, 14]', '1')."""
+    """An int list from a traced value: a list, an int, or Kineto's concrete-input string ('[14, 14]', '1');
+    None for anything else, and for values past MAX_ARG."""
+    got = _parse_int_list(value)
+    return got if got is None or all(abs(v) < MAX_ARG for v in got) else None
+
+
+def _parse_int_list(value: Any) -> list[int] | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -117,8 +126,8 @@ def _per_dim(values: Sequence[Any], pos: int | None, n: int, default: int) -> li
     if isinstance(raw, str) and raw.strip().strip("'\"") == "valid":
         return [0] * n          # _convolution_mode's string padding: 'valid' is none, 'same' stays unknown
     got = _int_list(raw)
-    if got is None:
-        return [default] * n
+    if got is None:      # not traced: the default; traced past MAX_ARG: nothing a kernel ran
+        return None if _parse_int_list(raw) is not None else [default] * n
     if len(got) == 1:
         return got * n
     return got if len(got) == n else None
@@ -156,7 +165,10 @@ def conv_geometry(op: str, shapes: Sequence[Any], values: Sequence[Any] = (),
         stride = _per_dim(values, sig.stride, n_sp, 1)
         pad = _per_dim(values, sig.padding, n_sp, -1)
         dil = _per_dim(values, sig.dilation, n_sp, 1)
-        if stride is None or pad is None or dil is None or min(stride) < 1:
+        # arguments no real convolution has (a negative dilation, padding past the dilated kernel, where
+        # outputs see nothing but zeros) mean the trace is not what it says: the kernel keeps its time
+        if stride is None or pad is None or dil is None or min(stride) < 1 or min(dil) < 1 or any(
+                p > d * (k - 1) for k, p, d in zip(w[2:], pad, dil)):
             return None
         # p < 0: padding not traced, the 'same' padding of the stride: ceil(h / s)
         out_sp = [-(-h // s) if p < 0 else (h + 2 * p - d * (k - 1) - 1) // s + 1
