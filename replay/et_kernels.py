@@ -22,9 +22,9 @@ tests/test_et_only_kernels.py), never from per-trace figures:
 - GEMMs (mm, addmm, bmm, baddbmm, linear, matmul, _scaled_mm, ...): one `gemm` kernel with m, n, k and the
   batch from the shapes (transposes are views: the shapes that reach mm are the GEMM's).
 - Attention (scaled_dot_product_* / flash / efficient / cuDNN attention, forward and backward): one
-  `attention` kernel from q / k / v [batch, heads, seq, head_dim] (GQA: k's heads), causal from the
-  `is_causal` argument; the backward adds its pre/post passes (rowsum of dO*O, dQ conversion) as memory
-  streams over Q-sized tensors.
+  `attention` kernel from q / k / v in the op's own layout and its causal flag (the op's signature,
+  replay/hardware/attention_args.py; GQA: k's heads); the backward adds its pre/post passes (rowsum of
+  dO*O, dQ conversion) as memory streams over Q-sized tensors.
 - Optimizers (`_foreach_*`, `_fused_adam*`, `_fused_sgd_`): PyTorch's multi_tensor_apply launches one
   kernel per group of at most 320 blocks of 65536 elements and at most 110/64/48/36/30 tensors for 1..5
   tensor lists (aten/src/ATen/native/cuda/MultiTensorApply.cuh, kChunkSize, depth_to_max_tensors,
@@ -66,6 +66,7 @@ import numpy as np
 from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
+from .hardware.attention_args import attention_geometry, signature_of
 from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _numel
 
 COMPUTE_STREAM = 7         # CUDA's default stream as Kineto numbers it
@@ -318,18 +319,25 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
                                                          "bytes": float(g * per_elem), "blocks": nb})
                 for g, nb in _mta_groups(numels, depth)]
     if _ATTENTION.search(low):
-        backward = "backward" in low
-        qkv = tens[1:4] if backward and len(tens) >= 4 else tens[:3]
-        if len(qkv) < 2 or len(qkv[0]) != 4 or len(qkv[1]) != 4:
+        # the op's own layout and causal flag by its signature (replay/hardware/attention_args.py), as for
+        # traced kernels; an op of no known signature: [b, h, s, d] tensors, is_causal by its schema's name
+        geo = attention_geometry(name, shapes, a.get("input_values") or ())
+        if geo is not None:
+            b, h, sq, skv, d, kvh, backward = (geo.batch, geo.heads, geo.seq_q, geo.seq_kv, geo.head_dim,
+                                               geo.kv_heads, geo.backward)
+            causal = geo.causal if geo.causal is not None else _is_causal(a)
+        elif signature_of(name) is not None:
             return None
-        b, h, sq, d = qkv[0]
-        kvh, skv = qkv[1][1], qkv[1][2]
-        # Causality is left to the fitted attention model, as for traced kernels: their roofline takes it
-        # from the kernel name (compute.estimate_from_shapes), which cuDNN / FlashAttention names do not
-        # carry, so the calibrated efficiency is relative to the full (non-causal) score matrix.
+        else:
+            backward = "backward" in low
+            qkv = tens[1:4] if backward and len(tens) >= 4 else tens[:3]
+            if len(qkv) < 2 or len(qkv[0]) != 4 or len(qkv[1]) != 4:
+                return None
+            b, h, sq, d = qkv[0]
+            kvh, skv = qkv[1][1], qkv[1][2]
+            causal = _is_causal(a)
         att = {"op": "attention", "dtype": dtype, "batch": b, "heads": h, "seq_q": sq, "seq_kv": skv,
-               "head_dim": d, "kv_heads": kvh, "causal": False, "backward": backward,
-               "is_causal": _is_causal(a)}
+               "head_dim": d, "kv_heads": kvh, "causal": causal, "backward": backward}
         kernels = [KernelSpec("attention_bwd" if backward else "attention_fwd", att)]
         if backward:
             # the backward's passes over Q-sized tensors (rowsum of dO*O before, dQ accumulator conversion

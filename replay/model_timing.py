@@ -179,6 +179,10 @@ class _ModelBase:
         return _dtype_of(types if isinstance(types, (list, tuple)) else [], graph.name[i])[0]
 
 
+# Share of the recorded kernel time that unmodelled kernels may hold before model mode says so
+KEPT_SHARE_WARNING = 0.25
+
+
 class ModelTiming(_ModelBase):
     """`--timing model`: GPU work from the compute model, communication from the network model."""
 
@@ -196,7 +200,7 @@ class ModelTiming(_ModelBase):
         dur = graph.duration_us.astype(np.float64, copy=True)
         known_src = self.source_hw or source_hardware(graph)
         src = known_src or self.hw
-        kept = []       # kernels the models cannot time, recorded on a GPU we cannot name: kept as recorded
+        kept = []       # kernels the models cannot time: kept as recorded (scaled by peak ratio from a known GPU)
         gpu = graph.is_gpu()
         kinds = graph.kind
         # kernels that ran under communication in the recorded trace take the contended kernel models
@@ -214,32 +218,44 @@ class ModelTiming(_ModelBase):
             est = self._estimate(self.compute, graph, i, contention[i])
             if est is not None:
                 dur[i] = est.time_us
-            elif src is not self.hw:
+                continue
+            kept.append(i)
+            if src is not self.hw:
                 cls = kernel_class(graph.name[i])
                 dur[i] *= peak_ratio(src, self.hw, cls, self._dtype(graph, i))
-            elif known_src is None:
-                kept.append(i)
         if kept:
-            self._warn_kept_durations(graph, kept, gpu)
+            self._warn_kept_durations(graph, kept, gpu, known_src)
         return dur
 
-    def _warn_kept_durations(self, graph: ExecutionGraph, kept: list[int], gpu: np.ndarray) -> None:
-        """Kernels whose work the models cannot tell keep their recorded durations, scaled by the peak ratio
-        of the trace's GPU to the target; when that GPU is unknown they stay as recorded, which the user is
-        told once per run and GPU name (the first rank's figures)."""
+    def _warn_kept_durations(self, graph: ExecutionGraph, kept: list[int], gpu: np.ndarray,
+                             known_src: HardwareConfig | None) -> None:
+        """Kernels whose work the models cannot tell (no input shapes, custom ops) keep their recorded
+        durations, scaled by the peak ratio of the trace's GPU to the target. When that GPU is unknown they
+        stay as recorded; when they are much of the kernel time (a trace recorded without shapes), model
+        mode is mostly the trace's own timing. Either is told once per run and GPU name (the first rank's
+        figures)."""
         names = recorded_device_names(graph.metadata)
         name = printable(names[0])[:80] if names else ""
-        if name in self._warned_gpus:
-            return
-        self._warned_gpus.add(name)
         work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
         share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
-        where = f"on '{name}', which no preset matches" if name else "on a GPU the trace does not name"
+        if name in self._warned_gpus or (known_src is not None and share < KEPT_SHARE_WARNING):
+            return
+        self._warned_gpus.add(name)
         from .api import graph_file
-        log.warning("%s: %s GPU kernels (%.0f%% of the recorded kernel time) cannot be timed by the %s models and "
-                    "keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or TOML "
-                    "with --source-hardware", graph_file(graph) or f"rank {graph.rank}", f"{len(kept):,}",
-                    100 * share, self.hw.name, where)
+        where = graph_file(graph) or f"rank {graph.rank}"
+        if known_src is None:
+            trace_gpu = f"on '{name}', which no preset matches" if name else "on a GPU the trace does not name"
+            log.warning("%s: %s GPU kernels (%.0f%% of the recorded kernel time) cannot be timed by the %s models "
+                        "and keep their recorded durations unscaled: the trace ran %s; give that GPU's preset or "
+                        "TOML with --source-hardware", where, f"{len(kept):,}", 100 * share, self.hw.name, trace_gpu)
+            return
+        how = "" if known_src is self.hw else f" (scaled by the {known_src.name} to {self.hw.name} peak ratio)"
+        log.warning("%s: %s of %s GPU kernels (%.0f%% of the recorded kernel time) cannot be timed from their "
+                    "ops' recorded shapes and arguments by the %s models (none recorded: record the trace with "
+                    "record_shapes=True; or values no kernel has) and keep their recorded durations%s: model mode "
+                    "is mostly the trace's own timing", where, f"{len(kept):,}",
+                    f"{int((gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])).sum()):,}", 100 * share,
+                    self.hw.name, how)
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:
         """An idle GPU starts a kernel `kernel_start_after_call_us` after its launch call starts; the

@@ -462,7 +462,9 @@ def test_sliced_parse_equals_whole_parse(monkeypatch, tmp_path):
 def test_model_timing_says_when_kernels_keep_durations_from_an_unknown_gpu(caplog):
     """Kernels the models cannot time keep their recorded durations scaled from the trace's GPU to the
     target; PARAM's ResNet trace ran on an RTX 2080 Ti, which no preset matches, so they are kept unscaled
-    -- which model mode now says, naming the GPU. Given a source preset, they are scaled and nothing is said."""
+    -- which model mode now says, naming the GPU. Given a source preset, they are scaled: the GPU is not
+    named, but as they are most of the kernel time (the trace has no input shapes for 9,538 of its 10,113
+    kernels), model mode says that it is mostly the trace's own timing, scaled."""
     from replay.model_timing import ModelTiming
     path = require_shared("traces", "param", "resnet_kineto.json.gz")
     g = load_graphs([str(path)])[0]
@@ -471,4 +473,6 @@ def test_model_timing_says_when_kernels_keep_durations_from_an_unknown_gpu(caplo
     assert len(said) == 1 and "NVIDIA GeForce RTX 2080 Ti" in said[0] and str(path) in said[0]
     caplog.clear()
     ModelTiming("h100-sxm", source_hw="a100-sxm-80gb").node_durations(g)
-    assert not [r for r in caplog.records if "keep their recorded durations" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "keep their recorded durations" in r.getMessage()]
+    assert len(said) == 1 and "RTX 2080 Ti" not in said[0] and "9,538 of 10,113 GPU kernels" in said[0]
+    assert "scaled by the a100-sxm-80gb to h100-sxm peak ratio" in said[0]

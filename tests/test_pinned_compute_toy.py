@@ -458,13 +458,21 @@ def test_traced_shapes_of_convolutions(cm):
 
 
 def test_traced_shapes_of_attention(cm):
-    q, kv = [1, 2, 128, 64], [1, 1, 64, 64]
-    assert estimate_from_shapes(cm, "flash_fwd_kernel", "aten::_flash_attention_forward", [q, kv, kv], BF) == \
+    q, kv = [1, 2, 128, 64], [1, 1, 64, 64]            # [b, h, s, d]: 2 query heads, 1 KV head
+    assert estimate_from_shapes(cm, "flash_fwd_kernel", "aten::_scaled_dot_product_flash_attention", [q, kv, kv],
+                                BF) == cm.attention(1, 2, 128, 64, 64, kv_heads=1)
+    # the flash entry point SDPA calls takes [b, s, h, d]: the same attention
+    assert estimate_from_shapes(cm, "flash_fwd_kernel", "aten::_flash_attention_forward",
+                                [[1, 128, 2, 64], [1, 64, 1, 64], [1, 64, 1, 64]], BF) == \
         cm.attention(1, 2, 128, 64, 64, kv_heads=1)
-    assert estimate_from_shapes(cm, "flash_bwd_causal_kernel", "aten::_flash_attention_forward", [q, kv, kv], BF) == \
-        cm.attention(1, 2, 128, 64, 64, causal=True, backward=True, kv_heads=1)
-    assert estimate_from_shapes(cm, "flash_kernel", "aten::_efficient_attention_backward", [q, [5, 5]], BF) == \
+    # a backward op takes grad_out first; causal from the kernel's name when the trace has no values
+    assert estimate_from_shapes(cm, "flash_bwd_causal_kernel", "aten::_scaled_dot_product_flash_attention_backward",
+                                [q, q, kv, kv, q], BF) == cm.attention(1, 2, 128, 64, 64, causal=True, backward=True,
+                                                                      kv_heads=1)
+    # an attention op of no known signature: [b, h, s, d] tensors, self-attention when the second is not 4-D
+    assert estimate_from_shapes(cm, "flash_kernel", "aten::my_attention_backward", [q, [5, 5]], BF) == \
         cm.attention(1, 2, 128, 128, 64, backward=True)
+    assert estimate_from_shapes(cm, "flash_kernel", "aten::_efficient_attention_backward", [q, [5, 5]], BF) is None
     # a helper pass of the flash backward streams Q-sized tensors 3 times: 3 x 16,384 x 2 B
     helper = estimate_from_shapes(cm, "cudnn::fusion::compute_dot_do_o", "aten::sdpa_backward", [q, kv], BF)
     assert helper == cm.memory_op(3 * 16_384 * 2) and helper.bytes == 98_304

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 
 from chakra_schema.errors import TraceInputError
-from chakra_schema.op_names import CONVOLUTION_OP
+from chakra_schema.op_names import keeps_values
 from chakra_schema.safe_io import input_too_large, iter_json_input, max_input_bytes, read_json_input
 
 ProgressFn = Callable[[int, int], None]
@@ -125,7 +125,7 @@ def op_attrs(et: ExecutionTrace, i: int) -> dict[str, Any]:
     if et.in_shapes[i]:
         a["input_shapes"] = et.in_shapes[i]
         a["input_types"] = et.in_types[i]
-        if isinstance(et.in_values[i], list) and CONVOLUTION_OP.search(et.names[i]):
+        if isinstance(et.in_values[i], list) and keeps_values(et.names[i]):
             a["input_values"] = et.in_values[i]
     if et.out_shapes[i]:
         a["output_shapes"] = et.out_shapes[i]

@@ -54,7 +54,7 @@ import numpy as np
 
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
-from chakra_schema.op_names import CONVOLUTION_OP
+from chakra_schema.op_names import keeps_values
 from chakra_schema.pytorch.kineto import KinetoTrace
 
 log = logging.getLogger(__name__)
@@ -211,9 +211,10 @@ def _host_attrs(op, info: dict | None) -> dict[str, Any]:
         a["input_shapes"] = dims
         if args.get("Input type") is not None:
             a["input_types"] = args["Input type"]
-        # a convolution's stride / padding / dilation / groups: PyTorch 2.x records them as concrete inputs
+        # a convolution's stride / padding / dilation / groups, an attention's is_causal: PyTorch 2.x records
+        # them as concrete inputs
         concrete = args.get("Concrete Inputs")
-        if isinstance(concrete, list) and CONVOLUTION_OP.search(op.name):
+        if isinstance(concrete, list) and keeps_values(op.name):
             a["input_values"] = concrete
     if "Collective name" in args:
         a.update(comm_attrs_from_args(args))

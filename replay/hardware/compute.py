@@ -34,6 +34,7 @@ import numpy as np
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 from chakra_schema.op_names import CONVOLUTION_OP
 
+from .attention_args import attention_geometry, signature_of
 from .config import HardwareConfig, get_hardware
 from .conv_args import CONV_HELPER_KERNEL, CONV_SIGNATURES, conv_geometry
 from .kernel_classes import COMPUTE_CLASSES, MEMORY_CLASSES, classify_kernel, kernel_class  # noqa: F401
@@ -557,8 +558,8 @@ def _conv_estimate(model: ComputeModel, kernel: str, op: str, shapes: Sequence[A
 def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequence[Any],
                          types: Sequence[str], values: Sequence[Any] = (),
                          out_shapes: Sequence[Any] = ()) -> OpEstimate | None:
-    """Map a kernel + its host op's input shapes (and, for convolutions, its traced argument values and
-    output shapes) to a model estimate (None if not understood)."""
+    """Map a kernel + its host op's input shapes (and, for convolutions and attention, its traced argument
+    values; for convolutions its output shapes) to a model estimate (None if not understood)."""
     cls = kernel_class(kernel)
     op_l = op.lower()
     dtype, e = _dtype_of(types, kernel)
@@ -573,13 +574,22 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
         conv = _conv_estimate(model, kernel, op, shapes, types, values, out_shapes, dtype)
         if conv is not None or op_l.split("::")[-1] in CONV_SIGNATURES:
             return conv
-    if cls == "attention" or "attention" in op_l:
+    known_attention = signature_of(op) is not None
+    if cls == "attention" or "attention" in op_l or known_attention:
         q = tens[0]
-        if len(q) == 4 and _ATTENTION_HELPER.search(kernel):
+        if len(q) in (3, 4) and _ATTENTION_HELPER.search(kernel):
             # a pre/post pass of the flash backward (rowsum of dO*O, dQ fp32 -> 16 bit, GQA head
             # reduction): a stream over Q-sized tensors, not the attention FLOPs again
             return model.memory_op(3.0 * _numel(q) * e, dtype)
-        if len(q) == 4 and len(tens) >= 2:
+        if known_attention:       # its tensors' layout and its causal flag by the op's signature
+            geo = attention_geometry(op, shapes, values)
+            if geo is None:
+                return None
+            causal = geo.causal if geo.causal is not None else "causal" in kernel.lower()
+            return model.attention(geo.batch, geo.heads, geo.seq_q, geo.seq_kv, geo.head_dim, causal,
+                                   geo.backward or "bwd" in kernel.lower(), dtype, geo.kv_heads,
+                                   v_head_dim=geo.v_head_dim)
+        if len(q) == 4 and len(tens) >= 2:     # an op of unknown signature: [b, h, s, d] tensors
             b, h, sq, d = q
             kv = tens[1]
             skv = kv[2] if len(kv) == 4 else sq
@@ -594,6 +604,10 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
         # a non-GEMM kernel of a GEMM op (split-K reduce, epilogue): one pass over the output
         m, n, _, b = gemm_dims
         return model.memory_op(2.0 * b * m * n * 4, dtype)
+    base = op_l.split("::")[-1]
+    if base in INDEXED_OPS:
+        moved = _indexed_bytes(base, shapes, types, out_shapes)
+        return model.memory_op(moved, dtype) if moved else None
     # memory-bound classes: every input read once, the output as large as the largest input written
     sizes = [_numel(s) * _elem_bytes(types[i] if i < len(types) else "float")
              for i, s in enumerate(shapes) if isinstance(s, (list, tuple))]
@@ -612,6 +626,50 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
     else:
         nbytes = sum(sizes) + max(sizes)
     return model.memory_op(nbytes, dtype)
+
+
+# Ops that read or write a few rows of a large tensor (a KV cache, an embedding-like table): the kernel moves
+# the selected rows, not the tensor; "every input read once" charged a 672 MB table for a 16-row gather.
+# Per op: the argument positions of (index, moved tensor). The moved tensor is what the selected rows
+# amount to: index_put's values, scatter's src; None where the op's output is that (index, gather,
+# index_select: taken from the traced output shape, else gather's index shape or index_select's index x
+# the rest of the row). Argument positions: native_functions.yaml.
+INDEXED_OPS: dict[str, tuple[int, int | None]] = {
+    "index": (1, None), "index_select": (2, None), "gather": (2, None),
+    "index_put": (1, 2), "index_put_": (1, 2), "_index_put_impl_": (1, 2), "_unsafe_index_put": (1, 2),
+    "index_add": (2, 3), "index_add_": (2, 3), "index_copy": (2, 3), "index_copy_": (2, 3),
+    "scatter": (2, 3), "scatter_": (2, 3), "scatter_add": (2, 3), "scatter_add_": (2, 3),
+    "scatter_reduce": (2, 3), "scatter_reduce_": (2, 3),
+}
+
+
+def _indexed_bytes(base: str, shapes: Sequence[Any], types: Sequence[str], out_shapes: Sequence[Any]) -> float:
+    """Bytes an indexed op moves: the selected rows read and written (the moved tensor, or the output),
+    plus the index read; 0 when the trace does not say how many rows (aten::index's index list is not
+    recorded as shapes): the kernel then keeps its recorded time."""
+    index_pos, moved_pos = INDEXED_OPS[base]
+
+    def arg(i: int | None) -> Any:
+        return shapes[i] if i is not None and i < len(shapes) else None
+
+    elem = _elem_bytes(types[0]) if types else 4
+    index_n = _numel(arg(index_pos))
+    if moved_pos is not None:
+        rows = _numel(arg(moved_pos))
+        rows_bytes = rows * (_elem_bytes(types[moved_pos]) if moved_pos < len(types) else elem)
+    else:
+        out = out_shapes[0] if out_shapes else None
+        rows = _numel(out)
+        if not rows and base == "gather":
+            rows = index_n                               # gather's output has the index's shape
+        elif not rows and base == "index_select" and _numel(arg(0)) and index_n:
+            # dim is a value the readers do not keep: the leading one (embedding-like), at most the tensor
+            self_shape = list(arg(0))
+            rows = min(index_n * _numel(self_shape) // max(self_shape[0], 1), _numel(self_shape))
+        rows_bytes = rows * elem
+    if not rows_bytes:
+        return 0.0
+    return 2.0 * rows_bytes + index_n * 8
 
 
 _ATTENTION_HELPER = re.compile(r"dot_do_o|convert_dq|convert_dkv|reduce_head|clear_dkv|dq_accum", re.I)
