@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from typing import Iterable
 
 
@@ -13,6 +14,13 @@ class TraceInputError(ValueError):
         self.path = str(path) if path is not None else None
         self.problem = " ".join(str(problem).split())  # always one line
         super().__init__(f"{self.path}: {self.problem}" if self.path else self.problem)
+
+
+def within(path: str | os.PathLike | None, e: TraceInputError, where: str = "") -> TraceInputError:
+    """`e`, raised reading a file that `path` (a spec, a scenario) names, as an error of `path` that still
+    names that file ('spec.toml: point 'a': l8b.json: config.json not found')."""
+    inner = f"{e.path}: " if e.path and e.path != (str(path) if path is not None else None) else ""
+    return TraceInputError(path, f"{where}{inner}{e.problem}")
 
 
 def reject_unknown_keys(path: str | os.PathLike | None, keys: Iterable[str], allowed: Iterable[str],
@@ -65,7 +73,9 @@ def loads_toml(text: str, path: str | os.PathLike | None = None) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TraceInputError(path, f"not a valid TOML file: {e}") from None
+        json_like = re.match(r"\s*(\{|\[\s*[{\"])", text) is not None     # a JSON object / array where TOML goes
+        raise TraceInputError(path, f"not a valid TOML file: {e}"
+                                    + (" (this file looks like JSON; the format is TOML)" if json_like else "")) from None
     except RecursionError:
         raise TraceInputError(path, "not a valid TOML file: nested too deeply") from None
     except ValueError as e:  # an integer past Python's int-parsing digit limit (4300 digits) is not a TOMLDecodeError

@@ -385,7 +385,9 @@ def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows
         j = min(i, m.layers - 1)                 # MTP modules repeat the last layer's kind
         if causal:
             # Megatron counts a full causal layer as seq/2 keys per query (not (seq+1)/2)
-            ctx = m.mean_causal_context(j, s_att) if windows and m.is_window_layer(j) else s_att / 2.0
+            # a window no shorter than the sequence does not bite: the full layer's count
+            bites = windows and m.is_window_layer(j) and m.sliding_window < s_att
+            ctx = m.mean_causal_context(j, s_att) if bites else s_att / 2.0
         else:
             ctx = s_att
         weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))

@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from chakra_schema.errors import TraceInputError, check_choice, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, check_choice, reject_unknown_keys, within
 from estimators.failures.options import FailureOptions
 from estimators.model_config import ModelConfig, load_model
 from estimators.moe.options import MoEOptions
@@ -148,7 +148,7 @@ class Scenario:
                     data[key] = _from_mapping(cls_, data[key], key)
             s = cls.build(**data)
         except TraceInputError as e:
-            raise TraceInputError(path, e.problem) from None
+            raise within(path, e) from None
         except TypeError as e:
             raise TraceInputError(path, f"bad scenario: {e}") from None
         return s.override(dotted, path=path) if dotted else s
@@ -161,7 +161,7 @@ class Scenario:
             try:
                 s = _set_path(s, key.split("."), value, key)
             except TraceInputError as e:
-                raise TraceInputError(path, e.problem) from None
+                raise within(path, e) from None
         return s
 
     def override_strings(self, assignments: Iterable[str], path: str | None = None) -> "Scenario":

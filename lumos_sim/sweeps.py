@@ -23,7 +23,8 @@ A spec is a TOML file (or the same dict in Python):
 
 Axes may be named instead (`[axes.nic]` + `grid = {...}`, in file order): `--set axes.nic.grid.KEY=[..]`
 edits one by name, and `axes.N...` by position works for both forms. Relative routing / trace paths
-(`moe.routing`, `moe.expert_load`, `trace.inputs`, `trace.et`, `trace.kineto`) in a spec file are
+(`moe.routing`, `moe.expert_load`, `trace.inputs`, `trace.et`, `trace.kineto`) and model / hardware files
+(a `.json` / `.toml`, or a path with a folder; a zoo or preset name stays a name) in a spec file are
 relative to its folder. Errors of the spec itself (an unknown what-if, a what-if missing its model)
 fail the sweep before anything runs; a sweep of more than `MAX_POINTS` points is refused (its size is
 counted from the axes, without expanding them); the results file is locked while a sweep writes it.
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from chakra_schema.errors import TraceInputError, reject_unknown_keys
+from chakra_schema.errors import TraceInputError, reject_unknown_keys, within
 from estimators.scenario import Scenario, plan_label
 
 try:
@@ -87,7 +88,7 @@ def _override(s: Scenario, changes: Mapping[str, Any], path: str | None, where: 
     try:
         return s.override(changes)
     except TraceInputError as e:
-        raise TraceInputError(path, f"{where}: {e.problem}") from None
+        raise within(path, e, f"{where}: ") from None
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def _check_runnable(s: Scenario, path: str | None, label: str) -> None:
     try:
         w = get_whatif(s.whatif)
     except TraceInputError as e:
-        raise TraceInputError(path, f"point '{label}': {e.problem}") from None
+        raise within(path, e, f"point '{label}': ") from None
     for need in w.needs:
         if getattr(s, need) is None:
             raise TraceInputError(path, f"point '{label}': what-if '{w.name}' needs '{need}' in the scenario")
@@ -390,10 +391,26 @@ def _resolve_path_value(value: Any, folder: Path) -> Any:
     return str(folder / value)
 
 
+# scenario fields that name a zoo entry or a file: a relative file (a .json / .toml, or a path with a folder)
+# is relative to the spec's folder, as the input files are; a name stays a name
+NAMED_FILE_KEYS = ("model", "hardware")
+
+
+def _resolve_named_file(value: Any, folder: Path) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_resolve_named_file(v, folder) for v in value]
+    if isinstance(value, str) and (value.endswith((".json", ".toml")) or "/" in value):
+        return _resolve_path_value(value, folder)
+    return value
+
+
 def _resolve_spec_paths(data: dict[str, Any], folder: Path) -> None:
     """Make the file paths of the spec's scenario and axes absolute from `folder` (in place)."""
     scenario = data.get("scenario")
     if isinstance(scenario, dict):
+        for key in NAMED_FILE_KEYS:
+            if key in scenario:
+                scenario[key] = _resolve_named_file(scenario[key], folder)
         for key in PATH_KEYS:
             section, field = key.split(".")
             if key in scenario:
@@ -407,12 +424,19 @@ def _resolve_spec_paths(data: dict[str, Any], folder: Path) -> None:
             continue
         for kind in ("grid", "zip"):
             if isinstance(table.get(kind), dict):
-                table[kind] = {k: ([_resolve_path_value(x, folder) for x in v] if k in PATH_KEYS and isinstance(v, list)
-                                   else v) for k, v in _dotted(table[kind]).items()}
+                table[kind] = {k: _resolve_axis_value(k, v, folder) for k, v in _dotted(table[kind]).items()}
         if isinstance(table.get("list"), list):
-            table["list"] = [{k: (_resolve_path_value(v, folder) if k in PATH_KEYS else v)
-                              for k, v in _dotted(e).items()} if isinstance(e, dict) else e
-                             for e in table["list"]]
+            table["list"] = [{k: _resolve_axis_value(k, v, folder, one=True) for k, v in _dotted(e).items()}
+                             if isinstance(e, dict) else e for e in table["list"]]
+
+
+def _resolve_axis_value(key: str, value: Any, folder: Path, one: bool = False) -> Any:
+    """An axis's values of `key` (a list, or `one` value of a list axis entry), files made absolute."""
+    if key in NAMED_FILE_KEYS and (one or isinstance(value, list)):
+        return _resolve_named_file(value, folder)
+    if key in PATH_KEYS and (one or isinstance(value, list)):
+        return _resolve_path_value(value, folder) if one else [_resolve_path_value(x, folder) for x in value]
+    return value
 
 
 def _axis_tables(axes_data: Any, path: str | None) -> list[tuple[str, Any]]:

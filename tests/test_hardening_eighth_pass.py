@@ -257,3 +257,76 @@ def test_hardware_flops_count_a_sliding_window_layer_over_its_window():
     qk, v = base.attn_score_dims
     assert win.attention_flops_fwd_per_token(32768) == 2.0 * 128 * base.heads * (qk + v) * base.layers
     assert base.attention_flops_fwd_per_token(32768) == 2.0 * 32768 * base.heads * (qk + v) * base.layers
+
+
+def test_hardware_flops_count_the_mtp_modules_the_step_runs():
+    """Each MTP module is a layer of the last layer's kind, a 2h -> h projection and another pass through the
+    output head, forward and backward: hardware FLOPs grow by 6 x those matmuls per token (they fell below
+    the model FLOPs, which counted them)."""
+    import dataclasses
+
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import hw_flops_per_step, model_flops_per_step
+    from estimators.parallelism.plan import ParallelPlan
+    m = load_model("deepseek-v3")
+    plan = ParallelPlan(dp=64, ep=8, seq_len=1024, global_batch=64)
+    m0 = dataclasses.replace(m, mtp_layers=0)
+    h, tokens = m.hidden, 64 * 1024
+    layer = m.attn_matmul_params() + m.ffn_matmul_params_active(m.layers - 1)
+    attention = m0.attention_flops_fwd_per_token(1024) / m.layers       # one layer's, forward
+    extra = tokens * (6.0 * (layer + 2 * h * h + m.vocab * h) + 3.0 * attention)
+    assert hw_flops_per_step(m, plan) - hw_flops_per_step(m0, plan) == pytest.approx(extra, rel=1e-9)
+    assert hw_flops_per_step(m, plan) >= model_flops_per_step(m, plan)
+
+
+def test_a_gemm_benchmark_in_a_precision_the_gpu_lacks_is_refused(capsys):
+    one_line_error(capsys, cli("bench", "gemm", "--m", 1024, "--n", 1024, "--k", 1024, "--dtype", "fp8",
+                               "--hardware", "v100-sxm2"), "--dtype fp8: v100-sxm2", "has no fp8 tensor rate")
+
+
+def test_synthetic_routing_clusters_default_to_a_divisor_of_the_experts():
+    """Qwen1.5-MoE's 60 experts: experts / 8 = 7 clusters does not divide them (the default failed with
+    'clusters must divide experts', an option never given); 6 does. 256 experts keep 32."""
+    from estimators.moe.synthetic import SyntheticSpec
+    assert SyntheticSpec(tokens=64, layers=2, experts=60, top_k=4).clusters == 6
+    assert SyntheticSpec(tokens=64, layers=2, experts=256, top_k=8).clusters == 32
+
+
+def test_a_window_no_shorter_than_the_sequence_counts_as_full_attention():
+    import dataclasses
+
+    from estimators.model_config import load_model, megatron_flops_per_token
+    base = load_model("llama3-8b")
+    wide = dataclasses.replace(base, name="wide", sliding_window=10 ** 9)
+    assert megatron_flops_per_token(wide, 4096) == megatron_flops_per_token(base, 4096)
+
+
+@pytest.mark.parametrize("flag, value", [("--pipeline-layout", "16,,16"), ("--recompute-modules", "core_attn,")])
+def test_a_list_flag_with_an_empty_item_is_refused(capsys, flag, value):
+    extra = ("--pp", 2) if flag == "--pipeline-layout" else ("--recompute", "selective")
+    assert cli(*DENSE, *extra, flag, value) == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_a_sweep_spec_reads_a_relative_model_file_from_its_folder(tmp_path, capsys, monkeypatch):
+    """Trace and routing paths were relative to the spec's folder but a model file to the working folder,
+    and the error did not name the model file."""
+    import shutil
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "hf_configs" / "llama3-8b.json", spec_dir / "l8b.json")
+    body = ('[scenario]\nwhatif = "parallelism"\nhardware = "h100-sxm"\nmodel = "{model}"\n'
+            'plan = {{ dp = 8, seq_len = 4096, global_batch = 64 }}\n')
+    (spec_dir / "ok.toml").write_text(body.format(model="l8b.json"))
+    (spec_dir / "missing.toml").write_text(body.format(model="nope.json"))
+    monkeypatch.chdir(tmp_path)
+    assert cli("sweep", spec_dir / "ok.toml", "-o", tmp_path / "ok.parquet", "--workers", 1) == 0
+    one_line_error(capsys, cli("sweep", spec_dir / "missing.toml", "-o", tmp_path / "m.parquet", "--workers", 1),
+                   "missing.toml:", str(spec_dir / "nope.json"), "config.json not found")
+
+
+def test_a_json_file_given_as_a_toml_spec_is_named_as_json(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"scenario": {"whatif": "parallelism"}}')
+    one_line_error(capsys, cli("sweep", spec, "-o", tmp_path / "s.parquet"), "not a valid TOML file",
+                   "looks like JSON")

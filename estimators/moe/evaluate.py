@@ -471,7 +471,7 @@ def _cost_windows(pc: PlacementCost, routes: np.ndarray, counts: np.ndarray, lay
     blocks = every.reshape(nw, nodes, gpn, nodes, gpn)
     intra = float(np.einsum("wninj->", blocks))             # the node-diagonal blocks
     pc.a2a_bytes[layer] += (total - float(np.trace(every, axis1=1, axis2=2).sum())) * per_pair
-    pc.a2a_bytes_inter_node[layer] += (total - intra) * per_pair
+    pc.a2a_bytes_inter_node[layer] += max(0.0, total - intra) * per_pair      # not round-off below 0
     recv = every.sum(1)
     mean = recv.mean(1)
     pc.max_over_mean[layer] += float(np.where(mean > 0, recv.max(1) / np.where(mean > 0, mean, 1), 1.0).sum())

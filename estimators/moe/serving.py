@@ -207,7 +207,8 @@ def serve(model: ModelConfig, hardware, spec: ServingSpec, moe_layer_parts) -> S
              "combine": mb * float(combine.sum()), "attention_tp_allreduce": mb * ar * len(layers)}
     # negative: what the overlap hid, net of its waits; positive where the SMs the communication holds cost
     # the compute more than the overlap hid
-    parts["overlap_saved"] = total - sum(parts.values())
+    saved = total - sum(parts.values())
+    parts["overlap_saved"] = 0.0 if abs(saved) <= 1e-9 * total else saved    # no overlap: 0, not round-off
     d = draft_tokens(model, spec)
     seqs = spec.tokens / (1 + d) if spec.phase == "decode" else max(1.0, spec.tokens / spec.context)
     # logits: every verified token in decode, one per prompt in prefill

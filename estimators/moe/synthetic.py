@@ -47,7 +47,7 @@ class SyntheticSpec:
     skew: float = 1.0                  # Zipf exponent of expert popularity
     skew_jitter: float = 0.3           # per-layer exponent = skew * (1 +- jitter)
     domain_share: float = 0.8          # picks that follow the domain's own ranking (else the shared one)
-    clusters: int = 0                  # co-activation clusters per layer (0: experts / 8)
+    clusters: int = 0                  # co-activation clusters per layer (0: about experts / 8, dividing them)
     cluster_affinity: float = 0.25     # picks drawn from the token's cluster
     request_tokens: int = 256
     prefill_fraction: float = 0.5
@@ -57,8 +57,9 @@ class SyntheticSpec:
     balanced: int = 0                  # 1: exactly balanced routing, token t takes experts (t*top_k + j) mod experts
 
     def __post_init__(self) -> None:
-        if self.clusters == 0:
-            object.__setattr__(self, "clusters", max(1, self.experts // 8))
+        if self.clusters == 0:     # about experts / 8, a divisor of the experts (Qwen1.5-MoE's 60: 6)
+            object.__setattr__(self, "clusters", max(c for c in range(1, max(1, self.experts // 8) + 1)
+                                                     if self.experts % c == 0))
         for name in ("tokens", "layers", "experts", "top_k", "domains", "clusters", "request_tokens"):
             if getattr(self, name) < 1:
                 raise TraceInputError(None, f"synthetic routing: {name} must be >= 1")

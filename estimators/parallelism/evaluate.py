@@ -30,7 +30,7 @@ from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import Breakdown
 from estimators.model_config import ModelConfig, megatron_flops_per_token
-from estimators.parallelism.plan import ParallelPlan, validate_plan
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, validate_plan
 from estimators.parallelism.timing import check_precision_support, default_timing, resolve_hardware  # noqa: F401 (API)
 from estimators.parallelism.workload import MOE_SYNC_IDLE_US, generate, moe_layer_host_us
 
@@ -91,13 +91,18 @@ def model_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
 
 def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     """FLOPs as executed: attention over the full square (of the packed documents), recomputation, LoRA's
-    frozen weights without weight-gradient matmuls (the adapters' are negligible)."""
+    frozen weights without weight-gradient matmuls (the adapters' are negligible), the MTP modules (each a
+    layer of the last layer's kind, its 2h -> h projection and another pass through the output head)."""
     tokens = plan.global_batch * plan.seq_len
-    attn_fwd = model.attention_flops_fwd_per_token(_attention_seq(plan))
-    matmul = model.matmul_params_active()
+    mtp = mtp_layers(model)
+    attn_fwd = model.attention_flops_fwd_per_token(_attention_seq(plan)) * (model.layers + mtp) / model.layers
+    h = model.hidden
+    mtp_layer = model.attn_matmul_params() + model.ffn_matmul_params_active(model.layers - 1)
+    matmul = model.matmul_params_active() + mtp * (mtp_layer + 2 * h * h + model.vocab * h)
     f = tokens * ((4.0 if plan.finetune == "lora" else 6.0) * matmul + 3.0 * attn_fwd)
     if plan.recompute == "full":
-        layer_matmul = matmul - model.vocab * model.hidden
+        # the layers' matmuls again (the MTP modules' too where they are recomputed), not the output heads
+        layer_matmul = matmul - model.vocab * h * (1 + mtp) - (0 if mtp_recomputed(plan) else mtp * mtp_layer)
         f += tokens * (2.0 * layer_matmul + attn_fwd)
     elif plan.recompute == "selective":
         f += tokens * attn_fwd

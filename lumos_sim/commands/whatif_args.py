@@ -96,8 +96,8 @@ PLAN_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "vp": 1, "micro_batch": 1, 
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
+    try:      # every comma separates a number: '16,,16' is a typo, not 16,16
+        out = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers like 4,8,8,4, got {text!r}") from None
     if not out or min(out) < 0:
@@ -106,7 +106,10 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _name_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+    names = tuple(x.strip() for x in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names like core_attn,mlp, got {text!r}")
+    return names
 
 
 def plan_option_flags(args) -> dict:
