@@ -220,12 +220,10 @@ class ModelConfig:
         return min(seq, self.sliding_window) if self.is_window_layer(i) else seq
 
     def mean_causal_context(self, i: int, seq: int) -> float:
-        """Mean number of keys per query of layer `i` under the causal mask for a `seq`-token sequence:
-        (seq + 1) / 2 with full attention; with a window W < seq, (W (W + 1) / 2 + (seq - W) W) / seq."""
-        w = self.attention_span(i, seq)
-        if w >= seq:
-            return (seq + 1) / 2.0
-        return (w * (w + 1) / 2.0 + (seq - w) * w) / seq
+        """Mean number of keys per query of layer `i` under the causal mask for a `seq`-token sequence
+        (`causal_pairs` / seq): seq / 2 with full attention, as Megatron counts it; with a window W < seq,
+        (W (W + 1) / 2 + (seq - W) W) / seq, at most seq / 2."""
+        return causal_pairs(seq, self.attention_span(i, seq)) / seq
 
     def is_moe_layer(self, i: int) -> bool:
         m = self.moe
@@ -368,6 +366,18 @@ class ModelConfig:
         return self.ffn_mats * self.hidden * (m.top_k * m.expert_ffn + m.shared_experts * m.shared_ffn)
 
 
+def causal_pairs(seq: int, window: int = 0, doc: int = 0) -> float:
+    """Score pairs of causal self-attention over `seq` tokens, s^2 / 2; packed documents of `doc` tokens
+    attend within themselves; a sliding window lets a query see at most `window` keys (W (W+1) / 2 +
+    (s - W) W, never more than the unwindowed s^2 / 2)."""
+    if doc and doc < seq:
+        return seq / doc * causal_pairs(doc, window)
+    if 0 < window < seq:
+        return min(seq * seq / 2.0, window * (window + 1) / 2.0 + (seq - window) * float(window))
+    return seq * seq / 2.0
+
+
+
 # ------------------------------------------------------------------ FLOP conventions
 def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows: bool, mtp: bool,
                               logits_vocab: int, attention_seq: float | None, frozen: bool) -> float:
@@ -385,9 +395,7 @@ def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows
         j = min(i, m.layers - 1)                 # MTP modules repeat the last layer's kind
         if causal:
             # Megatron counts a full causal layer as seq/2 keys per query (not (seq+1)/2)
-            # a window no shorter than the sequence does not bite: the full layer's count
-            bites = windows and m.is_window_layer(j) and m.sliding_window < s_att
-            ctx = m.mean_causal_context(j, s_att) if bites else s_att / 2.0
+            ctx = m.mean_causal_context(j, s_att) if windows else s_att / 2.0
         else:
             ctx = s_att
         weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))

@@ -165,6 +165,9 @@ class PublishedRow:
         return not self.gpu or "H100" in self.gpu.upper()
 
 
+NOT_APPLICABLE_OK = ("vp", "cp", "ep", "etp")     # columns whose 'n/a' means "none": the default
+
+
 class _Cells:
     """Typed reads of one CSV row's cells: a malformed cell is bad input naming the file, row and column."""
 
@@ -176,9 +179,10 @@ class _Cells:
 
     def int(self, col: str, default: int, minimum: int = 1) -> int:
         """A whole number >= minimum, optionally followed by a note in parentheses ('1 (inferred)');
-        `default` when the cell is empty or 'n/a' (how the Megatron-Bridge tables print a VP of none)."""
+        `default` when the cell is empty, or 'n/a' in a column that may be not applicable (the Megatron-Bridge
+        tables print a VP, CP, EP or ETP of none so; a GPU count or batch is never not applicable)."""
         v = (self.raw.get(col) or "").strip()
-        if not v or v.lower() in ("n/a", "na"):
+        if not v or (v.lower() in ("n/a", "na") and col in NOT_APPLICABLE_OK):
             return default
         m = re.fullmatch(r"(\d{1,18})\s*(\(.*\))?", v)     # 18 digits: no 5,000-digit int to parse
         if not m or int(m.group(1)) < minimum:

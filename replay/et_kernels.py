@@ -322,10 +322,12 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
         # the op's own layout and causal flag by its signature (replay/hardware/attention_args.py), as for
         # traced kernels; an op of no known signature: [b, h, s, d] tensors, is_causal by its schema's name
         geo = attention_geometry(name, shapes, a.get("input_values") or ())
+        dv = None
         if geo is not None:
             b, h, sq, skv, d, kvh, backward = (geo.batch, geo.heads, geo.seq_q, geo.seq_kv, geo.head_dim,
                                                geo.kv_heads, geo.backward)
             causal = geo.causal if geo.causal is not None else _is_causal(a)
+            dv = geo.v_head_dim
         elif signature_of(name) is not None:
             return None
         else:
@@ -338,6 +340,8 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
             causal = _is_causal(a)
         att = {"op": "attention", "dtype": dtype, "batch": b, "heads": h, "seq_q": sq, "seq_kv": skv,
                "head_dim": d, "kv_heads": kvh, "causal": causal, "backward": backward}
+        if dv is not None and dv != d:
+            att["v_head_dim"] = dv     # MLA: values narrower than queries and keys
         kernels = [KernelSpec("attention_bwd" if backward else "attention_fwd", att)]
         if backward:
             # the backward's passes over Q-sized tensors (rowsum of dO*O before, dQ accumulator conversion

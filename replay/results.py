@@ -138,8 +138,12 @@ class ReplayResult:
             by_rank.setdefault(s.rank, []).append(s)
         names = {r: [s.name for s in sorted(v, key=lambda s: s.start_us)] for r, v in by_rank.items()}
         first = min(names) if names else 0
+        # pair by order only when the names share nothing (#12-14 beside #2-4): names that overlap in part
+        # (#2-4 beside #3-5) name the same iterations and pair by name
         differ = [r for r in names if set(names[r]) != set(names[first])]
-        if differ and len({len(v) for v in names.values()}) == 1 and all(len(set(v)) == len(v) for v in names.values()):
+        disjoint = all(not set(names[r]) & set(names[first]) for r in differ)
+        if differ and disjoint and len({len(v) for v in names.values()}) == 1 \
+                and all(len(set(v)) == len(v) for v in names.values()):
             groups: dict[str, list[StepResult]] = {}
             for r, steps in by_rank.items():
                 for k, s in enumerate(sorted(steps, key=lambda s: s.start_us)):

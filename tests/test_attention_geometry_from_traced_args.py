@@ -112,3 +112,37 @@ def test_a_traced_flash_kernel_is_modelled_alike_under_either_layout(tmp_path):
         assert graphs[0].attr(host, "input_values")[8 if name == "bshd" else 4] == "True"
         predicted[name] = run_replay(graphs, mode="model", hardware="h100-sxm-roofline").steps[0].predicted_us
     assert predicted["bshd"] == pytest.approx(predicted["bhsd"], rel=1e-9)
+
+
+def test_a_packed_memory_efficient_batch_is_its_sequences_not_one_long_one(model):
+    """cu_seqlens batches of the memory-efficient kernel are [1, total tokens, h, d] with max_q / max_k
+    (arguments 6 and 7): 8 sequences of 1,024 tokens packed are 8 x 1,024^2 pairs, not 8,192^2."""
+    q = [1, 8 * 1024, H, D]
+    values = [""] * 6 + ["1024", "1024", "0.", "1"]
+    geo = attention_geometry("aten::_efficient_attention_forward", [q, q, q], values)
+    assert (geo.batch, geo.seq_q, geo.seq_kv, geo.causal) == (8, 1024, 1024, True)
+    assert _flops(model, "aten::_efficient_attention_forward", [q, q, q], values) == \
+        pytest.approx(4.0 * 8 * H * 1024 * 1025 / 2 * D)
+
+
+@pytest.mark.parametrize("max_q", ["-5", "0", str(10 ** 11)])
+def test_max_lengths_no_batch_could_have_read_as_unpacked(max_q):
+    """A negative max_q divided by zero (a traceback), 1e11 made a 23-minute kernel: a max outside
+    (0, tokens] is no packing, and a variable-length query without one is not timed."""
+    q4, q3 = [1, 4096, H, D], [4096, H, D]
+    values = [""] * 6 + [max_q, "4096", "0.", "1"]
+    geo = attention_geometry("aten::_efficient_attention_forward", [q4, q4, q4], values)
+    assert (geo.batch, geo.seq_q) == (1, 4096)
+    flash = ["", "", "", "", "", max_q, "4096", "0.", "False"]
+    assert attention_geometry("aten::_flash_attention_forward", [q3, q3, q3], flash) is None
+
+
+def test_every_op_whose_values_the_model_reads_keeps_them_in_the_readers():
+    """The readers keep traced values only for chakra_schema.op_names.keeps_values ops: every attention
+    signature that reads a value (is_causal, a mask type, max_q) must be one of them."""
+    from chakra_schema.op_names import keeps_values
+    from replay.hardware.attention_args import ATTENTION_SIGNATURES
+    reads = [op for op, sig in ATTENTION_SIGNATURES.items()
+             if (sig.is_causal, sig.mask_type, sig.max_q) != (None, None, None)]
+    assert reads and all(keeps_values(f"aten::{op}") for op in reads)
+    assert not keeps_values("aten::mm") and not keeps_values("aten::softmax")

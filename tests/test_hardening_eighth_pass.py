@@ -205,7 +205,7 @@ def test_a_layout_axis_beside_a_search_axis_is_refused(tmp_path, capsys, axis):
 def test_causal_score_pairs_of_windows_and_packed_documents():
     """s^2 / 2 pairs; a 128-key window over 32K tokens: 128 x 129 / 2 + (32768 - 128) x 128; eight packed
     512-token documents in 4,096: 8 x 512^2 / 2; a window as long as the sequence changes nothing."""
-    from estimators.parallelism.workload import causal_pairs
+    from estimators.model_config import causal_pairs
     assert causal_pairs(4096) == 4096 ** 2 / 2
     assert causal_pairs(32768, window=128) == 128 * 129 / 2 + (32768 - 128) * 128
     assert causal_pairs(4096, doc=512) == 8 * 512 ** 2 / 2
@@ -281,7 +281,7 @@ def test_hardware_flops_count_the_mtp_modules_the_step_runs():
 
 def test_a_gemm_benchmark_in_a_precision_the_gpu_lacks_is_refused(capsys):
     one_line_error(capsys, cli("bench", "gemm", "--m", 1024, "--n", 1024, "--k", 1024, "--dtype", "fp8",
-                               "--hardware", "v100-sxm2"), "--dtype fp8: v100-sxm2", "has no fp8 tensor rate")
+                               "--hardware", "v100-sxm2"), "--dtype fp8: v100-sxm2", "has no fp8 tensor cores")
 
 
 def test_synthetic_routing_clusters_default_to_a_divisor_of_the_experts():
@@ -330,3 +330,64 @@ def test_a_json_file_given_as_a_toml_spec_is_named_as_json(tmp_path, capsys):
     spec.write_text('{"scenario": {"whatif": "parallelism"}}')
     one_line_error(capsys, cli("sweep", spec, "-o", tmp_path / "s.parquet"), "not a valid TOML file",
                    "looks like JSON")
+
+
+@pytest.mark.parametrize("op, shapes, types, moved", [
+    # index_put_(self [4097, 40964] int32, indices, values [16], accumulate): 16 values read and written
+    ("aten::_index_put_impl_", [[4097, 40964], [], [16], [], []], ["int", "", "int", "Scalar", "Scalar"],
+     2 * 16 * 4),
+    # gather(self [8, 50000] fp32, dim, index [8, 5]): the output has the index's shape
+    ("aten::gather", [[8, 50000], [], [8, 5]], ["float", "", "long int"], 2 * 8 * 5 * 4 + 8 * 5 * 8),
+    # index_select(self [50000, 4096] bf16, dim, index [2048]): 2,048 rows of 4,096
+    ("aten::index_select", [[50000, 4096], [], [2048]], ["c10::BFloat16", "", "long int"],
+     2 * 2048 * 4096 * 2 + 2048 * 8),
+    # scatter_add_(self [1000, 64] fp32, dim, index [10, 64], src [10, 64])
+    ("aten::scatter_add_", [[1000, 64], [], [10, 64], [10, 64]], ["float", "", "long int", "float"],
+     2 * 640 * 4 + 640 * 8),
+])
+def test_gathers_and_scatters_move_the_selected_rows_not_the_tensor(op, shapes, types, moved):
+    """A 16-row index_put_ into a 672 MB table was charged the table (27x the kernel's time on a B300)."""
+    from replay.hardware.compute import ComputeModel, estimate_from_shapes
+    est = estimate_from_shapes(ComputeModel("h100-sxm-roofline"), "index_elementwise_kernel", op, shapes, types)
+    assert est.bytes == moved
+
+
+@pytest.mark.parametrize("kernel, padding", [(1, 1), (3, 3), (7, 3)])
+def test_legal_convolution_padding_is_read(kernel, padding):
+    """Padding wider than the dilated kernel is legal (1x1 with padding 1: a border of zeros-only outputs)."""
+    from replay.hardware.conv_args import conv_geometry
+    shapes = [[8, 64, 56, 56], [64, 64, kernel, kernel], []]
+    geo = conv_geometry("aten::conv2d", shapes, ["", "", "", "[1, 1]", f"[{padding}, {padding}]", "[1, 1]", "1"])
+    assert geo is not None and geo.out_spatial == (56 + 2 * padding - kernel + 1) ** 2
+
+
+def test_ranks_whose_step_names_overlap_in_part_pair_by_name(tmp_path):
+    """#2-4 beside #3-5 name the same iterations #3 and #4: job steps pair them by name (5 job steps), not
+    by position (which pairs only disjoint numberings)."""
+    import gzip
+
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced"
+    for r in range(4):
+        text = gzip.decompress((src / f"device.{r}.json.gz").read_bytes()).decode()
+        if r == 1:
+            for k in (4, 3, 2):
+                text = text.replace(f"ProfilerStep#{k}", f"ProfilerStep#{k + 1}")
+        (tmp_path / f"device.{r}.json.gz").write_bytes(gzip.compress(text.encode()))
+    result = run_replay(load_graphs([], kineto_pattern=str(tmp_path / "device.{rank}.json.gz")), mode="trace")
+    assert result.step_pairing_note is None
+    assert sorted(j.name for j in result.job_steps) == [f"ProfilerStep#{k}" for k in (2, 3, 4, 5)]
+
+
+def test_not_applicable_reads_as_none_only_where_a_column_may_be_none(tmp_path):
+    from chakra_schema.errors import TraceInputError
+    from lumos_sim.published_training import read_rows
+    path = tmp_path / "rows.csv"
+    path.write_text("model,gpus,tp,pp,vp,cp,gbs,seq,precision,published_tokens_per_gpu\n"
+                    "LLAMA3-8B,8,1,1,n/a,n/a,128,8192,FP8,14000\n")
+    assert (read_rows(path)[0].vp, read_rows(path)[0].cp) == (1, 1)
+    path.write_text("model,gpus,tp,pp,vp,gbs,seq,precision,published_tokens_per_gpu\n"
+                    "LLAMA3-8B,n/a,1,1,1,128,8192,FP8,14000\n")
+    with pytest.raises(TraceInputError, match="gpus 'n/a' is not a whole number"):
+        read_rows(path)

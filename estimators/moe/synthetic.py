@@ -234,29 +234,42 @@ def inverse_cdf_table(weights: np.ndarray) -> np.ndarray:
 
 
 def _duplicates(picks: np.ndarray) -> np.ndarray:
-    """[n, k] mask of entries equal to an earlier entry of their row."""
+    """[n, k] mask of entries equal to an earlier entry of their row: pairwise for a small top-k, by a stable
+    sort of each row for a large one (k^2 / 2 comparisons per row made top-k 128 take minutes)."""
     dup = np.zeros(picks.shape, bool)
-    for j in range(1, picks.shape[1]):
-        dup[:, j] = (picks[:, j:j + 1] == picks[:, :j]).any(axis=1)
+    if picks.shape[1] <= 16:
+        for j in range(1, picks.shape[1]):
+            dup[:, j] = (picks[:, j:j + 1] == picks[:, :j]).any(axis=1)
+        return dup
+    order = np.argsort(picks, axis=1, kind="stable")       # equal picks keep their order: the first stays
+    ordered = np.take_along_axis(picks, order, axis=1)
+    r, c = np.nonzero(ordered[:, 1:] == ordered[:, :-1])
+    dup[r, order[r, c + 1]] = True
     return dup
 
 
 def _fill_duplicates(picks: np.ndarray, experts: int) -> np.ndarray:
-    """Last resort for rows still repeating an expert: the next unused expert id (column by column, a pick
-    moves past the earlier picks of its row, at most j steps for column j). Vectorized over the rows: a
-    very skewed spec (skew=50) sends every row here, and a per-row loop took 20 s."""
+    """Last resort for rows still repeating an expert: the next expert id (cyclically) that no earlier pick
+    of its row took, column by column. Vectorized over the rows with a [rows, experts] table of the ids
+    taken so far (a very skewed spec, skew=50, sends every row here; a top-k near the expert count sends
+    every row here with most columns clashing: stepping +1 per clash was k^3 / 6 operations per row)."""
     rows = np.flatnonzero(_duplicates(picks).any(axis=1))
     if not len(rows):
         return picks
-    sub = picks[rows]
+    sub = picks[rows].astype(np.int64)
+    at = np.arange(len(rows))
+    taken = np.zeros((len(rows), experts), bool)
+    taken[at, sub[:, 0]] = True
+    ahead = np.arange(experts)
     for j in range(1, sub.shape[1]):
         e = sub[:, j]
-        for _ in range(j):
-            clash = (e[:, None] == sub[:, :j]).any(axis=1)
-            if not clash.any():
-                break
-            e[clash] = (e[clash].astype(np.int64) + 1) % experts
-    picks[rows] = sub
+        clash = np.flatnonzero(taken[at, e])
+        if len(clash):
+            candidates = (e[clash, None] + ahead) % experts                 # e, e + 1, ... cyclically
+            first_free = (~taken[clash[:, None], candidates]).argmax(axis=1)
+            e[clash] = candidates[np.arange(len(clash)), first_free]
+        taken[at, e] = True
+    picks[rows] = sub.astype(picks.dtype)
     return picks
 
 

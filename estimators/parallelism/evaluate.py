@@ -94,16 +94,17 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     frozen weights without weight-gradient matmuls (the adapters' are negligible), the MTP modules (each a
     layer of the last layer's kind, its 2h -> h projection and another pass through the output head)."""
     tokens = plan.global_batch * plan.seq_len
-    mtp = mtp_layers(model)
-    attn_fwd = model.attention_flops_fwd_per_token(_attention_seq(plan)) * (model.layers + mtp) / model.layers
-    h = model.hidden
-    mtp_layer = model.attn_matmul_params() + model.ffn_matmul_params_active(model.layers - 1)
-    matmul = model.matmul_params_active() + mtp * (mtp_layer + 2 * h * h + model.vocab * h)
+    mtp, h = mtp_layers(model), model.hidden
+    layer_attn = model.attention_flops_fwd_per_token(_attention_seq(plan)) / model.layers   # per layer, mean
+    attn_fwd = layer_attn * (model.layers + mtp)
+    mtp_body = model.attn_matmul_params() + model.ffn_matmul_params_active(model.layers - 1) + 2 * h * h
+    matmul = model.matmul_params_active() + mtp * (mtp_body + model.vocab * h)
     f = tokens * ((4.0 if plan.finetune == "lora" else 6.0) * matmul + 3.0 * attn_fwd)
     if plan.recompute == "full":
-        # the layers' matmuls again (the MTP modules' too where they are recomputed), not the output heads
-        layer_matmul = matmul - model.vocab * h * (1 + mtp) - (0 if mtp_recomputed(plan) else mtp * mtp_layer)
-        f += tokens * (2.0 * layer_matmul + attn_fwd)
+        # the layers' forward again (the MTP modules' too where they are recomputed), not the output heads
+        again = mtp if mtp_recomputed(plan) else 0
+        layer_matmul = model.matmul_params_active() - model.vocab * h + again * mtp_body
+        f += tokens * (2.0 * layer_matmul + layer_attn * (model.layers + again))
     elif plan.recompute == "selective":
         f += tokens * attn_fwd
     elif plan.recompute == "op":   # the even-numbered matmuls of every block, the routed experts (op_checkpoint)

@@ -43,7 +43,7 @@ import numpy as np
 
 from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind,
                                  ResourceKind)
-from estimators.model_config import GATED_ACTIVATIONS, ModelConfig
+from estimators.model_config import GATED_ACTIVATIONS, ModelConfig, causal_pairs
 from estimators.moe.a2a import expected_distinct_nodes, node_limit
 from estimators.parallelism.plan import (FUSED_DISPATCH, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers,
                                          validate_plan)
@@ -343,17 +343,6 @@ def elementwise(elems: float, reads: float = 1, writes: float = 1, op: str = "el
                 flops_per: float = 1.0, elem_bytes: int = ACT_BYTES) -> dict:
     return {"op": op, "dtype": "bf16", "flops": float(flops_per * elems),
             "bytes": float(elems * elem_bytes * (reads + writes))}
-
-
-def causal_pairs(seq: int, window: int = 0, doc: int = 0) -> float:
-    """Score pairs of causal self-attention over `seq` tokens, s^2 / 2; packed documents of `doc` tokens
-    attend within themselves; a sliding window lets a query see at most `window` keys (W (W+1) / 2 +
-    (s - W) W, never more than the unwindowed s^2 / 2)."""
-    if doc and doc < seq:
-        return seq / doc * causal_pairs(doc, window)
-    if 0 < window < seq:
-        return min(seq * seq / 2.0, window * (window + 1) / 2.0 + (seq - window) * float(window))
-    return seq * seq / 2.0
 
 
 def attention(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int, v_dim: int,

@@ -128,10 +128,10 @@ def _collective(args) -> int:
 def _gemm(args) -> int:
     from replay.hardware import ComputeModel, get_hardware
     hw = get_hardware(args.hardware)
-    if hw.gpu.peak_tflops.get(args.dtype, 0.0) <= 0:     # a rate the GPU has no units for would be made up
+    if args.dtype == "fp8" and hw.gpu.peak_tflops.get("fp8", 0.0) <= 0:
+        # as the what-ifs refuse FP8 there (bf16 / tf32 on an older GPU fall back to the rate it has)
         from chakra_schema.errors import TraceInputError
-        raise TraceInputError(None, f"--dtype {args.dtype}: {hw.name} ({hw.gpu.model}) has no {args.dtype} tensor "
-                                    f"rate (it has {', '.join(k for k, v in hw.gpu.peak_tflops.items() if v > 0)})")
+        raise TraceInputError(None, f"--dtype fp8: {hw.name} ({hw.gpu.model}) has no fp8 tensor cores")
     est = ComputeModel(hw).gemm(args.m, args.n, args.k, args.batch, args.dtype)
     out = {"time_us": est.time_us, "tflops": est.tflops, "bound": est.bound, "compute_us": est.compute_us,
            "memory_us": est.memory_us, "efficiency": est.efficiency, "kernel": est.detail,

@@ -35,8 +35,8 @@ class AttentionSignature:
     max_k: int | None = None
 
 
-_SDPA_FLASH_BWD = AttentionSignature(True, 1, 2, 3, True, is_causal=11)
-_CUDNN_BWD = AttentionSignature(True, 1, 2, 3, True, is_causal=14)
+_SDPA_FLASH_BWD = AttentionSignature(True, 1, 2, 3, True, is_causal=11, max_q=8, max_k=9)
+_CUDNN_BWD = AttentionSignature(True, 1, 2, 3, True, is_causal=14, max_q=11, max_k=12)
 ATTENTION_SIGNATURES: dict[str, AttentionSignature] = {
     # (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     "scaled_dot_product_attention": AttentionSignature(True, 0, 1, 2, False, is_causal=5),
@@ -105,12 +105,16 @@ def attention_geometry(op: str, shapes: Sequence[Any], values: Any = ()) -> Atte
     if len(q) == 4:
         b, sq, h, d = (q[0], q[2], q[1], q[3]) if sig.heads_first else q
         skv, kvh = (k[2], k[1]) if sig.heads_first else (k[1], k[2])
-    else:   # variable-length: [total tokens, heads, d], sequences of at most max_q tokens
-        max_q, max_k = _int(values, sig.max_q), _int(values, sig.max_k)
-        if not max_q or not max_k:
-            return None
-        b, sq, skv = max(1, q[0] // max_q), max_q, max_k
-        h, d, kvh = q[1], q[2], k[1]
+    else:   # variable-length: [total tokens, heads, d]
+        b, sq, skv, h, d, kvh = 1, q[0], k[0], q[1], q[2], k[1]
+    # a packed batch (cu_seqlens; the memory-efficient kernels take it as [1, total, h, d]): sequences of
+    # at most max_q / max_k tokens, taken as that many full ones; a max past the tokens is not a packing
+    max_q, max_k = _int(values, sig.max_q), _int(values, sig.max_k)
+    packed = b == 1 and max_q is not None and max_k is not None and 0 < max_q <= sq and 0 < max_k <= skv
+    if packed:
+        b, sq, skv = max(1, sq // max_q), max_q, max_k
+    elif len(q) == 3:
+        return None          # variable-length without its max lengths: the sequences are unknown
     dv = v[-1] if v is not None and len(v) == len(q) else d
     return AttentionGeometry(b, h, kvh, sq, skv, d, dv, sig.backward, _causal(values, sig))
 

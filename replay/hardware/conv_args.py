@@ -165,10 +165,10 @@ def conv_geometry(op: str, shapes: Sequence[Any], values: Sequence[Any] = (),
         stride = _per_dim(values, sig.stride, n_sp, 1)
         pad = _per_dim(values, sig.padding, n_sp, -1)
         dil = _per_dim(values, sig.dilation, n_sp, 1)
-        # arguments no real convolution has (a negative dilation, padding past the dilated kernel, where
-        # outputs see nothing but zeros) mean the trace is not what it says: the kernel keeps its time
+        # arguments no real convolution has (a negative dilation, a padding wider than both the input and
+        # the dilated kernel) mean the trace is not what it says: the kernel keeps its time
         if stride is None or pad is None or dil is None or min(stride) < 1 or min(dil) < 1 or any(
-                p > d * (k - 1) for k, p, d in zip(w[2:], pad, dil)):
+                p > max(h, d * (k - 1)) for h, k, p, d in zip(x[2:], w[2:], pad, dil)):
             return None
         # p < 0: padding not traced, the 'same' padding of the stride: ceil(h / s)
         out_sp = [-(-h // s) if p < 0 else (h + 2 * p - d * (k - 1) - 1) // s + 1
