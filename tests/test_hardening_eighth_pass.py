@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_hardening_sixth_pass import one_line_error
+from tests.test_hardening_seventh_pass import search_sweep
 from tests.test_hardening_third_pass import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,11 +23,7 @@ def test_a_search_that_would_simulate_more_than_a_thousand_plans_is_refused(caps
 
 
 def test_a_sweep_search_axis_of_more_than_a_thousand_plans_is_refused(tmp_path, capsys):
-    spec = tmp_path / "big.toml"
-    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
-                    'plan = { seq_len = 4096, global_batch = 64 }\n'
-                    '[[axes]]\nsearch = { gpus = [16], max_plans = 5000 }\n')
-    assert cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1) == 2
+    assert search_sweep(tmp_path, search="gpus = [16], max_plans = 5000", name="big.toml") == 2
     err = capsys.readouterr().err
     assert "big.toml" in err and "search.max_plans must be an integer in [1, 1,000]" in err and "5000" in err
     assert not (tmp_path / "s.parquet").exists()
@@ -194,11 +191,7 @@ def test_a_search_sized_by_set_plan_gpus_ranks_plans_of_that_many_gpus(capsys):
 def test_a_layout_axis_beside_a_search_axis_is_refused(tmp_path, capsys, axis):
     """The search chooses the layout: a plan.gpus grid left every point at 8 GPUs under 16/32-GPU labels, a
     plan.tp grid turned the 8-GPU plans into 16- and 32-GPU ones."""
-    spec = tmp_path / "s.toml"
-    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
-                    'plan = { seq_len = 4096, global_batch = 64 }\n'
-                    f'[[axes]]\n{axis}\n[[axes]]\nsearch = {{ gpus = [8], max_plans = 2 }}\n')
-    assert cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1) == 2
+    assert search_sweep(tmp_path, axes=f"[[axes]]\n{axis}\n") == 2
     assert "beside the search axis 1, which chooses the layout" in capsys.readouterr().err
 
 

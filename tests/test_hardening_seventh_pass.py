@@ -158,11 +158,18 @@ def test_a_zero_parallel_degree_is_named(capsys):
     one_line_error(capsys, cli(*DENSE, "--pp", 0), "--pp must be >= 1, got 0")
 
 
+def search_sweep(tmp_path, plan: str = "", axes: str = "", search: str = "gpus = [8], max_plans = 2",
+                 name: str = "s.toml") -> int:
+    """Run a Llama 3 8B sweep whose last axis is a search (`plan`: extra plan fields, `axes`: axes before
+    it); the exit code."""
+    spec = tmp_path / name
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
+                    f'plan = {{ seq_len = 4096, global_batch = 64{plan} }}\n{axes}'
+                    f'[[axes]]\nsearch = {{ {search} }}\n')
+    return cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1)
+
+
 def test_a_sweep_search_axis_refuses_what_it_cannot_hold(tmp_path, capsys):
     """A LoRA scenario with a search axis gave points with finetune = none, as the CLI's --search did."""
-    spec = tmp_path / "s.toml"
-    spec.write_text('[scenario]\nwhatif = "parallelism"\nmodel = "llama3-8b"\nhardware = "h100-sxm"\n'
-                    'plan = { seq_len = 4096, global_batch = 64, finetune = "lora" }\n'
-                    '[[axes]]\nsearch = { gpus = [8], max_plans = 2 }\n')
-    assert cli("sweep", spec, "-o", tmp_path / "s.parquet", "--workers", 1) == 2
+    assert search_sweep(tmp_path, plan=', finetune = "lora"') == 2
     assert "a search axis ranks layouts without the scenario's --finetune" in capsys.readouterr().err
