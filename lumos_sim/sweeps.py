@@ -432,11 +432,11 @@ def _resolve_spec_paths(data: dict[str, Any], folder: Path) -> None:
 
 def _resolve_axis_value(key: str, value: Any, folder: Path, one: bool = False) -> Any:
     """An axis's values of `key` (a list, or `one` value of a list axis entry), files made absolute."""
-    if key in NAMED_FILE_KEYS and (one or isinstance(value, list)):
+    if not (one or isinstance(value, list)):
+        return value
+    if key in NAMED_FILE_KEYS:
         return _resolve_named_file(value, folder)
-    if key in PATH_KEYS and (one or isinstance(value, list)):
-        return _resolve_path_value(value, folder) if one else [_resolve_path_value(x, folder) for x in value]
-    return value
+    return _resolve_path_value(value, folder) if key in PATH_KEYS else value
 
 
 def _axis_tables(axes_data: Any, path: str | None) -> list[tuple[str, Any]]:

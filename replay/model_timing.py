@@ -236,7 +236,8 @@ class ModelTiming(_ModelBase):
         figures)."""
         names = recorded_device_names(graph.metadata)
         name = printable(names[0])[:80] if names else ""
-        work = graph.duration_us[gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])].sum()
+        kernels = gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])
+        work = graph.duration_us[kernels].sum()
         share = graph.duration_us[kept].sum() / work if work > 0 else 0.0
         if name in self._warned_gpus or (known_src is not None and share < KEPT_SHARE_WARNING):
             return
@@ -254,7 +255,7 @@ class ModelTiming(_ModelBase):
                     "ops' recorded shapes and arguments by the %s models (none recorded: record the trace with "
                     "record_shapes=True; or values no kernel has) and keep their recorded durations%s: model mode "
                     "is mostly the trace's own timing", where, f"{len(kept):,}",
-                    f"{int((gpu & np.isin(graph.kind, [int(k) for k in _GPU_WORK])).sum()):,}", 100 * share,
+                    f"{int(kernels.sum()):,}", 100 * share,
                     self.hw.name, how)
 
     def launch_latency_us(self, graph: ExecutionGraph) -> np.ndarray | None:

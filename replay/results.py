@@ -136,7 +136,9 @@ class ReplayResult:
         by_rank: dict[int, list[StepResult]] = {}
         for s in self.steps:
             by_rank.setdefault(s.rank, []).append(s)
-        names = {r: [s.name for s in sorted(v, key=lambda s: s.start_us)] for r, v in by_rank.items()}
+        for steps in by_rank.values():
+            steps.sort(key=lambda s: s.start_us)
+        names = {r: [s.name for s in v] for r, v in by_rank.items()}
         first = min(names) if names else 0
         # pair by order only when the names share nothing (#12-14 beside #2-4): names that overlap in part
         # (#2-4 beside #3-5) name the same iterations and pair by name
@@ -146,7 +148,7 @@ class ReplayResult:
                 and all(len(set(v)) == len(v) for v in names.values()):
             groups: dict[str, list[StepResult]] = {}
             for r, steps in by_rank.items():
-                for k, s in enumerate(sorted(steps, key=lambda s: s.start_us)):
+                for k, s in enumerate(steps):
                     groups.setdefault(names[first][k], []).append(s)
             r = differ[0]
             return groups, (f"ranks name their steps differently (rank {r}: {names[r][0]}..{names[r][-1]}, rank "

@@ -481,7 +481,7 @@ def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
         bad("lora_modules needs --finetune lora")
     if plan.tp_comm_overlap and plan.tp == 1:
         bad("--tp-comm-overlap needs --tp > 1 (there is no TP communication to overlap)")
-    most = max(chunk_sizes(model.layers, plan, mtp_layers(model)))
+    most = max(chunk_sizes(model.layers, plan, mtp_layers(model))) if plan.recompute_layers else 0
     if plan.recompute_layers > most:
         bad(f"--recompute-layers {plan.recompute_layers} is more than the {most} layers of the largest pipeline "
             "chunk: give at most that, or 0 to recompute every layer")

@@ -622,7 +622,7 @@ def estimate_from_shapes(model: ComputeModel, kernel: str, op: str, shapes: Sequ
         if idx == 0:
             return None
         dim = tens[0][-1] if tens else 1
-        nbytes = 2.0 * idx * dim * e + idx * 8
+        nbytes = _gathered_bytes(idx * dim * e, idx)
     else:
         nbytes = sum(sizes) + max(sizes)
     return model.memory_op(nbytes, dtype)
@@ -667,9 +667,12 @@ def _indexed_bytes(base: str, shapes: Sequence[Any], types: Sequence[str], out_s
             self_shape = list(arg(0))
             rows = min(index_n * _numel(self_shape) // max(self_shape[0], 1), _numel(self_shape))
         rows_bytes = rows * elem
-    if not rows_bytes:
-        return 0.0
-    return 2.0 * rows_bytes + index_n * 8
+    return _gathered_bytes(rows_bytes, index_n) if rows_bytes else 0.0
+
+
+def _gathered_bytes(rows_bytes: float, indices: int) -> float:
+    """A gather's or scatter's traffic: its rows read and written once each, and its int64 indices read."""
+    return 2.0 * rows_bytes + indices * 8
 
 
 _ATTENTION_HELPER = re.compile(r"dot_do_o|convert_dq|convert_dkv|reduce_head|clear_dkv|dq_accum", re.I)
