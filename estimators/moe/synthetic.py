@@ -212,16 +212,7 @@ class SyntheticSource:
             return np.where((r1 >> 16) < thresholds[0], member, zipf)
 
         picks = draw(np.arange(n), k)
-        bad = np.arange(n)
-        for _ in range(12):  # redraw repeated experts of a token until its top-k is distinct
-            dup = _duplicates(picks[bad])
-            rows_bad = dup.any(axis=1)
-            bad, dup = bad[rows_bad], dup[rows_bad]
-            if not len(bad):
-                return picks
-            r, c = np.nonzero(dup)
-            picks[bad[r], c] = draw(bad[r], 1)[:, 0]
-        return _fill_duplicates(picks, s.experts)
+        return _distinct_per_row(picks, E, draw, rng)
 
 
 def inverse_cdf_table(weights: np.ndarray) -> np.ndarray:
@@ -233,44 +224,50 @@ def inverse_cdf_table(weights: np.ndarray) -> np.ndarray:
     return np.stack([np.minimum(np.searchsorted(c, grid), weights.shape[1] - 1) for c in cdf])
 
 
-def _duplicates(picks: np.ndarray) -> np.ndarray:
-    """[n, k] mask of entries equal to an earlier entry of their row: pairwise for a small top-k, by a stable
-    sort of each row for a large one (k^2 / 2 comparisons per row made top-k 128 take minutes)."""
-    dup = np.zeros(picks.shape, bool)
-    if picks.shape[1] <= 16:
-        for j in range(1, picks.shape[1]):
-            dup[:, j] = (picks[:, j:j + 1] == picks[:, :j]).any(axis=1)
-        return dup
-    order = np.argsort(picks, axis=1, kind="stable")       # equal picks keep their order: the first stays
-    ordered = np.take_along_axis(picks, order, axis=1)
-    r, c = np.nonzero(ordered[:, 1:] == ordered[:, :-1])
-    dup[r, order[r, c + 1]] = True
-    return dup
+REDRAWS = 12   # redraws of a pick that repeats an expert of its row before the next free id is taken
+PER_ROUND = 4  # redraws made at once per row (the first free one is kept): fewer, larger numpy calls
 
 
-def _fill_duplicates(picks: np.ndarray, experts: int) -> np.ndarray:
-    """Last resort for rows still repeating an expert: the next expert id (cyclically) that no earlier pick
-    of its row took, column by column. Vectorized over the rows with a [rows, experts] table of the ids
-    taken so far (a very skewed spec, skew=50, sends every row here; a top-k near the expert count sends
-    every row here with most columns clashing: stepping +1 per clash was k^3 / 6 operations per row)."""
-    rows = np.flatnonzero(_duplicates(picks).any(axis=1))
-    if not len(rows):
-        return picks
-    sub = picks[rows].astype(np.int64)
-    at = np.arange(len(rows))
-    taken = np.zeros((len(rows), experts), bool)
-    taken[at, sub[:, 0]] = True
-    ahead = np.arange(experts)
-    for j in range(1, sub.shape[1]):
-        e = sub[:, j]
-        clash = np.flatnonzero(taken[at, e])
+def _distinct_per_row(picks: np.ndarray, experts: int, redraw, rng: np.random.Generator) -> np.ndarray:
+    """Make each row of picks [n, k] distinct, column by column: a pick equal to an earlier one of its row
+    is drawn again (`redraw(rows, m)` -> m new picks per row) up to REDRAWS times, then takes the next expert
+    id (cyclically) its row has not taken; from a quarter of the experts on, a row's remaining picks are free experts
+    at random. A [n, experts] table of the ids taken so far makes each check
+    one lookup, so the work grows with k, not k^2 (comparing every pair, then sorting every row, made a
+    top-k of 16 to 128 take minutes)."""
+    n, k = picks.shape
+    base = np.arange(n) * experts
+    taken = np.zeros(n * experts, bool)    # [n, experts], flat: one lookup per pick
+    for j in range(k):
+        if 4 * j >= experts:
+            # Once a row holds a quarter of the experts (no model routes that widely: Mixtral and DBRX stop
+            # before), redraws of a skewed router mostly clash again, and the load is then close to uniform
+            # whatever is picked: the rest go to free experts at random.
+            keys = rng.random((n, experts), dtype=np.float32)
+            keys[taken.reshape(n, experts)] = 2.0
+            picks[:, j:] = np.argpartition(keys, k - j - 1, axis=1)[:, :k - j]
+            return picks
+        col = picks[:, j].astype(np.int64)
+        clash = np.flatnonzero(taken[base + col])
+        for _ in range(REDRAWS // PER_ROUND):
+            if not len(clash):
+                break
+            candidates = redraw(clash, PER_ROUND)                       # [clashing rows, PER_ROUND]
+            free = ~taken[base[clash, None] + candidates]
+            col[clash] = candidates[np.arange(len(clash)), free.argmax(axis=1)]
+            clash = clash[~free.any(axis=1)]
         if len(clash):
-            candidates = (e[clash, None] + ahead) % experts                 # e, e + 1, ... cyclically
-            first_free = (~taken[clash[:, None], candidates]).argmax(axis=1)
-            e[clash] = candidates[np.arange(len(clash)), first_free]
-        taken[at, e] = True
-    picks[rows] = sub.astype(picks.dtype)
+            col[clash] = _next_free(taken.reshape(n, experts)[clash], col[clash])
+        taken[base + col] = True
+        picks[:, j] = col
     return picks
+
+
+def _next_free(taken: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Per row of taken [m, experts]: the first id at or after start (cyclically) that is not taken."""
+    candidates = (start[:, None] + np.arange(taken.shape[1])) % taken.shape[1]
+    first_free = (~np.take_along_axis(taken, candidates, axis=1)).argmax(axis=1)
+    return candidates[np.arange(len(start)), first_free]
 
 
 class LoadSampledSource(SyntheticSource):
