@@ -67,7 +67,7 @@ from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import EdgeKind, ExecutionGraph, GraphBuilder, NodeType, OpKind, ResourceKind
 
 from .hardware.attention_args import attention_geometry, signature_of
-from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _numel
+from .hardware.compute import DTYPE_BYTES, _dtype_of, _elem_bytes, _gemm_dims, _numel, arg_list, check_tensor_shapes
 
 COMPUTE_STREAM = 7         # CUDA's default stream as Kineto numbers it
 COMM_STREAM_BASE = 1000    # same numbering as chakra_schema.pytorch.et_graph
@@ -206,13 +206,6 @@ def _leaf_types(t: Any) -> list[str]:
     return [s]
 
 
-def _arg_list(a: dict, key: str) -> Sequence[Any]:
-    """An ET argument column (input_shapes, input_types, ...): a list, else nothing to infer from (a writer's
-    `"shapes": 3` is as uninformative as a missing one, and must not reach the per-argument loops)."""
-    v = a.get(key)
-    return v if isinstance(v, (list, tuple)) else []
-
-
 def _tensor_bytes(shapes: Sequence[Any], types: Sequence[Any]) -> tuple[float, list[list[int]]]:
     """Bytes of every plain tensor among the arguments, and the tensor lists (numel per element)."""
     total = 0.0
@@ -293,8 +286,8 @@ def op_kernels(name: str, attrs: dict | None) -> list[KernelSpec] | None:
     if _ALLOC_OR_META.search(low) or (a.get("outputs_alias_inputs") and not low.endswith("_")
                                       and "(a!)" not in str(a.get("op_schema", ""))):
         return []   # a view; an out= variant (`Tensor(a!) out`, as torch.compile's extern GEMMs) computes
-    shapes, types = _arg_list(a, "input_shapes"), _arg_list(a, "input_types")
-    out_shapes, out_types = _arg_list(a, "output_shapes"), _arg_list(a, "output_types")
+    shapes, types = arg_list(a, "input_shapes"), arg_list(a, "input_types")
+    out_shapes, out_types = arg_list(a, "output_shapes"), arg_list(a, "output_types")
     dtype = _dtype_of([t for t in types if "Tensor" in str(t)], "")[0]
     tens = [list(s) for s, t in zip(shapes, types)
             if "Tensor(" in str(t) and "GenericList" not in str(t) and isinstance(s, (list, tuple)) and s
@@ -429,7 +422,7 @@ def _contiguous(shape: Sequence[int], strides: Any) -> bool:
 def _strided(a: dict, tens: list[list[int]], out_shapes: Sequence[Any]) -> bool:
     """An op whose plain tensor operands are not all contiguous and of one shape: a view (strides) or a
     broadcast operand (an input with more than one element but fewer than the output)."""
-    shapes, types, strides = _arg_list(a, "input_shapes"), _arg_list(a, "input_types"), _arg_list(a, "input_strides")
+    shapes, types, strides = arg_list(a, "input_shapes"), arg_list(a, "input_types"), arg_list(a, "input_strides")
     outs = [list(s) for s in out_shapes if isinstance(s, (list, tuple)) and s and all(isinstance(x, int) for x in s)]
     out_n = max((_count(s) for s in outs), default=0)
     for k, s in enumerate(shapes):
@@ -446,7 +439,7 @@ def _strided(a: dict, tens: list[list[int]], out_shapes: Sequence[Any]) -> bool:
             return True
         if 1 < _count(s) < out_n:
             return True
-    ostr = _arg_list(a, "output_strides")
+    ostr = arg_list(a, "output_strides")
     return any(not _contiguous(s, ostr[k]) for k, s in enumerate(outs) if k < len(ostr))
 
 
@@ -712,7 +705,7 @@ def _operand_layout(name: str, a: dict) -> str:
     """The strides of a GEMM's two matrix operands (addmm / baddbmm: after the bias), as the ET records them:
     with the shapes they give each operand's transposition and leading dimension, which cuBLAS's algorithm
     choice depends on ('' when the ET records no strides)."""
-    shapes, types, strides = _arg_list(a, "input_shapes"), _arg_list(a, "input_types"), _arg_list(a, "input_strides")
+    shapes, types, strides = arg_list(a, "input_shapes"), arg_list(a, "input_types"), arg_list(a, "input_strides")
     mats = [st for sh, t, st in zip(shapes, types, strides)
             if "Tensor(" in str(t) and "GenericList" not in str(t) and isinstance(sh, (list, tuple)) and sh
             and isinstance(st, (list, tuple))]
@@ -755,31 +748,10 @@ _OWN_KERNEL_CLASSES = ("gemm", "attention", "norm", "softmax", "embedding")
 _COMPILED = re.compile(r"^## Call CompiledFxGraph")   # Inductor's record_function around a compiled graph call
 
 
-# More elements than any GPU holds (2^40: a terabyte at one byte each): a corrupt shape, refused rather than
-# timed as a step of 1e70 us (and multi_tensor_apply's launch groups would take hours to count)
-_MAX_TENSOR_ELEMENTS = 1 << 40
-
-
-def _check_shapes(graph: ExecutionGraph, i: int, a: dict) -> None:
-    def numels(shapes):
-        for sh in shapes if isinstance(shapes, (list, tuple)) else ():
-            if isinstance(sh, (list, tuple)) and sh and all(isinstance(x, int) for x in sh):
-                yield sh, math.prod(sh)
-            elif isinstance(sh, (list, tuple)):
-                yield from numels(sh)     # a tensor list
-    for key in ("input_shapes", "output_shapes"):
-        for sh, n in numels(a.get(key)):
-            if n > _MAX_TENSOR_ELEMENTS:
-                raise TraceInputError((graph.metadata or {}).get("source_path"),
-                                      f"node {int(graph.node_id[i])} ({graph.name[i]}): tensor shape "
-                                      f"{sh[:8]}{'...' if len(sh) > 8 else ''} is not a tensor any GPU holds "
-                                      f"({float(n):.3g} elements)")
-
-
 def _op_specs(graph: ExecutionGraph, i: int, gpu_devices: set[str]) -> list[KernelSpec] | None:
     """op_kernels for node i, [] for host work in a CUDA run and ops without tensors."""
     a = graph.attrs.get(i) or {}
-    _check_shapes(graph, i, a)
+    check_tensor_shapes(graph, i, a)
     devs = set(a.get("tensor_devices") or ())
     if gpu_devices and devs and not (devs & gpu_devices):
         return []   # an op on host tensors in a CUDA run: CPU work

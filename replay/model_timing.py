@@ -25,7 +25,7 @@ from chakra_schema.errors import TraceInputError, printable
 from chakra_schema.graph import CommType, EdgeKind, ExecutionGraph, OpKind
 
 from .fabric import SharedLinkFabric
-from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, kernel_class,
+from .hardware.compute import (ComputeModel, OpEstimate, _dtype_of, arg_list, kernel_class,
                                launching_op, peak_ratio, traced_kernel_class)
 from .hardware.config import HardwareConfig, get_hardware, recorded_device_names, trace_hardware
 from .hardware.kernel_models import CONTENDED, STRIDED_KEY, apply_class_model, communication_contention
@@ -175,8 +175,8 @@ class _ModelBase:
         if "dtype" in a:
             return str(a["dtype"])
         host = launching_op(graph, i)
-        types = graph.attr(host, "input_types", []) if host >= 0 else []
-        return _dtype_of(types if isinstance(types, (list, tuple)) else [], graph.name[i])[0]
+        types = arg_list(graph.attrs.get(host) or {}, "input_types") if host >= 0 else []
+        return _dtype_of(types, graph.name[i])[0]
 
 
 # Share of the recorded kernel time that unmodelled kernels may hold before model mode says so

@@ -120,6 +120,16 @@ def steady_state(values: list[float]) -> float:
     return float(np.mean(tail)) if tail else 0.0
 
 
+def _share_time(groups) -> bool:
+    """Every group's steps overlap on the recorded clock (False when a step has no recorded time)."""
+    for steps in groups:
+        if any(s.measured_start_us is None or not s.measured_us for s in steps):
+            return False
+        if max(s.measured_start_us for s in steps) >= min(s.measured_start_us + s.measured_us for s in steps):
+            return False
+    return True
+
+
 @dataclass
 class ReplayResult:
     steps: list[StepResult]
@@ -130,38 +140,49 @@ class ReplayResult:
     inference: list = field(default_factory=list)   # (rank, et_kernels.InferenceReport) per ET-only rank
 
     def job_step_groups(self) -> tuple[dict[str, list[StepResult]], str | None]:
-        """The ranks' steps grouped into job steps, by name; when the ranks name their steps differently (the
-        profiler began at another iteration on some rank: ProfilerStep#12-14 beside #2-4) but each holds as
-        many, by order under the lowest rank's names, with a note saying so."""
+        """The ranks' steps grouped into job steps, by name. When every rank holds as many steps but the names
+        do not pair them - they share nothing (the profiler began at another iteration on some rank:
+        ProfilerStep#12-14 beside #2-4), or, on the recorded clock, steps of one name do not overlap in time
+        while each rank's k-th steps do (#3-5 beside #2-4 over the same iterations; one name for every step) -
+        they pair by order, under the lowest rank's names, with a note saying so."""
         by_rank: dict[int, list[StepResult]] = {}
         for s in self.steps:
             by_rank.setdefault(s.rank, []).append(s)
         for steps in by_rank.values():
             steps.sort(key=lambda s: s.start_us)
-        names = {r: [s.name for s in v] for r, v in by_rank.items()}
-        first = min(names) if names else 0
-        # pair by order only when the names share nothing (#12-14 beside #2-4): names that overlap in part
-        # (#2-4 beside #3-5) name the same iterations and pair by name
-        differ = [r for r in names if set(names[r]) != set(names[first])]
-        disjoint = all(not set(names[r]) & set(names[first]) for r in differ)
-        if differ and disjoint and len({len(v) for v in names.values()}) == 1 \
-                and all(len(set(v)) == len(v) for v in names.values()):
-            groups: dict[str, list[StepResult]] = {}
-            for r, steps in by_rank.items():
-                for k, s in enumerate(steps):
-                    groups.setdefault(names[first][k], []).append(s)
-            r = differ[0]
-            return groups, (f"ranks name their steps differently (rank {r}: {names[r][0]}..{names[r][-1]}, rank "
-                            f"{first}: {names[first][0]}..{names[first][-1]}): job steps pair each rank's k-th step, "
-                            f"named as on rank {first}")
-        groups = {}
+        by_name: dict[str, list[StepResult]] = {}
         for s in self.steps:
-            groups.setdefault(s.name, []).append(s)
-        return groups, None
+            by_name.setdefault(s.name, []).append(s)
+        names = {r: [s.name for s in v] for r, v in by_rank.items()}
+        if len({len(v) for v in names.values()}) != 1:
+            few, many = min(names, key=lambda r: len(names[r])), max(names, key=lambda r: len(names[r]))
+            if set(names[few]) & set(names[many]):
+                return by_name, None
+            return by_name, (f"ranks hold different steps (rank {few}: {len(names[few])}, {names[few][0]}; rank "
+                             f"{many}: {len(names[many])}, {names[many][0]}..{names[many][-1]}): job steps pair "
+                             f"them by name, so each holds only some ranks")
+        first = min(names)
+        differ = [r for r in names if names[r] != names[first]]
+        disjoint = all(not set(names[r]) & set(names[first]) for r in differ)
+        unique = len(set(names[first])) == len(names[first])
+        labels = names[first] if unique else [f"step {k + 1} ({n})" for k, n in enumerate(names[first])]
+        by_order: dict[str, list[StepResult]] = {}
+        for steps in by_rank.values():
+            for k, s in enumerate(steps):
+                by_order.setdefault(labels[k], []).append(s)
+        if differ and disjoint and all(len(set(v)) == len(v) for v in names.values()):
+            why = "ranks name their steps differently"
+        elif _share_time(by_order.values()) and not _share_time(by_name.values()):
+            why = "steps of one name do not overlap in recorded time across ranks"
+        else:
+            return by_name, None
+        shown = [differ[0], first] if differ else [first]
+        seen = ", ".join(f"rank {r}: {names[r][0]}..{names[r][-1]}" for r in shown)
+        return by_order, f"{why} ({seen}): job steps pair each rank's k-th step, named as on rank {first}"
 
     @property
     def step_pairing_note(self) -> str | None:
-        """Why job steps pair the ranks' steps by order, not by name (None when the names match)."""
+        """Why job steps pair the ranks' steps by order, or hold only some ranks (None when the names match)."""
         return self.job_step_groups()[1]
 
     @property

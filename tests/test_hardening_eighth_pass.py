@@ -354,9 +354,10 @@ def test_legal_convolution_padding_is_read(kernel, padding):
     assert geo is not None and geo.out_spatial == (56 + 2 * padding - kernel + 1) ** 2
 
 
-def test_ranks_whose_step_names_overlap_in_part_pair_by_name(tmp_path):
-    """#2-4 beside #3-5 name the same iterations #3 and #4: job steps pair them by name (5 job steps), not
-    by position (which pairs only disjoint numberings)."""
+def test_ranks_whose_step_names_are_shifted_over_the_same_iterations_pair_by_recorded_time(tmp_path):
+    """Rank 1 names the iterations the others call #2-4 as #3-5 (same recorded spans): pairing by name made
+    each job step span two iterations (its measured time near twice the step); the k-th steps overlap in
+    time, so they pair by order, with a note, and the job step is measured as the unrenamed trace's."""
     import gzip
 
     from chakra_schema.inputs import load_graphs
@@ -369,8 +370,10 @@ def test_ranks_whose_step_names_overlap_in_part_pair_by_name(tmp_path):
                 text = text.replace(f"ProfilerStep#{k}", f"ProfilerStep#{k + 1}")
         (tmp_path / f"device.{r}.json.gz").write_bytes(gzip.compress(text.encode()))
     result = run_replay(load_graphs([], kineto_pattern=str(tmp_path / "device.{rank}.json.gz")), mode="trace")
-    assert result.step_pairing_note is None
-    assert sorted(j.name for j in result.job_steps) == [f"ProfilerStep#{k}" for k in (2, 3, 4, 5)]
+    original = run_replay(load_graphs([], kineto_pattern=str(src / "device.{rank}.json.gz")), mode="trace")
+    assert "do not overlap in recorded time" in result.step_pairing_note
+    assert [(j.name, j.ranks) for j in result.job_steps] == [(f"ProfilerStep#{k}", 4) for k in (2, 3, 4)]
+    assert result.measured_job_step_time_us == pytest.approx(original.measured_job_step_time_us, rel=1e-9)
 
 
 def test_not_applicable_reads_as_none_only_where_a_column_may_be_none(tmp_path):

@@ -32,6 +32,7 @@ from estimators.moe.routing import MaskedSource, RoutingSource, check_against_mo
 from estimators.moe.options import MoEOptions
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
 from estimators.parallelism.memory import GIB, hbm_capacity_gib
+from estimators.parallelism.timing import check_precision_support
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
 from estimators.registry import register_options, register_whatif
@@ -239,6 +240,8 @@ def moe(scenario: Scenario, progress=None) -> Prediction:
     model = scenario.model
     if model.moe is None:
         raise TraceInputError(None, f"model '{model.name}' has no MoE layers")
+    check_precision_support(scenario.hardware, scenario.plan.precision, scenario.plan.fp8_recipe,
+                            "training" if opts.phase == "train" else "serving")
     layout = ep_layout(scenario, opts)
     _check_serving(scenario, opts)
     if opts.phase == "train":  # one routing window per micro-batch (up to timed_windows)

@@ -186,14 +186,15 @@ def _main_search(args) -> int:
     # hold for every candidate
     carry = dataclasses.replace(base.plan, **_carried_flags(args))
     space = SearchSpace.constrained(SearchSpace.keeping(carry), **fixed)
-    # `--set plan.gpus=N` sizes the job, as it does without --search
-    gpus = base.plan.gpus if "plan.gpus" in set_keys else args.gpus
-    ranked = rank_plans(base.model, base.hardware, gpus, args.seq_len, args.global_batch, args.precision, space)
+    # `--set plan.gpus=N` (seq_len, global_batch, precision) sets the job, as it does without --search
+    gpus, seq_len, global_batch, precision = (getattr(base.plan if f"plan.{k}" in set_keys else args, k)
+                                              for k in ("gpus", "seq_len", "global_batch", "precision"))
+    ranked = rank_plans(base.model, base.hardware, gpus, seq_len, global_batch, precision, space)
     given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fixed.items() if v is not None and k != "sequence_parallel")
     given += " --no-sequence-parallel" if args.no_sequence_parallel else ""
     if not ranked.candidates:
         raise TraceInputError(None, f"no valid plan of {gpus} GPUs for {model.name} with global batch "
-                                    f"{args.global_batch} and sequence length {args.seq_len}"
+                                    f"{global_batch} and sequence length {seq_len}"
                                     + (f" under {given}" if given else ""))
     if not ranked.fitting:
         raise TraceInputError(None, f"no valid plan of {gpus} GPUs fits {model.name} in memory on {hw.name} "

@@ -13,6 +13,8 @@ is the only hint. Argument positions: PyTorch's native_functions.yaml.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -88,6 +90,9 @@ class AttentionGeometry:
     causal: bool | None       # None: the trace does not say
 
 
+_INTEGER = re.compile(r"-?[0-9]+")   # ASCII digits only: str.isdigit() also takes '²' and '١٢'
+
+
 def signature_of(op: str) -> AttentionSignature | None:
     return ATTENTION_SIGNATURES.get(op.split("::")[-1].lower())
 
@@ -111,10 +116,13 @@ def attention_geometry(op: str, shapes: Sequence[Any], values: Any = ()) -> Atte
     # at most max_q / max_k tokens, taken as that many full ones; a max past the tokens is not a packing
     max_q, max_k = _int(values, sig.max_q), _int(values, sig.max_k)
     packed = b == 1 and max_q is not None and max_k is not None and 0 < max_q <= sq and 0 < max_k <= skv
-    if packed:
-        b, sq, skv = max(1, sq // max_q), max_q, max_k
+    if packed:   # at least as many sequences as either side needs; no side holds more tokens than recorded
+        b = max(1, sq // max_q, skv // max_k)
+        sq, skv = min(max_q, max(1, sq // b)), min(max_k, max(1, skv // b))
     elif len(q) == 3:
         return None          # variable-length without its max lengths: the sequences are unknown
+    if v is not None and len(v) == len(q) and min(v) <= 0:
+        return None
     dv = v[-1] if v is not None and len(v) == len(q) else d
     return AttentionGeometry(b, h, kvh, sq, skv, d, dv, sig.backward, _causal(values, sig))
 
@@ -132,7 +140,7 @@ def _int(values: Sequence[Any], pos: int | None) -> int | None:
         return None
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+    if isinstance(raw, str) and _INTEGER.fullmatch(raw.strip()):
         return int(raw.strip())
     return None
 

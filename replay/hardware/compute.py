@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from chakra_schema.errors import TraceInputError
 from chakra_schema.graph import EdgeKind, ExecutionGraph, OpKind
 from chakra_schema.op_names import CONVOLUTION_OP
 
@@ -452,11 +453,35 @@ class ComputeModel:
         if host < 0:
             return None
         ha = graph.attrs.get(host) or {}
-        shapes = ha.get("input_shapes")
+        check_tensor_shapes(graph, host, ha)
+        shapes = arg_list(ha, "input_shapes")
         if not shapes:
             return None
-        return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, ha.get("input_types") or [],
-                                    ha.get("input_values") or (), ha.get("output_shapes") or ())
+        return estimate_from_shapes(self, graph.name[i], graph.name[host], shapes, arg_list(ha, "input_types"),
+                                    ha.get("input_values") or (), arg_list(ha, "output_shapes"))
+
+
+# More elements than any GPU holds (2^40: a terabyte at one byte each): a corrupt shape, refused rather than
+# timed as a step of 1e70 us (and multi_tensor_apply's launch groups would take hours to count)
+_MAX_TENSOR_ELEMENTS = 1 << 40
+
+
+def check_tensor_shapes(graph: ExecutionGraph, i: int, a: Mapping[str, Any]) -> None:
+    """Refuse (TraceInputError) an op recording a tensor no GPU holds: its file is corrupt, and timing it
+    from its shapes would give a step of years."""
+    def numels(shapes):
+        for sh in shapes if isinstance(shapes, (list, tuple)) else ():
+            if isinstance(sh, (list, tuple)) and sh and all(isinstance(x, int) for x in sh):
+                yield sh, math.prod(sh)
+            elif isinstance(sh, (list, tuple)):
+                yield from numels(sh)     # a tensor list
+    for key in ("input_shapes", "output_shapes"):
+        for sh, n in numels(a.get(key)):
+            if n > _MAX_TENSOR_ELEMENTS:
+                raise TraceInputError((graph.metadata or {}).get("source_path"),
+                                      f"node {int(graph.node_id[i])} ({graph.name[i]}): tensor shape "
+                                      f"{sh[:8]}{'...' if len(sh) > 8 else ''} is not a tensor any GPU holds "
+                                      f"({float(n):.3g} elements)")
 
 
 def traced_kernel_class(graph: ExecutionGraph, i: int) -> tuple[str, str]:
@@ -468,8 +493,16 @@ def traced_kernel_class(graph: ExecutionGraph, i: int) -> tuple[str, str]:
         return "memset", "fp32"
     host = launching_op(graph, i)
     op = graph.name[host] if host >= 0 else ""
-    types = (graph.attrs.get(host) or {}).get("input_types") or [] if host >= 0 else []
+    types = arg_list(graph.attrs.get(host) or {}, "input_types") if host >= 0 else []
     return classify_kernel(graph.name[i], op).cls, _dtype_of(types, graph.name[i])[0]
+
+
+def arg_list(attrs: Mapping[str, Any], key: str) -> Sequence[Any]:
+    """A recorded argument column (input_shapes, input_types, ...): a list, else nothing to infer from (a
+    writer's `"Input type": 5` is as uninformative as a missing one, and must not reach the per-argument
+    loops)."""
+    v = attrs.get(key)
+    return v if isinstance(v, (list, tuple)) else []
 
 
 def _copy_direction(name: str, attrs: Mapping[str, Any]) -> str:

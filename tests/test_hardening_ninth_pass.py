@@ -1,0 +1,155 @@
+"""Fuzzing pass 38: inputs that gave a traceback, an absurd figure or a silently ignored option."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chakra_schema.errors import TraceInputError
+from replay.hardware.attention_args import attention_geometry
+
+ROOT = Path(__file__).resolve().parents[1]
+SDPA = ROOT / "tests" / "data" / "h100" / "kernels_sdpa"
+# (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, scale)
+FLASH = "aten::_flash_attention_forward"
+
+
+def _flash_values(max_q, max_k, causal="True"):
+    return ["", "", "", "", "", max_q, max_k, "0.", causal, "False", ""]
+
+
+@pytest.mark.parametrize("raw", ["--5", "\u00b2", "\u0661\u0662", "5-", "1e3"])
+def test_a_max_length_that_is_not_an_ascii_integer_reads_as_unknown(raw):
+    """str.isdigit() took '²' and '١٢', and lstrip('-') took '--5': int() then raised a traceback. Such a
+    value now reads as absent, and a variable-length batch without its max length has no geometry."""
+    shapes = [[8192, 32, 128], [8192, 8, 128], [8192, 8, 128]]
+    assert attention_geometry(FLASH, shapes, _flash_values(raw, "2048")) is None
+
+
+def test_a_packed_batch_never_implies_more_key_tokens_than_the_key_tensor_holds():
+    """max_q 1 beside max_k 8192 on 8192 packed tokens: 8192 one-query sequences used to get 8192 keys each
+    (64 million key tokens from an 8192-token tensor: a 92x step). The sequence count now serves both
+    sides: 8192 sequences, each with 8192 / 8192 = 1 key."""
+    shapes = [[8192, 32, 128], [8192, 8, 128], [8192, 8, 128]]
+    g = attention_geometry(FLASH, shapes, _flash_values("1", "8192"))
+    assert (g.batch, g.seq_q, g.seq_kv) == (8192, 1, 1)
+    even = attention_geometry(FLASH, shapes, _flash_values("2048", "2048"))   # the usual case is unchanged
+    assert (even.batch, even.seq_q, even.seq_kv) == (4, 2048, 2048)
+
+
+def test_a_value_tensor_with_a_non_positive_dim_gives_no_geometry():
+    """Only q and k were checked: a value head dim of -1000 made the FLOPs negative (a 16 ms step read 5 ms)."""
+    q = [4, 2048, 32, 128]
+    assert attention_geometry("aten::_efficient_attention_forward", [q, q, [4, 2048, 32, -1000]]) is None
+    assert attention_geometry("aten::_efficient_attention_forward", [q, q, q]) is not None
+
+
+def _mutated_sdpa(tmp_path: Path, mutate) -> Path:
+    data = json.loads(gzip.decompress((SDPA / "device.0.json.gz").read_bytes()))
+    for e in data["traceEvents"]:
+        if e.get("cat") == "cpu_op" and "attention" in e.get("name", ""):
+            mutate(e["args"])
+    out = tmp_path / "device.0.json.gz"
+    out.write_bytes(gzip.compress(json.dumps(data).encode()))
+    return out
+
+
+def _replay_model(path: Path):
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    return run_replay(load_graphs([], kineto_pattern=str(path)), mode="model", hardware="h100-sxm")
+
+
+def test_input_types_that_are_not_a_list_are_read_as_absent(tmp_path):
+    """`"Input type": 5` raised a TypeError traceback in the dtype lookup; it now reads as no types."""
+    def bad_types(args):
+        args["Input type"] = 5
+    result = _replay_model(_mutated_sdpa(tmp_path, bad_types))
+    assert result.step_time_us > 0
+
+
+def test_a_recorded_tensor_no_gpu_holds_is_refused_in_kineto_model_timing(tmp_path):
+    """The ET-only path refused a [4, 32, 1e9, 128] query; the Kineto path timed it as a 40-year step."""
+    def huge(args):
+        args["Input Dims"][0] = [4, 32, 10 ** 9, 128]
+    path = _mutated_sdpa(tmp_path, huge)
+    with pytest.raises(TraceInputError, match="is not a tensor any GPU holds") as err:
+        _replay_model(path)
+    assert str(path) in str(err.value)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lumos_sim", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_search_holds_the_job_that_set_overrides_describe():
+    """--search took seq_len, global_batch and precision from the flags' defaults, whatever --set said."""
+    p = _cli("whatif", "parallelism", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096",
+             "--global-batch", "64", "--search", "--top-k", "1", "--json", "--set", "plan.seq_len=8192",
+             "--set", "plan.global_batch=128", "--set", "plan.precision=fp8")
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)[0]["plan"]
+    assert (plan["seq_len"], plan["global_batch"], plan["precision"]) == (8192, 128, "fp8")
+
+
+def test_fp8_serving_on_a_gpu_without_fp8_tensor_cores_is_refused():
+    """The train phase and `bench gemm` refused FP8 on a V100; prefill and decode predicted it faster than bf16."""
+    p = _cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", "8", "--precision", "fp8",
+             "--hardware", "v100-sxm2", "--json")
+    assert p.returncode == 2
+    assert p.stderr.strip().endswith("FP8 serving needs FP8 tensor cores; v100-sxm2 (V100 SXM2 32GB) has none: "
+                                     "use --precision bf16")
+
+
+def test_steps_that_all_share_one_name_pair_by_order(tmp_path):
+    """Every step named ProfilerStep#2 on 4 ranks made one job step of 12 rank-steps spanning the whole trace;
+    each rank's k-th steps overlap in recorded time, so there are 3 job steps of 4 ranks."""
+    import re
+
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced"
+    for r in range(4):
+        text = gzip.decompress((src / f"device.{r}.json.gz").read_bytes()).decode()
+        text = re.sub(r"ProfilerStep#\d+", "ProfilerStep#2", text)
+        (tmp_path / f"device.{r}.json.gz").write_bytes(gzip.compress(text.encode()))
+    result = run_replay(load_graphs([], kineto_pattern=str(tmp_path / "device.{rank}.json.gz")), mode="trace")
+    original = run_replay(load_graphs([], kineto_pattern=str(src / "device.{rank}.json.gz")), mode="trace")
+    assert [j.ranks for j in result.job_steps] == [4, 4, 4]
+    assert "do not overlap in recorded time" in result.step_pairing_note
+    assert result.measured_job_step_time_us == pytest.approx(original.measured_job_step_time_us, rel=1e-9)
+
+
+@pytest.mark.parametrize("top_k", [8, 24, 64])
+def test_synthetic_routing_gives_each_token_distinct_experts_at_any_top_k(top_k):
+    """Redraws are checked against a table of each token's experts (top-k 128 of 128 took over 5 minutes when
+    every pair was compared); from a quarter of the experts on, the rest are free experts at random."""
+    import numpy as np
+
+    from estimators.moe.synthetic import SyntheticSource, SyntheticSpec
+    src = SyntheticSource(SyntheticSpec(tokens=2048, layers=2, experts=64, top_k=top_k, skew=1.5))
+    picks = np.concatenate([c for _, c in src.chunks()]).astype(int)       # [tokens, layers, top_k]
+    ordered = np.sort(picks, axis=2)
+    assert picks.shape == (2048, 2, top_k)
+    assert (np.diff(ordered, axis=2) > 0).all() and picks.min() >= 0 and picks.max() < 64
+    if top_k == 64:      # every expert, once per token
+        assert (ordered == np.arange(64)).all()
+
+
+def test_synthetic_routing_keeps_its_skew_when_tokens_redraw():
+    """A Zipf skew of 1.5 over 64 experts at top-2: the layer's most popular expert gets well over the
+    2 / 64 of picks an even router gives (redraws must not flatten the popularity they resample)."""
+    import numpy as np
+
+    from estimators.moe.synthetic import SyntheticSource, SyntheticSpec
+    src = SyntheticSource(SyntheticSpec(tokens=8192, layers=1, experts=64, top_k=2, skew=1.5, skew_jitter=0.0,
+                                        cluster_affinity=0.0, drift=0.0, domain_share=0.0))
+    picks = np.concatenate([c for _, c in src.chunks()]).astype(int)[:, 0, :]
+    share = np.bincount(picks.ravel(), minlength=64).max() / picks.size
+    # Zipf 1.5 over 64 ranks: the first holds 1 / sum(r^-1.5) = 0.41 of one draw; two distinct picks per token
+    # hold it at most once, so its share of picks is about 0.41 / 2 plus its redraw share
+    assert 0.15 < share < 0.5
