@@ -7,7 +7,7 @@ from chakra_schema.errors import TraceInputError
 from replay.hardware import config as hwconfig
 from replay.hardware import get_hardware, guess_hardware, list_hardware, load_hardware_file, trace_hardware
 
-REQUIRED = {"h100-sxm", "h200", "h800", "a100-sxm-40gb", "a100-sxm-80gb", "v100-sxm2", "b200"}
+REQUIRED = {"h100-sxm", "h200", "h800", "a100-sxm-40gb", "a100-sxm-80gb", "v100-sxm2", "b200", "gb200"}
 
 
 def test_all_required_presets_load_as_typed_configs():
@@ -50,6 +50,12 @@ def test_vendor_figures_from_the_reference():
     # Blackwell's tensor cores scale MX blocks natively; Hopper's take one scale per operand
     assert get_hardware("b200").gpu.block_scaled_formats == ("mxfp8", "nvfp4")
     assert get_hardware("h100-sxm").gpu.block_scaled_formats == ()
+    # GB200 NVL72: the B200 silicon at 1.2 kW (2.5 PF dense BF16), 372 GB / 16 TB/s per 2-GPU superchip,
+    # 72 GPUs per NVLink domain with a 400G NIC each
+    gb200 = get_hardware("gb200")
+    assert gb200.gpu.peak_tflops["bf16"] == 2500 and gb200.gpu.peak_tflops["fp8"] == 5000
+    assert gb200.gpu.memory_gb == 372 / 2 and gb200.gpu.hbm_bw_gbs == 16000 / 2
+    assert (gb200.node.gpus_per_node, gb200.network.nics_per_node, gb200.node.nvlink_bw_gbs) == (72, 72, 900)
 
 
 def test_a100_sxm_is_an_alias_of_the_80gb_preset():
@@ -104,7 +110,7 @@ def test_unknown_name_is_an_input_error():
     ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
     ("NVIDIA A100-PG509-200", "a100-sxm-40gb"), ("Tesla V100-SXM2-32GB", "v100-sxm2"),
     ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200"), ("NVIDIA H800", "h800"),
-    ("NVIDIA B200", "b200"),
+    ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"),
 ])
 def test_guess_preset_from_kineto_device_name(device, preset):
     assert guess_hardware(device).name == preset

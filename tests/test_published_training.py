@@ -478,7 +478,7 @@ def test_a_row_runs_on_the_gpu_its_gpu_column_names(rows, tmp_path):
     """A row's GPU column picks its hardware (Megatron-Bridge's tables mix DGX-H100, DGX-B200, DGX-GB200
     rows): B200 runs on the b200 preset, "A100 80GB" on the 80 GB A100 even in a 40 GB case, an H100 row keeps
     the case's own H100 preset (a user's too), an empty column the case's hardware; a GPU no preset describes
-    (GB300: "B200" inside it is not a word) fails that row with a one-line reason instead of being predicted
+    (GB300: "B200" inside it is not a word; GB200 has its own) fails that row with a one-line reason instead of being predicted
     as another GPU."""
     import dataclasses
 
@@ -494,7 +494,8 @@ def test_a_row_runs_on_the_gpu_its_gpu_column_names(rows, tmp_path):
     own = tmp_path / "cluster-a.toml"
     own.write_text('name = "cluster-a"\ndescription = "our H100 cluster"\nextends = "h100-sxm"\n')
     assert row_hardware(rows[23], str(own)).name == "cluster-a"
-    for gpu in ("DGX-GB300", "GB200"):
+    assert row_hardware(dataclasses.replace(rows[23], gpu="DGX-GB200"), "h100-sxm").name == "gb200"
+    for gpu in ("DGX-GB300", "MI300X"):
         err = run_row(dataclasses.replace(rows[23], gpu=gpu), "h100-sxm").error
         assert err.startswith(f"no hardware preset for the row's GPU '{gpu}'") and "\n" not in err
 
