@@ -55,3 +55,25 @@ def test_a_deployment_beyond_gpu_memory_is_flagged_out_of_memory():
     # 128 requests x 32768 tokens x 70,272 bytes = 295 GB of latent cache alone
     assert d["oom"] is True and d["memory_gib_per_gpu"] > 128 * 32768 * 61 * 576 * 2 / 2 ** 30
     assert any("OUT OF MEMORY" in n for n in d["notes"])
+
+
+def test_an_fp8_kv_cache_holds_one_byte_per_element_and_halves_a_memory_bound_decode_attention():
+    """`--kv-dtype fp8` (FP8 KV caches in FlashMLA / FlashInfer / TensorRT-LLM): DeepSeek-V3 at 64 sequences of
+    32K tokens per GPU holds 64 x 32768 x 61 layers x 576 latent elements at one byte; Qwen3-235B's GQA decode
+    (4 KV heads of 128, attention DP: every GPU reads its own sequences' cache) is bound by reading the cache,
+    so its attention time halves."""
+    import json
+
+    def run(model, kv, ep):
+        p = subprocess.run([sys.executable, "-m", "lumos_sim", "whatif", "moe", "--model", model, "--hardware",
+                            "h200", "--phase", "decode", "--ep", str(ep), "--tokens", "32", "--context", "32768",
+                            "--precision", "fp8", "--kv-dtype", kv, "--json"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+    bf16, fp8 = run("deepseek-v3", "bf16", 16), run("deepseek-v3", "fp8", 16)
+    assert fp8["serving_memory_gib"]["kv_cache"] == pytest.approx(32 * 32768 * 61 * 576 * 1 / 2 ** 30, rel=1e-9)
+    assert bf16["serving_memory_gib"]["kv_cache"] == pytest.approx(2 * fp8["serving_memory_gib"]["kv_cache"])
+    qb, qf = run("qwen3-235b-a22b", "bf16", 8), run("qwen3-235b-a22b", "fp8", 8)
+    assert qf["serving_parts_us"]["attention"] == pytest.approx(qb["serving_parts_us"]["attention"] / 2, rel=0.1)
+    assert "FP8 KV cache" in qf["notes"][-1]

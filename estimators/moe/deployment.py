@@ -4,7 +4,8 @@ One `[deployment]` table; every key is optional except `model` and `ep`, and mir
 `lumos-sim whatif moe` flag (a flag given on the command line wins over the file):
 
     model, hardware, ep, gpus_per_node, placement, redundant_experts, groups, groups_per_token, phase,
-    tokens, context, precision, attention_tp, overlap, mtp_acceptance, routing, expert_load, group_by, fit
+    tokens, context, precision, kv_dtype, attention_tp, overlap, mtp_acceptance, routing, expert_load, group_by,
+    fit
 
 plus statements of the published layout that are checked, not assumed (a mismatch is an error):
 `routed_slots_per_gpu` ((experts + redundant) / ep), `shared_experts_per_gpu` (the model's shared
@@ -23,7 +24,7 @@ FIELDS: dict[str, type] = {
     "model": str, "hardware": str, "ep": int, "gpus_per_node": int, "placement": str, "redundant_experts": int,
     "groups": int, "groups_per_token": int, "phase": str, "tokens": int, "context": int, "precision": str,
     "attention_tp": int, "overlap": str, "mtp_acceptance": float, "routing": str, "expert_load": str,
-    "group_by": str, "fit": str,
+    "group_by": str, "fit": str, "kv_dtype": str,
 }
 CHECKS = ("routed_slots_per_gpu", "shared_experts_per_gpu", "attention_dp")
 TEXT = ("source", "description")

@@ -11,6 +11,7 @@ from estimators.moe.placement import PLACEMENTS, SLOTTED
 PHASES = ("prefill", "decode", "train")
 FITS = ("first-half", "prefill", "all")
 GROUP_BY = ("none", "domain")
+KV_DTYPES = ("bf16", "fp8")
 OVERLAPS = OVERLAP_CHOICES
 
 
@@ -45,6 +46,7 @@ class MoEOptions:
     attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
     overlap: str = "none"              # inference: none | dual-batch | dual-batch-ideal (estimators.moe.overlap)
     mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
+    kv_dtype: str = "bf16"             # inference: KV-cache element type (fp8: an FP8 cache, 1 byte per element)
     sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
                                        # counts of the evaluated tokens' expert loads, not token by token
 
@@ -52,7 +54,7 @@ class MoEOptions:
         def bad(msg: str) -> None:
             raise TraceInputError(None, f"moe.{msg}")
         for name, choices in (("placement", PLACEMENTS), ("phase", PHASES), ("fit", FITS), ("group_by", GROUP_BY),
-                              ("overlap", OVERLAPS)):
+                              ("overlap", OVERLAPS), ("kv_dtype", KV_DTYPES)):
             check_choice(f"moe.{name}", getattr(self, name), choices)
         for name in ("redundant_experts", "groups", "groups_per_token", "tokens"):
             if getattr(self, name) < 0:

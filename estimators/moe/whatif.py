@@ -442,7 +442,7 @@ def _prediction(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Spl
 # ------------------------------------------------------------------------------------------ inference
 def serving_spec(scenario: Scenario, opts: MoEOptions, layout: Layout) -> ServingSpec:
     return ServingSpec(opts.phase, layout.tokens_per_gpu, opts.context, opts.attention_tp, opts.overlap,
-                       opts.mtp_acceptance, scenario.plan.precision)
+                       opts.mtp_acceptance, scenario.plan.precision, kv_bytes=1 if opts.kv_dtype == "fp8" else 2)
 
 
 def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: PlacementCost, timer: LayerTimer,
@@ -488,7 +488,8 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
                           "or more GPUs")
     what = "input" if opts.phase == "prefill" else "output"
     pred.notes.append(f"{opts.phase}: {layout.tokens_per_gpu} routed tokens per GPU per forward on EP{layout.gpus}, "
-                      f"{opts.context}-token {'prompts' if opts.phase == 'prefill' else 'KV cache'}, attention "
+                      f"{opts.context}-token {'prompts' if opts.phase == 'prefill' else opts.kv_dtype.upper() + ' KV cache'}"
+                      f", attention "
                       f"{'TP' + str(opts.attention_tp) if opts.attention_tp > 1 else 'DP' + str(layout.gpus)}, "
                       f"overlap {opts.overlap}: {per_node:,.0f} {what} tokens/s per {node_gpus}-GPU node")
 

@@ -63,6 +63,9 @@ def register_moe(wsub) -> None:
                         "an all-to-all hidden behind the other's stages until it is received; dual-batch-ideal: "
                         "behind any compute (an upper bound); default none")
     p.add_argument("--mtp-acceptance", type=float, help="decode: acceptance rate of each MTP draft token")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"),
+                   help="inference: KV-cache element type (fp8: an FP8 cache, half the bytes held and read; "
+                        "default bf16)")
     p.add_argument("--fit", choices=["first-half", "prefill", "all"],
                    help="which tokens the placement is fitted on (evaluated on the others)")
     p.add_argument("--hardware", help="hardware preset name or TOML path (default h100-sxm)")
@@ -81,7 +84,7 @@ def register_moe(wsub) -> None:
 
 DEFAULTS = {"routing": "synthetic", "expert_load": "", "placement": "contiguous", "redundant_experts": 0,
             "groups": 0, "groups_per_token": 0, "group_by": "none", "phase": "decode", "tokens": 0,
-            "context": 4096, "attention_tp": 1, "overlap": "none", "mtp_acceptance": 0.0, "fit": "first-half",
+            "context": 4096, "attention_tp": 1, "overlap": "none", "mtp_acceptance": 0.0, "kv_dtype": "bf16", "fit": "first-half",
             "hardware": "h100-sxm", "precision": "bf16", "gpus_per_node": None}
 
 
@@ -134,7 +137,8 @@ def scenario_from_args(args):
             routing=st["routing"], expert_load=st["expert_load"] or "", placement=st["placement"],
             redundant_experts=st["redundant_experts"], groups=st["groups"], groups_per_token=st["groups_per_token"],
             group_by=st["group_by"], phase=st["phase"], tokens=st["tokens"], context=st["context"], fit=st["fit"],
-            attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"])
+            attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"],
+            kv_dtype=st["kv_dtype"])
     except TraceInputError as e:
         raise _from_deployment_file(e, args, st) from None
     if st["_stated"]:
