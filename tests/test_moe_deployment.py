@@ -285,3 +285,37 @@ def test_decode_with_mtp_reads_each_sequences_kv_cache_once_per_step(monkeypatch
     monkeypatch.setattr(at.c, "memory_op", lambda nbytes, *a, **k: seen.append(nbytes) or real(nbytes, *a, **k))
     at.attention_us(256, m.layers - 1)
     assert max(seen) == 128 * 4096 * per_token * 2
+
+
+def test_mtp_with_more_drafts_than_modules_reuses_the_last_and_emits_the_published_length(capsys):
+    """SGLang's and TensorRT-LLM's MTP 3 on DeepSeek-V3 (one MTP module) draft 3 tokens a step with the same
+    module: a step verifies 1 + 3 tokens per sequence, runs the module 3 times and emits
+    1 + a + a^2 + a^3 tokens (a = 0.85: 3.186625), or the acceptance length a source publishes (2.44)."""
+    base = ["--model", "deepseek-v3", "--set", "model.layers=5", "--hardware", "h200", "--phase", "decode",
+            "--ep", "16", "--tokens", "8", "--context", "4096", "--json"]
+    runs = {}
+    for name, extra in (("one", ["--tokens", "4", "--mtp-acceptance", "0.85"]),
+                        ("three", ["--mtp-acceptance", "0.85", "--mtp-draft-tokens", "3"]),
+                        ("length", ["--mtp-acceptance-length", "2.44", "--mtp-draft-tokens", "3"])):
+        code, out, err = _run(capsys, *base, *extra)
+        assert code == 0, err
+        runs[name] = json.loads(out)
+    one, three, length = (runs[k] for k in ("one", "three", "length"))
+    assert three["metrics"]["tokens_per_step_per_sequence"] == pytest.approx(1 + 0.85 + 0.85 ** 2 + 0.85 ** 3)
+    assert three["metrics"]["mtp_draft_tokens"] == 3 and one["metrics"]["mtp_draft_tokens"] == 1
+    # both verify 2 sequences per GPU (4 / (1 + 1), 8 / (1 + 3)): three module passes against one
+    assert 2.5 < three["serving_parts_us"]["mtp"] / one["serving_parts_us"]["mtp"] < 3.5
+    m = length["metrics"]
+    assert m["tokens_per_step_per_sequence"] == 2.44
+    assert m["tokens_per_s_per_gpu"] == pytest.approx(2 * 2.44 / length["step_time_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mtp-draft-tokens", "3"], "mtp_draft_tokens needs mtp_acceptance or mtp_acceptance_length"),
+    (["--mtp-acceptance-length", "0.5"], "at least 1, got 0.5"),
+    (["--mtp-acceptance-length", "2", "--mtp-acceptance", "0.8"], "not both"),
+    (["--mtp-acceptance-length", "5", "--mtp-draft-tokens", "3"], "more than the 4 tokens a step verifies"),
+])
+def test_bad_mtp_settings_are_one_line_errors(capsys, args, message):
+    code, out, err = _run(capsys, *_deepseek("--ep", "16", "--phase", "decode", *args))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""

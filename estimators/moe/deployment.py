@@ -4,8 +4,8 @@ One `[deployment]` table; every key is optional except `model` and `ep`, and mir
 `lumos-sim whatif moe` flag (a flag given on the command line wins over the file):
 
     model, hardware, ep, gpus_per_node, placement, redundant_experts, groups, groups_per_token, phase,
-    tokens, context, precision, kv_dtype, attention_tp, overlap, mtp_acceptance, routing, expert_load, group_by,
-    fit
+    tokens, context, precision, kv_dtype, attention_tp, overlap, mtp_acceptance, mtp_acceptance_length,
+    mtp_draft_tokens, routing, expert_load, group_by, fit
 
 plus statements of the published layout that are checked, not assumed (a mismatch is an error):
 `routed_slots_per_gpu` ((experts + redundant) / ep), `shared_experts_per_gpu` (the model's shared
@@ -18,14 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from chakra_schema.errors import TraceInputError, read_toml
+from estimators.moe.options import MAX_DRAFT_TOKENS
 
 
 FIELDS: dict[str, type] = {
     "model": str, "hardware": str, "ep": int, "gpus_per_node": int, "placement": str, "redundant_experts": int,
     "groups": int, "groups_per_token": int, "phase": str, "tokens": int, "context": int, "precision": str,
     "attention_tp": int, "overlap": str, "mtp_acceptance": float, "routing": str, "expert_load": str,
-    "group_by": str, "fit": str, "kv_dtype": str,
+    "group_by": str, "fit": str, "kv_dtype": str, "mtp_acceptance_length": float, "mtp_draft_tokens": int,
 }
+FLOAT_RANGES = {"mtp_acceptance_length": (0.0, 1.0 + MAX_DRAFT_TOKENS)}   # other numbers are rates in [0, 1]
 CHECKS = ("routed_slots_per_gpu", "shared_experts_per_gpu", "attention_dp")
 TEXT = ("source", "description")
 MAX_INT = 1 << 20
@@ -50,8 +52,9 @@ def load_deployment(path: str | Path) -> dict[str, Any]:
         if want is int and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT):
             raise TraceInputError(p, f"'{key}' must be an integer in [0, {MAX_INT}], got {value!r}")
         if want is float:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-                raise TraceInputError(p, f"'{key}' must be a number in [0, 1], got {value!r}")
+            lo, hi = FLOAT_RANGES.get(key, (0.0, 1.0))
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
+                raise TraceInputError(p, f"'{key}' must be a number in [{lo:g}, {hi:g}], got {value!r}")
             value = float(value)
         if want is str and not isinstance(value, str):
             raise TraceInputError(p, f"'{key}' must be a string, got {value!r}")

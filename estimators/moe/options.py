@@ -22,6 +22,7 @@ MAX_SYNTHETIC_TOKENS = 1 << 24
 MAX_CONTEXT = 1 << 24                # tokens of a prompt / KV cache (16.7M)
 MAX_TOKENS = 10 ** 24                # a bound for arithmetic only: what fits a GPU is checked against its memory
 MAX_COUNT = 1 << 20                  # GPUs, expert slots, groups
+MAX_DRAFT_TOKENS = 16                # speculative windows in use are 1-8 tokens
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class MoEOptions:
     attention_tp: int = 1              # inference: GPUs per attention group (1: attention data-parallel)
     overlap: str = "none"              # inference: none | dual-batch | dual-batch-ideal (estimators.moe.overlap)
     mtp_acceptance: float = 0.0        # decode: acceptance rate of each MTP draft token (0: no MTP)
+    mtp_acceptance_length: float = 0.0  # decode: tokens a step emits per sequence, as published (instead of a rate)
+    mtp_draft_tokens: int = 0          # decode: draft tokens per step (0: the model's MTP layers; more reuse the
+                                       # last module, as SGLang's and TensorRT-LLM's MTP 3 do with DeepSeek's one)
     kv_dtype: str = "bf16"             # inference: KV-cache element type (fp8: an FP8 cache, 1 byte per element)
     sampled_window: int = 16384        # batches (EP x tokens) larger than this are costed on the expected
                                        # counts of the evaluated tokens' expert loads, not token by token
@@ -78,6 +82,15 @@ class MoEOptions:
             bad(f"seed must be >= 0, got {self.seed}")
         if not 0.0 <= self.mtp_acceptance <= 1.0:
             bad("mtp_acceptance must be in [0, 1]")
+        check_number("moe.mtp_acceptance_length", self.mtp_acceptance_length, 0)
+        if 0 < self.mtp_acceptance_length < 1:
+            bad(f"mtp_acceptance_length counts the verified token too: at least 1, got {self.mtp_acceptance_length}")
+        if self.mtp_acceptance and self.mtp_acceptance_length:
+            bad("give mtp_acceptance (a rate per draft token) or mtp_acceptance_length (tokens per step), not both")
+        if not 0 <= self.mtp_draft_tokens <= MAX_DRAFT_TOKENS:
+            bad(f"mtp_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {brief(self.mtp_draft_tokens)}")
+        if self.mtp_draft_tokens and not (self.mtp_acceptance or self.mtp_acceptance_length):
+            bad("mtp_draft_tokens needs mtp_acceptance or mtp_acceptance_length (how many drafts are kept)")
         if self.redundant_experts and self.placement not in SLOTTED:
             bad("redundant_experts needs placement = eplb (or eplb-fallback)")
         if self.tokens and self.phase == "train":   # training tokens are micro-batch x seq-len: not silently dropped

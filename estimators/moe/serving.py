@@ -28,10 +28,11 @@ runs on the rest, and they run PREFILL_A2A_BESIDE_COMPUTE times as long as alone
 training profile). "dual-batch-ideal": every all-to-all hidden behind any compute (an upper bound).
 "none": compute + communication.
 
-Multi-token prediction (decode, `mtp_acceptance` a > 0 with the model's `mtp_layers` d draft tokens): each
-step verifies 1 + d tokens per sequence (so `tokens` = sequences x (1 + d)), runs the d MTP modules (one
+Multi-token prediction (decode, `mtp_acceptance` a > 0 with d draft tokens: the model's `mtp_layers`, or
+`draft_tokens`, more than its modules, drafting with the last one again as SGLang and TensorRT-LLM do): each
+step verifies 1 + d tokens per sequence (so `tokens` = sequences x (1 + d)), runs d MTP module passes (one
 transformer layer of the last layer's kind + the logits each), and emits 1 + a + a^2 + ... + a^d tokens
-per sequence.
+per sequence, or the published `acceptance_length`.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class ServingSpec:
     mtp_acceptance: float = 0.0       # decode: acceptance rate of each draft token (0: no MTP)
     dtype: str = "bf16"               # GEMM precision (fp8: FP8 GEMMs and dispatch, BF16 combine)
     kv_bytes: int = 2                 # bytes per cached KV element
+    draft_tokens: int = 0             # decode with MTP: drafts per step (0: the model's MTP layers)
+    acceptance_length: float = 0.0    # decode with MTP: tokens emitted per sequence per step, when published
 
 
 @dataclass
@@ -68,7 +71,9 @@ class ServingEstimate:
 
 
 def draft_tokens(model: ModelConfig, spec: ServingSpec) -> int:
-    return model.mtp_layers if spec.phase == "decode" and spec.mtp_acceptance > 0 else 0
+    if spec.phase != "decode" or not (spec.mtp_acceptance > 0 or spec.acceptance_length > 0):
+        return 0
+    return spec.draft_tokens or model.mtp_layers
 
 
 class AttentionTimer:
@@ -274,6 +279,6 @@ def _estimate(spec: ServingSpec, total: float, parts: dict, seqs: float, d: int)
     per sequence per step)."""
     if spec.phase == "decode":
         a = spec.mtp_acceptance
-        per_seq = 1.0 + sum(a ** j for j in range(1, d + 1))
+        per_seq = spec.acceptance_length or 1.0 + sum(a ** j for j in range(1, d + 1))
         return ServingEstimate(total, seqs * per_seq / (total / 1e6), total / 1e3 / per_seq, parts, seqs, per_seq)
     return ServingEstimate(total, spec.tokens / (total / 1e6), total / 1e3, parts, seqs, 0.0)

@@ -27,7 +27,7 @@ from estimators.moe.evaluate import (LOW_LATENCY_CALL_US, ExpertShape, LayerTime
                                      moe_layer_parts)
 from estimators.moe.placement import (SLOTTED, PlacementOptions, RoutingStats, fit_placement, gpu_loads,
                                       max_over_mean)
-from estimators.moe.serving import ServingSpec, serve, serving_memory
+from estimators.moe.serving import ServingSpec, draft_tokens, serve, serving_memory
 from estimators.moe.routing import MaskedSource, RoutingSource, check_against_model, load_routing
 from estimators.moe.options import MoEOptions
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
@@ -270,9 +270,14 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
     model, ep, tp = scenario.model, scenario.plan.ep, opts.attention_tp
     if tp > 1 and (ep % tp or model.heads % tp):
         raise TraceInputError(None, f"attention TP{tp} must divide EP{ep} and the {model.heads} attention heads")
-    if opts.mtp_acceptance > 0 and opts.phase == "decode" and not getattr(model, "mtp_layers", 0):
+    mtp = opts.mtp_acceptance > 0 or opts.mtp_acceptance_length > 0
+    if mtp and opts.phase == "decode" and not getattr(model, "mtp_layers", 0):
         raise TraceInputError(None, f"mtp_acceptance needs a model with multi-token prediction layers "
                                     f"({model.name} has mtp_layers = 0)")
+    drafts = opts.mtp_draft_tokens or getattr(model, "mtp_layers", 0)
+    if opts.mtp_acceptance_length > 1 + drafts:
+        raise TraceInputError(None, f"mtp_acceptance_length {opts.mtp_acceptance_length:g} is more than the "
+                                    f"{1 + drafts} tokens a step verifies with {drafts} draft tokens")
     if opts.expert_load and opts.group_by != "none":
         raise TraceInputError(opts.expert_load, "--group-by domain needs routing with request domains, "
                                                 "not expert loads")
@@ -442,7 +447,8 @@ def _prediction(scenario: Scenario, opts: MoEOptions, layout: Layout, split: Spl
 # ------------------------------------------------------------------------------------------ inference
 def serving_spec(scenario: Scenario, opts: MoEOptions, layout: Layout) -> ServingSpec:
     return ServingSpec(opts.phase, layout.tokens_per_gpu, opts.context, opts.attention_tp, opts.overlap,
-                       opts.mtp_acceptance, scenario.plan.precision, kv_bytes=1 if opts.kv_dtype == "fp8" else 2)
+                       opts.mtp_acceptance, scenario.plan.precision, kv_bytes=1 if opts.kv_dtype == "fp8" else 2,
+                       draft_tokens=opts.mtp_draft_tokens, acceptance_length=opts.mtp_acceptance_length)
 
 
 def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: PlacementCost, timer: LayerTimer,
@@ -471,7 +477,8 @@ def _inference(scenario: Scenario, opts: MoEOptions, layout: Layout, cost: Place
         "sequences_per_gpu": est.sequences_per_gpu,
         "tokens_per_step_per_sequence": est.tokens_per_step_per_sequence if opts.phase == "decode" else None,
         "overlap": opts.overlap, "attention_tp": opts.attention_tp, "attention_dp": layout.gpus // opts.attention_tp,
-        "mtp_acceptance": opts.mtp_acceptance,
+        "mtp_acceptance": opts.mtp_acceptance, "mtp_acceptance_length": opts.mtp_acceptance_length,
+        "mtp_draft_tokens": draft_tokens(model, spec),
     })
     pred.detail["serving_parts_us"] = {k: float(v) for k, v in parts.items()}
     mem = serving_memory(model, spec, cost.placement.slots_per_gpu)

@@ -63,6 +63,12 @@ def register_moe(wsub) -> None:
                         "an all-to-all hidden behind the other's stages until it is received; dual-batch-ideal: "
                         "behind any compute (an upper bound); default none")
     p.add_argument("--mtp-acceptance", type=float, help="decode: acceptance rate of each MTP draft token")
+    p.add_argument("--mtp-acceptance-length", type=float,
+                   help="decode: tokens a step emits per sequence, as published (e.g. 2.44 at 3 drafts), "
+                        "instead of --mtp-acceptance")
+    p.add_argument("--mtp-draft-tokens", type=int,
+                   help="decode: draft tokens per step (default: the model's MTP layers; more run its last "
+                        "MTP module again per draft)")
     p.add_argument("--kv-dtype", choices=("bf16", "fp8"),
                    help="inference: KV-cache element type (fp8: an FP8 cache, half the bytes held and read; "
                         "default bf16)")
@@ -84,7 +90,8 @@ def register_moe(wsub) -> None:
 
 DEFAULTS = {"routing": "synthetic", "expert_load": "", "placement": "contiguous", "redundant_experts": 0,
             "groups": 0, "groups_per_token": 0, "group_by": "none", "phase": "decode", "tokens": 0,
-            "context": 4096, "attention_tp": 1, "overlap": "none", "mtp_acceptance": 0.0, "kv_dtype": "bf16", "fit": "first-half",
+            "context": 4096, "attention_tp": 1, "overlap": "none", "mtp_acceptance": 0.0,
+            "mtp_acceptance_length": 0.0, "mtp_draft_tokens": 0, "kv_dtype": "bf16", "fit": "first-half",
             "hardware": "h100-sxm", "precision": "bf16", "gpus_per_node": None}
 
 
@@ -138,6 +145,7 @@ def scenario_from_args(args):
             redundant_experts=st["redundant_experts"], groups=st["groups"], groups_per_token=st["groups_per_token"],
             group_by=st["group_by"], phase=st["phase"], tokens=st["tokens"], context=st["context"], fit=st["fit"],
             attention_tp=st["attention_tp"], overlap=st["overlap"], mtp_acceptance=st["mtp_acceptance"],
+            mtp_acceptance_length=st["mtp_acceptance_length"], mtp_draft_tokens=st["mtp_draft_tokens"],
             kv_dtype=st["kv_dtype"])
     except TraceInputError as e:
         raise _from_deployment_file(e, args, st) from None
