@@ -153,3 +153,23 @@ def test_synthetic_routing_keeps_its_skew_when_tokens_redraw():
     # Zipf 1.5 over 64 ranks: the first holds 1 / sum(r^-1.5) = 0.41 of one draw; two distinct picks per token
     # hold it at most once, so its share of picks is about 0.41 / 2 plus its redraw share
     assert 0.15 < share < 0.5
+
+
+def test_selective_recompute_counts_the_work_the_step_repeats():
+    """Hardware FLOPs counted a core-attention recompute that flash attention's step never runs (hw TFLOP/s
+    524 -> 546 at the same step and memory). Selective recompute now counts, module by module, the forward it
+    repeats: nothing for core_attn beside flash attention (with a note saying so), Llama 3 8B's MLP
+    (3 matrices of 4096 x 14336 in 32 layers: 2 FLOPs per weight per token) for --recompute-modules mlp."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.evaluate import hw_flops_per_step
+    from estimators.parallelism.plan import ParallelPlan
+    m = load_model("llama3-8b")
+    base = ParallelPlan(dp=8, seq_len=4096, global_batch=64)
+    none = hw_flops_per_step(m, base)
+    assert hw_flops_per_step(m, base.with_(recompute="selective")) == none
+    mlp = hw_flops_per_step(m, base.with_(recompute="selective", recompute_modules=("mlp",)))
+    assert mlp - none == pytest.approx(64 * 4096 * 32 * 2 * 3 * 4096 * 14336, rel=1e-12)
+    p = _cli("whatif", "parallelism", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096",
+             "--global-batch", "64", "--recompute", "selective", "--json")
+    assert p.returncode == 0, p.stderr
+    assert any("recomputes nothing beside flash attention" in n for n in json.loads(p.stdout)["notes"])

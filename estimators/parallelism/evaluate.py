@@ -106,13 +106,35 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
         layer_matmul = model.matmul_params_active() - model.vocab * h + again * mtp_body
         f += tokens * (2.0 * layer_matmul + layer_attn * (model.layers + again))
     elif plan.recompute == "selective":
-        f += tokens * attn_fwd
+        f += tokens * _selective_recompute_flops_per_token(model, plan, attn_fwd)
     elif plan.recompute == "op":   # the even-numbered matmuls of every block, the routed experts (op_checkpoint)
         from estimators.parallelism.op_checkpoint import recomputed_matmuls
         f += tokens * sum(2.0 * mm.out * mm.inp for i in range(model.layers) for mm in recomputed_matmuls(model, i))
         if model.moe is not None:
             mo = model.moe
             f += tokens * model.moe_layers * 2.0 * mo.top_k * mo.expert_ffn * model.hidden * model.ffn_mats
+    return f
+
+
+def _selective_recompute_flops_per_token(model: ModelConfig, plan: ParallelPlan, attn_fwd: float) -> float:
+    """The forward work selective recompute repeats, module by module as the generated step runs it
+    (`workload._RankBuilder._selective_recompute`): core attention only where it is unfused (flash attention's
+    backward recomputes its scores anyway, so checkpointing it adds no kernel), MLA's up-projections, the
+    dense layers' MLP, the MoE layers' routed and shared experts."""
+    mods = set(plan.recompute_modules or ("core_attn",))
+    f = attn_fwd if "core_attn" in mods and plan.attention == "unfused" else 0.0
+    if "mla_up_proj" in mods and model.mla:
+        a, H = model.mla, model.heads
+        f += 2.0 * model.layers * H * (a.q_lora_rank * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+                                       + a.kv_lora_rank * (a.qk_nope_head_dim + a.v_head_dim))
+    per_mat = 2.0 * model.ffn_mats * model.hidden
+    for i in range(model.layers):
+        if not model.is_moe_layer(i):
+            f += per_mat * model.ffn if "mlp" in mods else 0.0
+            continue
+        mo = model.moe
+        f += per_mat * mo.top_k * mo.expert_ffn if "moe" in mods else 0.0
+        f += per_mat * mo.shared_experts * mo.shared_ffn if mods & {"moe", "shared_experts"} else 0.0
     return f
 
 

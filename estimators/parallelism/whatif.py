@@ -30,6 +30,12 @@ HOST_BOUND_CAVEAT = ("host-bound MoE layers: the host takes {ms:.1f} ms per MoE 
                      "{share:.0%} of this step; larger micro-batches, --cuda-graph-scope moe_router,moe_preprocess "
                      "or --cuda-graphs shorten the wait")
 
+# Megatron's classic selective recompute checkpoints the softmax / dropout part of attention; flash attention
+# keeps no score matrix and recomputes its scores inside its own backward, so there is nothing left to repeat
+SELECTIVE_FLASH_NOTE = ("selective recompute of core_attn recomputes nothing beside flash attention (its backward "
+                        "already recomputes the scores): the step and memory are those without recompute; "
+                        "--recompute-modules names other modules")
+
 
 def prediction_of_plan(r: PlanPrediction) -> Prediction:
     """The common `Prediction` of a parallelism estimate (the `PlanPrediction` kept as `detail`)."""
@@ -42,6 +48,9 @@ def prediction_of_plan(r: PlanPrediction) -> Prediction:
     if r.plan.moe_a2a_overlap and r.plan.ep > 1:
         notes.append(OVERLAP_CAVEAT.format(hidden=EP_OVERLAP_HIDDEN))
     notes += _host_wait_notes(r)
+    if r.plan.recompute == "selective" and set(r.plan.recompute_modules or ("core_attn",)) == {"core_attn"} \
+            and r.plan.attention != "unfused":
+        notes.append(SELECTIVE_FLASH_NOTE)
     return Prediction(whatif="parallelism", scenario_key="", step_time_s=r.step_time_s,
                       breakdown=r.breakdown.mean, tokens_per_s=r.tokens_per_s, tflops_per_gpu=r.tflops_per_gpu,
                       hw_tflops_per_gpu=r.hw_tflops_per_gpu, mfu=r.mfu, memory_gib_per_gpu=mem.total_gib,

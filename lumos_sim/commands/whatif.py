@@ -130,11 +130,15 @@ def main_parallelism(args) -> int:
     if args.search:
         return _main_search(args)
     scenario = scenario_from_args(args)
-    result = evaluate_with_progress(scenario).detail
-    if args.json:
-        print_json(result.to_json())
+    pred = evaluate_with_progress(scenario)
+    result = pred.detail
+    if args.json:   # the caveats the prediction carries (host-bound MoE layers, a recompute that repeats nothing)
+        print_json({**result.to_json(), "notes": list(pred.notes)})
     else:
+        from lumos_sim.tables import console
         _print_prediction(result, moe=scenario.model is not None and scenario.model.moe is not None)
+        for note in pred.notes:
+            console().print(f"note: {note}")
     return 0
 
 
