@@ -293,7 +293,11 @@ class SweepSpec:
                                                      "overwrite the earlier's values (give it on one axis)")
                 seen[k] = n
         # a search axis chooses the layout: a layout key on another axis would undo or mislabel its plans
-        search = next((n for n, a in enumerate(self.axes) if isinstance(a, SearchAxis)), None)
+        searches = [n for n, a in enumerate(self.axes) if isinstance(a, SearchAxis)]
+        if len(searches) > 1:   # each would choose the layout: the later replaced the earlier's plans
+            raise TraceInputError(self.path, f"axes {searches[0]} and {searches[1]} are both searches: give every "
+                                             "GPU count on one (search.gpus = [..])")
+        search = searches[0] if searches else None
         if search is not None:
             from estimators.parallelism.search import SEARCHED_COLUMNS
             layout = sorted(k for k in seen if k in {"plan.gpus", *(f"plan.{c}" for c in SEARCHED_COLUMNS)})

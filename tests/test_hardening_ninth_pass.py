@@ -173,3 +173,40 @@ def test_selective_recompute_counts_the_work_the_step_repeats():
              "--global-batch", "64", "--recompute", "selective", "--json")
     assert p.returncode == 0, p.stderr
     assert any("recomputes nothing beside flash attention" in n for n in json.loads(p.stdout)["notes"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pp", "2", "--pipeline-layout", "1_6,16"], "expected integers >= 0 like 4,8,8,4, got '1_6,16'"),
+    (["--pp", "2", "--first-stage-layers", "\u0661\u0666"], "expected an integer >= 0"),
+    (["--recompute", "selective", "--recompute-modules", "core_attn,core_attn"], "expected distinct names"),
+    (["--full-simulation", "--simulation", "fast"], "--full-simulation is --simulation all: it contradicts"),
+])
+def test_layer_counts_module_lists_and_simulation_modes_are_read_strictly(args, message):
+    """int() took '1_6' and Arabic-Indic digits as 16; a repeated module and --full-simulation beside
+    --simulation fast (fast silently won) were accepted."""
+    p = _cli("whatif", "parallelism", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096",
+             "--global-batch", "64", *args)
+    assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_sweep_with_two_search_axes_is_refused(tmp_path):
+    """The second search replaced the first's plans, and the row was labelled with both."""
+    spec = tmp_path / "two.toml"
+    spec.write_text('[scenario]\nwhatif = "parallelism"\nhardware = "h100-sxm"\nmodel = "llama3-8b"\n'
+                    'plan = { seq_len = 4096, global_batch = 64 }\n[[axes]]\nsearch = { gpus = [8], max_plans = 1 }\n'
+                    '[[axes]]\nsearch = { gpus = [16], max_plans = 1 }\n')
+    p = _cli("sweep", str(spec), "-o", str(tmp_path / "out.csv"))
+    assert p.returncode == 2 and "axes 0 and 1 are both searches" in p.stderr
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_moe_training_without_a_whole_micro_batch_names_the_batch_not_an_internal_option():
+    p = _cli("whatif", "moe", "--model", "qwen3-30b-a3b", "--ep", "8", "--phase", "train", "--global-batch", "8",
+             "--micro-batch", "16")
+    assert p.returncode == 2 and "global batch 8 is not divisible by dp*micro_batch = 128" in p.stderr
+
+
+def test_bench_gemm_refuses_operands_no_gpu_holds():
+    """Each dimension under 2^31, the operands exabytes: 2.5e18 us was printed."""
+    p = _cli("bench", "gemm", "--m", "1000000000", "--n", "1000000000", "--k", "1000000000")
+    assert p.returncode == 2 and "operand A" in p.stderr and "more than any GPU holds" in p.stderr

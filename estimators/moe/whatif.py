@@ -32,6 +32,7 @@ from estimators.moe.routing import MaskedSource, RoutingSource, check_against_mo
 from estimators.moe.options import MoEOptions
 from estimators.moe.synthetic import LoadSampledSource, SyntheticSource, SyntheticSpec
 from estimators.parallelism.memory import GIB, hbm_capacity_gib
+from estimators.parallelism.plan import validate_plan
 from estimators.parallelism.timing import check_precision_support
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
@@ -245,6 +246,7 @@ def moe(scenario: Scenario, progress=None) -> Prediction:
     layout = ep_layout(scenario, opts)
     _check_serving(scenario, opts)
     if opts.phase == "train":  # one routing window per micro-batch (up to timed_windows)
+        validate_plan(model, scenario.plan)     # a plan without a micro-batch fails here, not as timed_windows = 0
         opts = dataclasses.replace(opts, timed_windows=min(opts.timed_windows, scenario.plan.micro_batches))
     if opts.expert_load:
         loads = load_expert_loads(Path(opts.expert_load), model)

@@ -132,6 +132,12 @@ def _gemm(args) -> int:
         # as the what-ifs refuse FP8 there (bf16 / tf32 on an older GPU fall back to the rate it has)
         from chakra_schema.errors import TraceInputError
         raise TraceInputError(None, f"--dtype fp8: {hw.name} ({hw.gpu.model}) has no fp8 tensor cores")
+    from replay.hardware.compute import MAX_TENSOR_ELEMENTS
+    for name, rows, cols in (("A", args.m, args.k), ("B", args.k, args.n), ("C", args.m, args.n)):
+        if args.batch * rows * cols > MAX_TENSOR_ELEMENTS:
+            from chakra_schema.errors import TraceInputError
+            raise TraceInputError(None, f"operand {name} ({args.batch} x {rows:,} x {cols:,}) has "
+                                        f"{float(args.batch * rows * cols):.3g} elements: more than any GPU holds")
     est = ComputeModel(hw).gemm(args.m, args.n, args.k, args.batch, args.dtype)
     out = {"time_us": est.time_us, "tflops": est.tflops, "bound": est.bound, "compute_us": est.compute_us,
            "memory_us": est.memory_us, "efficiency": est.efficiency, "kernel": est.detail,

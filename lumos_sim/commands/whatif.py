@@ -28,12 +28,11 @@ def register(sub) -> None:
 
     par = wsub.add_parser("parallelism", help="predict a training plan (or --search all plans) for a model")
     add_plan_arguments(par)
-    par.add_argument("--simulation", choices=("fast", "symmetric", "all"), default="fast",
+    par.add_argument("--simulation", choices=("fast", "symmetric", "all"),
                      help="fast (default): replay a few passes per distinct pipeline stage and simulate the "
                           "pipeline schedule; symmetric: replay the whole step, one rank per stage; all: every "
                           "rank (slow; for checking)")
-    par.add_argument("--full-simulation", action="store_const", const="all", dest="simulation",
-                     help="the same as --simulation all")
+    par.add_argument("--full-simulation", action="store_true", help="the same as --simulation all")
     par.add_argument("--search", action="store_true", help="rank every valid plan for --gpus by throughput")
     par.add_argument("--top-k", "--max-plans", type=int, default=10, dest="top_k", metavar="K",
                      help="with --search: simulate the K plans the analytic estimate ranks best (default 10)")
@@ -78,6 +77,14 @@ def register(sub) -> None:
 
 
 # ------------------------------------------------------------------------------ parallelism
+def _simulation_mode(args) -> str:
+    """--simulation, or --full-simulation's 'all' (both given, they must agree); fast by default."""
+    if args.full_simulation and args.simulation not in (None, "all"):
+        raise TraceInputError(None, f"--full-simulation is --simulation all: it contradicts --simulation "
+                                    f"{args.simulation}")
+    return "all" if args.full_simulation else args.simulation or "fast"
+
+
 def scenario_from_args(args):
     """The `parallelism` scenario of `whatif parallelism`'s flags, with --set overrides on top."""
     from estimators.model_config import load_model
@@ -89,8 +96,7 @@ def scenario_from_args(args):
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
     plan = plan_from_args(args, model, validate=False)
-    s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan,
-                 simulation=args.simulation)
+    s = Scenario(whatif="parallelism", model=model, hardware=hw, plan=plan, simulation=_simulation_mode(args))
     # --set applies before the plan is checked: `--set model.layers=60` may make a layout valid
     s = s.override_strings(args.overrides)
     keys = parse_assignments(args.overrides)

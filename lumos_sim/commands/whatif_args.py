@@ -4,6 +4,7 @@ sub-commands import from here; nothing here imports them."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import orjson
@@ -42,11 +43,11 @@ def add_plan_arguments(parser, required: bool = True) -> None:
     parser.add_argument("--dp-shard", type=int, default=0, help="HSDP: shard within groups of this many DP ranks")
     parser.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
     g = parser.add_argument_group("layout details (Megatron-Core / NeMo recipe options)")
-    g.add_argument("--first-stage-layers", type=int, default=0, help="layers of the first pipeline chunk (uneven PP)")
-    g.add_argument("--last-stage-layers", type=int, default=0, help="layers of the last pipeline chunk (uneven PP)")
+    g.add_argument("--first-stage-layers", type=layer_count, default=0, help="layers of the first pipeline chunk (uneven PP)")
+    g.add_argument("--last-stage-layers", type=layer_count, default=0, help="layers of the last pipeline chunk (uneven PP)")
     g.add_argument("--pipeline-layout", type=_int_list, default=(), metavar="N,N,...",
                    help="transformer layers of every pipeline chunk (pp*vp counts, in pipeline order)")
-    g.add_argument("--recompute-layers", type=int, default=0,
+    g.add_argument("--recompute-layers", type=layer_count, default=0,
                    help="with --recompute full: only the first N layers of each chunk (0: all)")
     g.add_argument("--recompute-modules", type=_name_list, default=(), metavar="M,M",
                    help="with --recompute selective: core_attn, mla_up_proj, mlp, moe, moe_act, shared_experts, "
@@ -96,19 +97,28 @@ PLAN_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "vp": 1, "micro_batch": 1, 
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    try:      # every comma separates a number: '16,,16' is a typo, not 16,16
-        out = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 4,8,8,4, got {text!r}") from None
-    if not out or min(out) < 0:
+    # every comma separates a plain number: '16,,16' is a typo, not 16,16, and int()'s '1_6' or '١٦' are not
+    # how anyone writes a layer count
+    items = [x.strip() for x in text.split(",")]
+    if not all(_COUNT.fullmatch(x) for x in items):
         raise argparse.ArgumentTypeError(f"expected integers >= 0 like 4,8,8,4, got {text!r}")
-    return out
+    return tuple(int(x) for x in items)
+
+
+def layer_count(text: str) -> int:
+    """A count of layers: plain ASCII digits (see _int_list)."""
+    if not _COUNT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+_COUNT = re.compile(r"[0-9]+")
 
 
 def _name_list(text: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in text.split(","))
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"expected names like core_attn,mlp, got {text!r}")
+    if not all(names) or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct names like core_attn,mlp, got {text!r}")
     return names
 
 

@@ -463,7 +463,7 @@ class ComputeModel:
 
 # More elements than any GPU holds (2^40: a terabyte at one byte each): a corrupt shape, refused rather than
 # timed as a step of 1e70 us (and multi_tensor_apply's launch groups would take hours to count)
-_MAX_TENSOR_ELEMENTS = 1 << 40
+MAX_TENSOR_ELEMENTS = 1 << 40
 
 
 def check_tensor_shapes(graph: ExecutionGraph, i: int, a: Mapping[str, Any]) -> None:
@@ -477,7 +477,7 @@ def check_tensor_shapes(graph: ExecutionGraph, i: int, a: Mapping[str, Any]) -> 
                 yield from numels(sh)     # a tensor list
     for key in ("input_shapes", "output_shapes"):
         for sh, n in numels(a.get(key)):
-            if n > _MAX_TENSOR_ELEMENTS:
+            if n > MAX_TENSOR_ELEMENTS:
                 raise TraceInputError((graph.metadata or {}).get("source_path"),
                                       f"node {int(graph.node_id[i])} ({graph.name[i]}): tensor shape "
                                       f"{sh[:8]}{'...' if len(sh) > 8 else ''} is not a tensor any GPU holds "
