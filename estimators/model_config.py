@@ -358,6 +358,11 @@ class ModelConfig:
             return self.attn_params()
         return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
 
+    def mtp_module_matmul_params(self) -> int:
+        """Matmul weights a token passes through in one MTP module, its output head apart: a layer of the
+        last layer's kind and the 2h -> h projection of [embedding; hidden state]."""
+        return self.attn_matmul_params() + self.ffn_matmul_params_active(self.layers - 1) + 2 * self.hidden ** 2
+
     def ffn_matmul_params_active(self, i: int) -> int:
         """FFN weights a token goes through in layer `i`: the dense FFN, or top-k routed + shared experts."""
         if not self.is_moe_layer(i):
@@ -389,20 +394,20 @@ def _training_flops_per_token(m: ModelConfig, seq: int, *, causal: bool, windows
     router, biases, the embedding lookup or LoRA adapters."""
     qk, v = m.attn_score_dims
     s_att = float(attention_seq or seq)
-    n_layers = m.layers + (m.mtp_layers if mtp else 0)
+    n_mtp = m.mtp_layers if mtp else 0
     weights, scores = 0.0, 0.0                   # forward FLOPs per token
-    for i in range(n_layers):
+    for i in range(m.layers + n_mtp):
         j = min(i, m.layers - 1)                 # MTP modules repeat the last layer's kind
         if causal:
             # Megatron counts a full causal layer as seq/2 keys per query (not (seq+1)/2)
             ctx = m.mean_causal_context(j, s_att) if windows else s_att / 2.0
         else:
             ctx = s_att
-        weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))
+        if i < m.layers:
+            weights += 2.0 * (m.attn_matmul_params() + m.ffn_matmul_params_active(j))
         scores += 2.0 * ctx * m.heads * (qk + v)
-    if mtp and m.mtp_layers:
-        weights += m.mtp_layers * 2.0 * (2 * m.hidden * m.hidden)    # the 2h -> h projection
-    weights += 2.0 * m.hidden * logits_vocab * (1 + (m.mtp_layers if mtp else 0))
+    weights += 2.0 * n_mtp * m.mtp_module_matmul_params()
+    weights += 2.0 * m.hidden * logits_vocab * (1 + n_mtp)
     return (2.0 if frozen else 3.0) * weights + 3.0 * scores
 
 

@@ -97,7 +97,7 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     mtp, h = mtp_layers(model), model.hidden
     layer_attn = model.attention_flops_fwd_per_token(_attention_seq(plan)) / model.layers   # per layer, mean
     attn_fwd = layer_attn * (model.layers + mtp)
-    mtp_body = model.attn_matmul_params() + model.ffn_matmul_params_active(model.layers - 1) + 2 * h * h
+    mtp_body = model.mtp_module_matmul_params()
     matmul = model.matmul_params_active() + mtp * (mtp_body + model.vocab * h)
     f = tokens * ((4.0 if plan.finetune == "lora" else 6.0) * matmul + 3.0 * attn_fwd)
     if plan.recompute == "full":
