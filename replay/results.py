@@ -154,13 +154,15 @@ class ReplayResult:
         for s in self.steps:
             by_name.setdefault(s.name, []).append(s)
         names = {r: [s.name for s in v] for r, v in by_rank.items()}
-        if len({len(v) for v in names.values()}) != 1:
+        if len({len(v) for v in names.values()}) > 1:
             few, many = min(names, key=lambda r: len(names[r])), max(names, key=lambda r: len(names[r]))
             if set(names[few]) & set(names[many]):
                 return by_name, None
             return by_name, (f"ranks hold different steps (rank {few}: {len(names[few])}, {names[few][0]}; rank "
                              f"{many}: {len(names[many])}, {names[many][0]}..{names[many][-1]}): job steps pair "
                              f"them by name, so each holds only some ranks")
+        if not names:
+            return by_name, None
         first = min(names)
         differ = [r for r in names if names[r] != names[first]]
         disjoint = all(not set(names[r]) & set(names[first]) for r in differ)
@@ -173,7 +175,7 @@ class ReplayResult:
         if differ and disjoint and all(len(set(v)) == len(v) for v in names.values()):
             why = "ranks name their steps differently"
         elif _share_time(by_order.values()) and not _share_time(by_name.values()):
-            why = "steps of one name do not overlap in recorded time across ranks"
+            why = "steps of one name do not overlap in recorded time"
         else:
             return by_name, None
         shown = [differ[0], first] if differ else [first]

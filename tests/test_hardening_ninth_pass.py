@@ -22,7 +22,7 @@ def _flash_values(max_q, max_k, causal="True"):
     return ["", "", "", "", "", max_q, max_k, "0.", causal, "False", ""]
 
 
-@pytest.mark.parametrize("raw", ["--5", "\u00b2", "\u0661\u0662", "5-", "1e3"])
+@pytest.mark.parametrize("raw", ["--5", "\u00b2", "\u0661\u0662", "5-", "1e3", "9" * 5000])
 def test_a_max_length_that_is_not_an_ascii_integer_reads_as_unknown(raw):
     """str.isdigit() took '²' and '١٢', and lstrip('-') took '--5': int() then raised a traceback. Such a
     value now reads as absent, and a variable-length batch without its max length has no geometry."""
@@ -210,3 +210,42 @@ def test_bench_gemm_refuses_operands_no_gpu_holds():
     """Each dimension under 2^31, the operands exabytes: 2.5e18 us was printed."""
     p = _cli("bench", "gemm", "--m", "1000000000", "--n", "1000000000", "--k", "1000000000")
     assert p.returncode == 2 and "operand A" in p.stderr and "more than any GPU holds" in p.stderr
+
+
+def test_synthetic_routing_past_a_quarter_of_the_experts_keeps_the_routers_skew():
+    """Top-8 of 16 at Zipf 2: the picks beyond the fourth are drawn without replacement in proportion to the
+    layer's popularity (uniformly, they flattened the hottest expert's share); numpy's own sequential
+    sampling without replacement from the same Zipf weights is the reference."""
+    import numpy as np
+
+    from estimators.moe.synthetic import SyntheticSource, SyntheticSpec
+    E, k = 16, 8
+    src = SyntheticSource(SyntheticSpec(tokens=8192, layers=1, experts=E, top_k=k, skew=2.0, skew_jitter=0.0,
+                                        cluster_affinity=0.0, drift=0.0, domain_share=0.0, domains=1))
+    picks = np.concatenate([c for _, c in src.chunks()]).astype(int)[:, 0, :]
+    got = np.sort(np.bincount(picks.ravel(), minlength=E))[::-1] / picks.size
+    w = np.arange(1, E + 1, dtype=float) ** -2.0
+    rng = np.random.default_rng(7)
+    ref = np.zeros(E)
+    for _ in range(4000):
+        ref[rng.choice(E, k, replace=False, p=w / w.sum())] += 1
+    ref = ref / ref.sum()                        # expert i is the i-th most popular in the reference
+    assert got[:4] == pytest.approx(ref[:4], rel=0.05)
+
+
+def test_an_mtp_module_pass_reads_each_sequences_whole_cache():
+    """An MTP module's pass holds one token per sequence; the attention timer divided its tokens by 1 + d
+    again, so a draft pass read half the cache at d = 1 (a quarter at d = 3). It now costs what a plain
+    decode of one token per sequence costs."""
+    from estimators.model_config import load_model
+    from estimators.moe.serving import AttentionTimer, ServingSpec
+    from replay.hardware import get_hardware
+    m, hw = load_model("qwen3-235b-a22b"), get_hardware("h200")
+    if not m.mtp_layers:
+        import dataclasses
+        m = dataclasses.replace(m, mtp_layers=1)
+    mtp = AttentionTimer(m, hw, ServingSpec("decode", 256, 32768, mtp_acceptance=0.85, draft_tokens=3))
+    plain = AttentionTimer(m, hw, ServingSpec("decode", 256, 32768))
+    last = m.layers - 1
+    assert mtp.attention_us(64, last, one_per_sequence=True) == pytest.approx(plain.attention_us(64, last))
+    assert mtp.attention_us(64, last) < 0.5 * plain.attention_us(64, last)   # 16 sequences of 1 + 3 tokens

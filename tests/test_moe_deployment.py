@@ -315,6 +315,7 @@ def test_mtp_with_more_drafts_than_modules_reuses_the_last_and_emits_the_publish
     (["--mtp-acceptance-length", "0.5"], "at least 1, got 0.5"),
     (["--mtp-acceptance-length", "2", "--mtp-acceptance", "0.8"], "not both"),
     (["--mtp-acceptance-length", "5", "--mtp-draft-tokens", "3"], "more than the 4 tokens a step verifies"),
+    (["--mtp-acceptance-length", "2", "--phase", "prefill"], "MTP drafts tokens in decode, not in phase prefill"),
 ])
 def test_bad_mtp_settings_are_one_line_errors(capsys, args, message):
     code, out, err = _run(capsys, *_deepseek("--ep", "16", "--phase", "decode", *args))

@@ -88,14 +88,16 @@ class AttentionTimer:
         self.c = ComputeModel(hardware)
         self.net = NetworkModel(hardware) if spec.attention_tp > 1 else None
 
-    def attention_us(self, tokens: float, layer: int) -> float:
+    def attention_us(self, tokens: float, layer: int, one_per_sequence: bool = False) -> float:
         """Attention block of `tokens` routed tokens per GPU (the attention group holds tokens x tp)."""
-        return sum(self.attention_parts(tokens, layer))
+        return sum(self.attention_parts(tokens, layer, one_per_sequence))
 
-    def attention_parts(self, tokens: float, layer: int) -> tuple[float, float]:
+    def attention_parts(self, tokens: float, layer: int, one_per_sequence: bool = False) -> tuple[float, float]:
         """(prepare, core) of the attention block: the norms and Q / KV projections (MLA decode: and the
         absorbed q_nope -> latent), then the attention kernel and output projection (MLA decode: latent ->
-        v first), where a two-micro-batch schedule cuts it (`estimators.moe.overlap`)."""
+        v first), where a two-micro-batch schedule cuts it (`estimators.moe.overlap`). Decode reads each
+        sequence's cache once: a sequence verifies 1 + d tokens with MTP, one in an MTP module's pass
+        (`one_per_sequence`)."""
         m, s, c = self.m, self.spec, self.c
         tp = s.attention_tp
         T = max(1, int(round(tokens * tp)))
@@ -103,7 +105,7 @@ class AttentionTimer:
         h, dt = m.hidden, s.dtype
         ctx = m.attention_span(layer, s.context)
         # decode with MTP: each sequence's 1 + d verified tokens read its KV cache once, together
-        seqs = max(1, int(round(T / (1 + draft_tokens(m, s)))))
+        seqs = max(1, int(round(T / (1 if one_per_sequence else 1 + draft_tokens(m, s)))))
         norm = c.memory_op(T * h * 2 * 2).time_us
         prep, core = norm, norm
         if m.mla is not None:
@@ -270,7 +272,7 @@ def _mtp_module_us(at: AttentionTimer, seqs: float, last: int, moe_us: float | N
     projection."""
     m = at.m
     ffn = moe_us if moe_us is not None else at.dense_ffn_us(seqs)
-    return (at.attention_us(seqs, last) + ffn + at.logits_us(seqs)
+    return (at.attention_us(seqs, last, one_per_sequence=True) + ffn + at.logits_us(seqs)
             + at.c.gemm(max(1, int(seqs)), m.hidden, 2 * m.hidden, dtype=at.spec.dtype).time_us)
 
 

@@ -212,7 +212,10 @@ class SyntheticSource:
             return np.where((r1 >> 16) < thresholds[0], member, zipf)
 
         picks = draw(np.arange(n), k)
-        return _distinct_per_row(picks, E, draw, rng)
+        # the layer's pick distribution over the experts (its shared ranking's), for a top-k past a quarter
+        popularity = np.zeros(E)
+        np.add.at(popularity, rankings[layer][D], np.bincount(rank_of[layer], minlength=E))
+        return _distinct_per_row(picks, E, draw, rng, popularity)
 
 
 def inverse_cdf_table(weights: np.ndarray) -> np.ndarray:
@@ -228,11 +231,13 @@ REDRAWS = 12   # redraws of a pick that repeats an expert of its row before the 
 PER_ROUND = 4  # redraws made at once per row (the first free one is kept): fewer, larger numpy calls
 
 
-def _distinct_per_row(picks: np.ndarray, experts: int, redraw, rng: np.random.Generator) -> np.ndarray:
+def _distinct_per_row(picks: np.ndarray, experts: int, redraw, rng: np.random.Generator,
+                      popularity: np.ndarray) -> np.ndarray:
     """Make each row of picks [n, k] distinct, column by column: a pick equal to an earlier one of its row
     is drawn again (`redraw(rows, m)` -> m new picks per row) up to REDRAWS times, then takes the next expert
-    id (cyclically) its row has not taken; from a quarter of the experts on, a row's remaining picks are free experts
-    at random. A [n, experts] table of the ids taken so far makes each check
+    id (cyclically) its row has not taken; from a quarter of the experts on, a row's remaining picks are drawn
+    from its free experts without replacement in proportion to `popularity` [experts] (Gumbel top-k: exact
+    for independent picks, one pass for all columns). A [n, experts] table of the ids taken so far makes each check
     one lookup, so the work grows with k, not k^2 (comparing every pair, then sorting every row, made a
     top-k of 16 to 128 take minutes)."""
     n, k = picks.shape
@@ -241,11 +246,11 @@ def _distinct_per_row(picks: np.ndarray, experts: int, redraw, rng: np.random.Ge
     for j in range(k):
         if 4 * j >= experts:
             # Once a row holds a quarter of the experts (no model routes that widely: Mixtral and DBRX stop
-            # before), redraws of a skewed router mostly clash again, and the load is then close to uniform
-            # whatever is picked: the rest go to free experts at random.
-            keys = rng.random((n, experts), dtype=np.float32)
-            keys[taken.reshape(n, experts)] = 2.0
-            picks[:, j:] = np.argpartition(keys, k - j - 1, axis=1)[:, :k - j]
+            # before), redraws of a skewed router mostly clash again: the rest are drawn at once
+            gumbel = -np.log(-np.log(rng.random((n, experts)) + 1e-300) + 1e-300)
+            keys = np.log(popularity + 1e-30) + gumbel
+            keys[taken.reshape(n, experts)] = -np.inf
+            picks[:, j:] = np.argpartition(-keys, k - j - 1, axis=1)[:, :k - j]
             return picks
         col = picks[:, j].astype(np.int64)
         clash = np.flatnonzero(taken[base + col])

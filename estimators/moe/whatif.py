@@ -273,10 +273,12 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
     if tp > 1 and (ep % tp or model.heads % tp):
         raise TraceInputError(None, f"attention TP{tp} must divide EP{ep} and the {model.heads} attention heads")
     mtp = opts.mtp_acceptance > 0 or opts.mtp_acceptance_length > 0
-    if mtp and opts.phase == "decode" and not getattr(model, "mtp_layers", 0):
-        raise TraceInputError(None, f"mtp_acceptance needs a model with multi-token prediction layers "
+    if mtp and opts.phase != "decode":
+        raise TraceInputError(None, f"MTP drafts tokens in decode, not in phase {opts.phase}: drop the mtp options")
+    if mtp and not getattr(model, "mtp_layers", 0):
+        raise TraceInputError(None, f"MTP needs a model with multi-token prediction layers "
                                     f"({model.name} has mtp_layers = 0)")
-    drafts = opts.mtp_draft_tokens or getattr(model, "mtp_layers", 0)
+    drafts = opts.mtp_draft_tokens or getattr(model, "mtp_layers", 0)     # as serving.draft_tokens
     if opts.mtp_acceptance_length > 1 + drafts:
         raise TraceInputError(None, f"mtp_acceptance_length {opts.mtp_acceptance_length:g} is more than the "
                                     f"{1 + drafts} tokens a step verifies with {drafts} draft tokens")

@@ -106,7 +106,7 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
         layer_matmul = model.matmul_params_active() - model.vocab * h + again * mtp_body
         f += tokens * (2.0 * layer_matmul + layer_attn * (model.layers + again))
     elif plan.recompute == "selective":
-        f += tokens * _selective_recompute_flops_per_token(model, plan, attn_fwd)
+        f += tokens * _selective_recompute_flops_per_token(model, plan, layer_attn * model.layers)
     elif plan.recompute == "op":   # the even-numbered matmuls of every block, the routed experts (op_checkpoint)
         from estimators.parallelism.op_checkpoint import recomputed_matmuls
         f += tokens * sum(2.0 * mm.out * mm.inp for i in range(model.layers) for mm in recomputed_matmuls(model, i))
@@ -116,13 +116,14 @@ def hw_flops_per_step(model: ModelConfig, plan: ParallelPlan) -> float:
     return f
 
 
-def _selective_recompute_flops_per_token(model: ModelConfig, plan: ParallelPlan, attn_fwd: float) -> float:
+def _selective_recompute_flops_per_token(model: ModelConfig, plan: ParallelPlan, layers_attn: float) -> float:
     """The forward work selective recompute repeats, module by module as the generated step runs it
     (`workload._RankBuilder._selective_recompute`): core attention only where it is unfused (flash attention's
     backward recomputes its scores anyway, so checkpointing it adds no kernel), MLA's up-projections, the
-    dense layers' MLP, the MoE layers' routed and shared experts."""
+    dense layers' MLP, the MoE layers' routed and shared experts (of the layers, not the MTP modules).
+    `layers_attn`: the layers' attention score / value FLOPs per token."""
     mods = set(plan.recompute_modules or ("core_attn",))
-    f = attn_fwd if "core_attn" in mods and plan.attention == "unfused" else 0.0
+    f = layers_attn if "core_attn" in mods and plan.attention == "unfused" else 0.0
     if "mla_up_proj" in mods and model.mla:
         a, H = model.mla, model.heads
         f += 2.0 * model.layers * H * (a.q_lora_rank * (a.qk_nope_head_dim + a.qk_rope_head_dim)

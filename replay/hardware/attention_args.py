@@ -90,7 +90,7 @@ class AttentionGeometry:
     causal: bool | None       # None: the trace does not say
 
 
-_INTEGER = re.compile(r"-?[0-9]+")   # ASCII digits only: str.isdigit() also takes '²' and '١٢'
+_INTEGER = re.compile(r"-?[0-9]{1,18}")   # ASCII digits only (isdigit() takes '²'), and few (int() refuses 4,300)
 
 
 def signature_of(op: str) -> AttentionSignature | None:
