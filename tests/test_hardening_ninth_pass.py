@@ -249,3 +249,17 @@ def test_an_mtp_module_pass_reads_each_sequences_whole_cache():
     last = m.layers - 1
     assert mtp.attention_us(64, last, one_per_sequence=True) == pytest.approx(plain.attention_us(64, last))
     assert mtp.attention_us(64, last) < 0.5 * plain.attention_us(64, last)   # 16 sequences of 1 + 3 tokens
+
+
+def test_unfused_attention_keeps_its_score_matrix_unless_core_attention_is_recomputed():
+    """Memory dropped the unfused softmax output for any selective recompute, while the step (and now the
+    FLOPs) recompute core attention only when core_attn is named. Llama 3 8B has no dropout, so the score
+    matrix is the softmax output: 2 bytes x 32 heads x 4096 keys per token of the 4096-token micro-batch."""
+    from estimators.model_config import load_model
+    from estimators.parallelism.memory import layer_activation_bytes
+    from estimators.parallelism.plan import ParallelPlan
+    m = load_model("llama3-8b")
+    plan = ParallelPlan(dp=8, seq_len=4096, global_batch=64, attention="unfused", recompute="selective")
+    mlp = layer_activation_bytes(m, plan.with_(recompute_modules=("mlp",)), 0)
+    both = layer_activation_bytes(m, plan.with_(recompute_modules=("mlp", "core_attn")), 0)
+    assert mlp - both == pytest.approx(4096 * 2 * 32 * 4096, rel=1e-12)

@@ -30,7 +30,7 @@ from chakra_schema.graph import ExecutionGraph
 from estimators.parallelism.memory import MemoryEstimate, estimate_memory, hbm_capacity_gib
 from replay.results import Breakdown
 from estimators.model_config import ModelConfig, megatron_flops_per_token
-from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, validate_plan
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, selective_modules, validate_plan
 from estimators.parallelism.timing import check_precision_support, default_timing, resolve_hardware  # noqa: F401 (API)
 from estimators.parallelism.workload import MOE_SYNC_IDLE_US, generate, moe_layer_host_us
 
@@ -122,7 +122,7 @@ def _selective_recompute_flops_per_token(model: ModelConfig, plan: ParallelPlan,
     backward recomputes its scores anyway, so checkpointing it adds no kernel), MLA's up-projections, the
     dense layers' MLP, the MoE layers' routed and shared experts (of the layers, not the MTP modules).
     `layers_attn`: the layers' attention score / value FLOPs per token."""
-    mods = set(plan.recompute_modules or ("core_attn",))
+    mods = selective_modules(plan)
     f = layers_attn if "core_attn" in mods and plan.attention == "unfused" else 0.0
     if "mla_up_proj" in mods and model.mla:
         a, H = model.mla, model.heads

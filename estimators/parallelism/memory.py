@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimators.model_config import ModelConfig
-from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, stage_layers
+from estimators.parallelism.plan import ParallelPlan, mtp_layers, mtp_recomputed, selective_modules, stage_layers
 
 GIB = 1024 ** 3
 
@@ -91,7 +91,7 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, f
         return 2.0 * s * b * h / sp
     if plan.recompute == "op":
         return s * b * _op_checkpoint_bytes_per_token(model, plan, layer)
-    mods = set(plan.recompute_modules) if plan.recompute == "selective" else set()
+    mods = selective_modules(plan)
     mask = 1.0 if _dropout(model) else 0.0
     q, kv = model.q_dim, model.kv_dim
     if model.mla:
@@ -128,7 +128,8 @@ def layer_activation_bytes(model: ModelConfig, plan: ParallelPlan, layer: int, f
         mlp_seq -= 2 * h
     per_token = (attn_sharded + mlp_sharded) / t + (attn_seq + mlp_seq + norms) / sp
     scores = 0.0
-    if plan.attention == "unfused" and plan.recompute == "none":
+    if plan.attention == "unfused" and (plan.recompute == "none" or plan.recompute == "selective"
+                                        and "core_attn" not in mods):
         # softmax output (2 B) + dropout mask (1 B) + dropout output (2 B) per score: 5*a*s per token
         scores = (2.0 + 3.0 * mask) * model.heads / t * (plan.seq_len / plan.cp)
     return s * b * (per_token + scores)

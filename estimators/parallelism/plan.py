@@ -377,6 +377,15 @@ def stage_layers(model: ModelConfig, plan: ParallelPlan) -> list[list[int]]:
     return out
 
 
+def selective_modules(plan: ParallelPlan) -> frozenset[str]:
+    """The modules selective recompute repeats: --recompute-modules, or Megatron's default core_attn (which
+    repeats work only where attention is unfused: flash attention recomputes its scores in its backward
+    anyway); none under another recompute policy."""
+    if plan.recompute != "selective":
+        return frozenset()
+    return frozenset(plan.recompute_modules or ("core_attn",))
+
+
 def validate_plan(model: ModelConfig, plan: ParallelPlan, gpus: int | None = None) -> None:
     """Raise TraceInputError (one line) for a plan that cannot run."""
     def bad(msg: str) -> None:

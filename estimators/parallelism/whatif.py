@@ -11,6 +11,7 @@ from chakra_schema.errors import TraceInputError
 from estimators.prediction import Prediction
 from estimators.scenario import Scenario
 from estimators.parallelism.evaluate import PlanPrediction, predict
+from estimators.parallelism.plan import selective_modules
 from estimators.parallelism.workload import EP_OVERLAP_HIDDEN, MOE_SYNC_IDLE_US
 from estimators.registry import register_whatif
 
@@ -48,8 +49,7 @@ def prediction_of_plan(r: PlanPrediction) -> Prediction:
     if r.plan.moe_a2a_overlap and r.plan.ep > 1:
         notes.append(OVERLAP_CAVEAT.format(hidden=EP_OVERLAP_HIDDEN))
     notes += _host_wait_notes(r)
-    if r.plan.recompute == "selective" and set(r.plan.recompute_modules or ("core_attn",)) == {"core_attn"} \
-            and r.plan.attention != "unfused":
+    if selective_modules(r.plan) == {"core_attn"} and r.plan.attention != "unfused":
         notes.append(SELECTIVE_FLASH_NOTE)
     return Prediction(whatif="parallelism", scenario_key="", step_time_s=r.step_time_s,
                       breakdown=r.breakdown.mean, tokens_per_s=r.tokens_per_s, tflops_per_gpu=r.tflops_per_gpu,

@@ -45,8 +45,8 @@ from chakra_schema.graph import (CommType, EdgeKind, ExecutionGraph, GraphBuilde
                                  ResourceKind)
 from estimators.model_config import GATED_ACTIVATIONS, ModelConfig, causal_pairs
 from estimators.moe.a2a import expected_distinct_nodes, node_limit
-from estimators.parallelism.plan import (FUSED_DISPATCH, ParallelPlan, mtp_layers, mtp_recomputed, stage_layers,
-                                         validate_plan)
+from estimators.parallelism.plan import (FUSED_DISPATCH, ParallelPlan, mtp_layers, mtp_recomputed,
+                                         selective_modules, stage_layers, validate_plan)
 
 # stream slots -> (stream id, name). HOST_WAIT stands in for no GPU work: its node, on a stream of its own
 # chained into the compute ops, holds the compute stream empty for as long as the host, blocked on a
@@ -233,8 +233,7 @@ def architecture_host_calls(model: ModelConfig, plan: ParallelPlan) -> int:
     calls = 0
     if unfused_rope(model):
         calls += 2 * (ROPE_UNFUSED_FWD.calls - 1 + ROPE_UNFUSED_BWD.calls - 1)
-    selective = (set(plan.recompute_modules or ()) if plan.recompute == "selective"
-                 else {"moe"} if plan.recompute == "op" else set())   # op recomputes the routed experts
+    selective = selective_modules(plan) | ({"moe"} if plan.recompute == "op" else set())  # op: the routed experts
     if model.bias and model.moe:
         local = max(model.moe.num_experts // plan.ep, 1)
         forward = expert_bias_ops(local, False).calls
@@ -804,7 +803,7 @@ class _RankBuilder:
         module (--recompute-modules; default core_attn, which flash attention already recomputes inside
         its backward, so it costs nothing there)."""
         m, sh, p = self.m, self.sh, self.p
-        mods = set(p.recompute_modules or ("core_attn",))
+        mods = selective_modules(p)
         T, Ts, h, dt = sh.T, sh.Ts, m.hidden, sh.dtype
         if "core_attn" in mods and p.attention == "unfused":
             self._attention_core(tpl, backward=False, tag="recompute_")
