@@ -120,6 +120,47 @@ def steady_state(values: list[float]) -> float:
     return float(np.mean(tail)) if tail else 0.0
 
 
+def _pair_uneven(by_rank: dict, by_name: dict, names: dict) -> tuple[dict, str]:
+    """Job steps of ranks holding different numbers of steps (a rank lost a marker, or profiled fewer): by
+    name where same-named steps overlap in recorded time, else each step with the step of the rank holding
+    the most that it overlaps most (when no two steps of a rank land on one); a note either way."""
+    few, many = min(names, key=lambda r: len(names[r])), max(names, key=lambda r: len(names[r]))
+    held = (f"rank {few}: {len(names[few])}, {names[few][0]}..{names[few][-1]}; rank {many}: {len(names[many])}, "
+            f"{names[many][0]}..{names[many][-1]}")
+    if not _share_time(by_name.values()):
+        timed = _pair_by_time(by_rank, many)
+        if timed is not None:
+            return timed, (f"ranks hold different steps and steps of one name do not overlap in recorded time "
+                           f"({held}): job steps pair the steps that overlap, named as on rank {many}")
+    return by_name, f"ranks hold different steps ({held}): job steps pair them by name, so some hold only some ranks"
+
+
+def _pair_by_time(by_rank: dict, anchor: int) -> dict | None:
+    """Each step with the step of rank `anchor` it overlaps most on the recorded clock; None when a step has
+    no recorded time, overlaps none, or shares its anchor step with another step of its rank."""
+    steps_of = [s for steps in by_rank.values() for s in steps]
+    if any(s.measured_start_us is None or not s.measured_us for s in steps_of):
+        return None
+    anchors = by_rank[anchor]
+    lo = np.array([s.measured_start_us for s in anchors])
+    hi = lo + np.array([s.measured_us for s in anchors])
+    names = [s.name for s in anchors]
+    labels = names if len(set(names)) == len(names) else [f"step {k + 1} ({n})" for k, n in enumerate(names)]
+    groups = {labels[k]: [s] for k, s in enumerate(anchors)}
+    for r, steps in by_rank.items():
+        if r == anchor:
+            continue
+        taken = set()
+        for s in steps:
+            shared = np.minimum(hi, s.measured_start_us + s.measured_us) - np.maximum(lo, s.measured_start_us)
+            k = int(np.argmax(shared))
+            if shared[k] <= 0 or k in taken:
+                return None
+            taken.add(k)
+            groups[labels[k]].append(s)
+    return groups
+
+
 def _share_time(groups) -> bool:
     """Every group's steps overlap on the recorded clock (False when a step has no recorded time)."""
     for steps in groups:
@@ -155,12 +196,7 @@ class ReplayResult:
             by_name.setdefault(s.name, []).append(s)
         names = {r: [s.name for s in v] for r, v in by_rank.items()}
         if len({len(v) for v in names.values()}) > 1:
-            few, many = min(names, key=lambda r: len(names[r])), max(names, key=lambda r: len(names[r]))
-            if set(names[few]) & set(names[many]):
-                return by_name, None
-            return by_name, (f"ranks hold different steps (rank {few}: {len(names[few])}, {names[few][0]}; rank "
-                             f"{many}: {len(names[many])}, {names[many][0]}..{names[many][-1]}): job steps pair "
-                             f"them by name, so each holds only some ranks")
+            return _pair_uneven(by_rank, by_name, names)
         if not names:
             return by_name, None
         first = min(names)

@@ -263,3 +263,39 @@ def test_unfused_attention_keeps_its_score_matrix_unless_core_attention_is_recom
     mlp = layer_activation_bytes(m, plan.with_(recompute_modules=("mlp",)), 0)
     both = layer_activation_bytes(m, plan.with_(recompute_modules=("mlp", "core_attn")), 0)
     assert mlp - both == pytest.approx(4096 * 2 * 32 * 4096, rel=1e-12)
+
+
+def test_expected_loads_never_give_an_expert_more_picks_than_tokens():
+    """A top-8 router whose load file holds 4 loaded experts of 16: each token picks an expert once, so no
+    expert serves more than 1/8 of the picks (max/mean load 2.0 here, not the 4.0 proportional shares gave);
+    the rest goes to the unloaded experts evenly."""
+    import numpy as np
+
+    from estimators.moe.evaluate import pick_shares
+    share = pick_shares(np.array([[4.0, 3.0, 2.0, 1.0] + [0.0] * 12]), top_k=8)[0]
+    assert share[:4] == pytest.approx([1 / 8] * 4) and share[4:] == pytest.approx([0.5 / 12] * 12)
+    assert share.max() * 16 == pytest.approx(2.0)
+    ranked = pick_shares(np.arange(16, 0, -1.0)[None] ** 2, top_k=8)[0]   # 256/1496 > 1/8: capped, rest scaled
+    assert ranked[0] == pytest.approx(1 / 8) and ranked.sum() == pytest.approx(1.0)
+    assert ranked[-2] / ranked[-1] == pytest.approx(4.0) and ranked[4] < 1 / 8   # 2^2 : 1^2, below the cap
+
+
+def test_a_rank_missing_a_step_marker_with_shifted_names_pairs_by_recorded_time(tmp_path):
+    """Rank 3 lost its first ProfilerStep marker and numbers the other two #2, #3 (the others' #3, #4): by
+    name, job steps #2 and #3 each spanned two iterations. They now pair the steps that overlap in time."""
+    import re
+
+    from chakra_schema.inputs import load_graphs
+    from lumos_sim.replay_run import run_replay
+    src = ROOT / "tests" / "data" / "ddp4" / "balanced"
+    for r in range(4):
+        text = gzip.decompress((src / f"device.{r}.json.gz").read_bytes()).decode()
+        if r == 3:
+            text = text.replace("ProfilerStep#2", "NotAStep", 1)
+            text = re.sub(r"ProfilerStep#(\d+)", lambda m: f"ProfilerStep#{int(m.group(1)) - 1}", text)
+        (tmp_path / f"device.{r}.json.gz").write_bytes(gzip.compress(text.encode()))
+    result = run_replay(load_graphs([], kineto_pattern=str(tmp_path / "device.{rank}.json.gz")), mode="trace")
+    original = run_replay(load_graphs([], kineto_pattern=str(src / "device.{rank}.json.gz")), mode="trace")
+    assert "pair the steps that overlap" in result.step_pairing_note
+    assert [j.ranks for j in result.job_steps] == [3, 4, 4]
+    assert result.measured_job_step_time_us == pytest.approx(original.measured_job_step_time_us, rel=1e-9)

@@ -414,7 +414,7 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
     shape = timer.shape if timer else None
     per_pair = (shape.dispatch_bytes + shape.combine_bytes) * shape.hidden if shape else 4
     fixed = timer.fixed_us() if timer else 0.0
-    share = loads / loads.sum(1, keepdims=True)
+    share = pick_shares(loads, top_k)
     for layer in range(L):
         counts = np.broadcast_to(T * top_k * share[layer], (1, G, E))       # a view: rows alike
         for pc in costs:
@@ -427,6 +427,28 @@ def evaluate_expected(loads: np.ndarray, top_k: int, layout: Layout, placements:
             for name in ("dispatch_us", "combine_us", "expert_us", "layer_us"):
                 setattr(pc, name, getattr(pc, name) / t)
     return costs
+
+
+def pick_shares(loads: np.ndarray, top_k: int) -> np.ndarray:
+    """Per layer of loads [L, E], each expert's share of the layer's top_k picks per token: in proportion to
+    its load, but at most 1 / top_k (a token picks an expert once, so no expert serves more tokens than there
+    are); what the cap removes goes to the other experts in proportion to their loads, evenly among the
+    experts without load once the loaded ones are all capped (a top-8 router over 4 loaded experts still
+    picks 8 distinct ones)."""
+    share = loads / loads.sum(1, keepdims=True)
+    cap = 1.0 / top_k
+    for _ in range(loads.shape[1]):
+        over = share > cap * (1 + 1e-12)
+        if not over.any():
+            break
+        excess = np.where(over, share - cap, 0.0).sum(1, keepdims=True)
+        share = np.minimum(share, cap)
+        room = np.where(share < cap, share, 0.0)
+        free = room.sum(1, keepdims=True)
+        empty = (share == 0.0)
+        even = np.where(empty, 1.0, 0.0) / np.maximum(empty.sum(1, keepdims=True), 1)
+        share = share + excess * np.where(free > 0, room / np.where(free > 0, free, 1.0), even)
+    return share
 
 
 def _served(counts: np.ndarray, routes, gpn: int) -> np.ndarray:

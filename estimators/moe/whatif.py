@@ -174,7 +174,11 @@ def tokens_per_gpu(opts: MoEOptions, scenario: Scenario) -> int:
     p = scenario.plan
     if opts.phase == "train":
         return max(1, p.micro_batch * p.seq_len // (p.cp * p.tp))
-    return opts.tokens or DEFAULT_TOKENS[opts.phase]
+    if opts.tokens:
+        return opts.tokens
+    verified = 1 + (opts.mtp_draft_tokens or scenario.model.mtp_layers
+                    if opts.phase == "decode" and (opts.mtp_acceptance or opts.mtp_acceptance_length) else 0)
+    return max(1, DEFAULT_TOKENS[opts.phase] // verified) * verified   # whole sequences of 1 + drafts tokens
 
 
 def ep_layout(scenario: Scenario, opts: MoEOptions) -> Layout:
@@ -279,6 +283,12 @@ def _check_serving(scenario: Scenario, opts: MoEOptions) -> None:
         raise TraceInputError(None, f"MTP needs a model with multi-token prediction layers "
                                     f"({model.name} has mtp_layers = 0)")
     drafts = opts.mtp_draft_tokens or getattr(model, "mtp_layers", 0)     # as serving.draft_tokens
+    if mtp and opts.tokens % (1 + drafts):   # (0: the phase default, checked where it is filled in)
+        raise TraceInputError(None, f"--tokens {opts.tokens} is not a whole number of sequences of 1 + {drafts} "
+                                    f"verified tokens: give a multiple of {1 + drafts}")
+    if opts.kv_dtype != "bf16" and opts.phase == "train":
+        raise TraceInputError(None, "kv_dtype is the serving KV cache's type (phase prefill or decode); training "
+                                    "keeps no KV cache")
     if opts.mtp_acceptance_length > 1 + drafts:
         raise TraceInputError(None, f"mtp_acceptance_length {opts.mtp_acceptance_length:g} is more than the "
                                     f"{1 + drafts} tokens a step verifies with {drafts} draft tokens")

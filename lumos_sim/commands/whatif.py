@@ -179,7 +179,8 @@ def _main_search(args) -> int:
 
     model = load_model(args.model)
     hw = get_hardware(args.hardware)
-    base = Scenario(whatif="parallelism", model=model, hardware=hw).override_strings(args.overrides)
+    base = Scenario(whatif="parallelism", model=model, hardware=hw,
+                    simulation=_simulation_mode(args)).override_strings(args.overrides)
     # plan flags given on the command line constrain the search
     fixed = {k: getattr(args, k) for k in (*PLAN_DEFAULTS, "dp")}
     # `--set plan.zero=1` holds the search as `--zero 1` does (the flag wins where both are given)
