@@ -138,14 +138,12 @@ def _pair_uneven(by_rank: dict, by_name: dict, names: dict) -> tuple[dict, str]:
 def _pair_by_time(by_rank: dict, anchor: int) -> dict | None:
     """Each step with the step of rank `anchor` it overlaps most on the recorded clock; None when a step has
     no recorded time, overlaps none, or shares its anchor step with another step of its rank."""
-    steps_of = [s for steps in by_rank.values() for s in steps]
-    if any(s.measured_start_us is None or not s.measured_us for s in steps_of):
+    if not all(_timed(steps) for steps in by_rank.values()):
         return None
     anchors = by_rank[anchor]
     lo = np.array([s.measured_start_us for s in anchors])
     hi = lo + np.array([s.measured_us for s in anchors])
-    names = [s.name for s in anchors]
-    labels = names if len(set(names)) == len(names) else [f"step {k + 1} ({n})" for k, n in enumerate(names)]
+    labels = _step_labels([s.name for s in anchors])
     groups = {labels[k]: [s] for k, s in enumerate(anchors)}
     for r, steps in by_rank.items():
         if r == anchor:
@@ -161,10 +159,19 @@ def _pair_by_time(by_rank: dict, anchor: int) -> dict | None:
     return groups
 
 
+def _timed(steps) -> bool:
+    return all(s.measured_start_us is not None and s.measured_us for s in steps)
+
+
+def _step_labels(names: list[str]) -> list[str]:
+    """Job step names: a rank's step names, numbered where they repeat ("step 2 (ProfilerStep#2)")."""
+    return names if len(set(names)) == len(names) else [f"step {k + 1} ({n})" for k, n in enumerate(names)]
+
+
 def _share_time(groups) -> bool:
     """Every group's steps overlap on the recorded clock (False when a step has no recorded time)."""
     for steps in groups:
-        if any(s.measured_start_us is None or not s.measured_us for s in steps):
+        if not _timed(steps):
             return False
         if max(s.measured_start_us for s in steps) >= min(s.measured_start_us + s.measured_us for s in steps):
             return False
@@ -202,8 +209,7 @@ class ReplayResult:
         first = min(names)
         differ = [r for r in names if names[r] != names[first]]
         disjoint = all(not set(names[r]) & set(names[first]) for r in differ)
-        unique = len(set(names[first])) == len(names[first])
-        labels = names[first] if unique else [f"step {k + 1} ({n})" for k, n in enumerate(names[first])]
+        labels = _step_labels(names[first])
         by_order: dict[str, list[StepResult]] = {}
         for steps in by_rank.values():
             for k, s in enumerate(steps):
@@ -231,7 +237,7 @@ class ReplayResult:
             lo = min(s.start_us for s in steps)
             hi = max(s.start_us + s.predicted_us for s in steps)
             measured = None
-            if all(s.measured_us and s.measured_start_us is not None for s in steps):
+            if _timed(steps):
                 m_lo = min(s.measured_start_us for s in steps)
                 measured = max(s.measured_start_us + s.measured_us for s in steps) - m_lo
             out.append(JobStep(name, lo, hi - lo, measured, len(steps)))
