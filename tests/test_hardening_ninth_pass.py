@@ -299,3 +299,10 @@ def test_a_rank_missing_a_step_marker_with_shifted_names_pairs_by_recorded_time(
     assert "pair the steps that overlap" in result.step_pairing_note
     assert [j.ranks for j in result.job_steps] == [3, 4, 4]
     assert result.measured_job_step_time_us == pytest.approx(original.measured_job_step_time_us, rel=1e-9)
+
+
+def test_recomputing_the_mlp_of_a_model_without_dense_layers_is_refused():
+    """Qwen3-30B-A3B has no dense layer: `--recompute-modules mlp` repeated nothing and changed no figure."""
+    p = _cli("whatif", "parallelism", "--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--seq-len", "4096",
+             "--global-batch", "64", "--recompute", "selective", "--recompute-modules", "mlp")
+    assert p.returncode == 2 and "has no such module (every layer's FFN is experts: moe or moe_act)" in p.stderr

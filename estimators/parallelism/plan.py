@@ -495,7 +495,9 @@ def _check_options_apply(model: ModelConfig, plan: ParallelPlan, bad) -> None:
         bad(f"--recompute-layers {plan.recompute_layers} is more than the {most} layers of the largest pipeline "
             "chunk: give at most that, or 0 to recompute every layer")
     has = {"moe": moe is not None, "moe_act": moe is not None, "mla_up_proj": model.mla is not None,
-           "shared_experts": moe is not None and moe.shared_experts > 0}
+           "shared_experts": moe is not None and moe.shared_experts > 0,
+           "mlp": not all(model.is_moe_layer(i) for i in range(model.layers))}   # a dense layer's MLP
     missing = [m for m in plan.recompute_modules if not has.get(m, True)]
     if missing:
-        bad(f"--recompute-modules {missing[0]}: {model.name} has no such module")
+        bad(f"--recompute-modules {missing[0]}: {model.name} has no such module"
+            + (" (every layer's FFN is experts: moe or moe_act)" if missing[0] == "mlp" else ""))
